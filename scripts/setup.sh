@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian package megascale's build, tests and demo need.
+# Usage: scripts/setup.sh [--with-torch]   (--with-torch adds python3-torch, the test oracle)
+# Idempotent: packages already installed are skipped without touching apt.
+set -euo pipefail
+
+pkgs=(
+  cmake ninja-build g++ pkg-config         # build
+  libcli11-dev libyaml-cpp-dev libfmt-dev   # CLI, job spec, formatting
+  libhiredis-dev redis-server               # bootstrap store
+  libgloo-dev libfabric-dev                 # CPU collectives, fabric
+  libdnnl-dev                               # CPU GEMMs (oneDNN)
+  doctest-dev                               # unit tests
+  fortunes-min fortunes                     # demo corpus
+  python3                                   # test scripts
+)
+if [[ "${1:-}" == "--with-torch" ]]; then
+  pkgs+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
