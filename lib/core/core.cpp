@@ -18,19 +18,32 @@ namespace ms {
 
 std::string_view CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "InvalidArgument";
-    case Code::kNotFound: return "NotFound";
-    case Code::kAlreadyExists: return "AlreadyExists";
-    case Code::kFailedPrecondition: return "FailedPrecondition";
-    case Code::kOutOfRange: return "OutOfRange";
-    case Code::kIo: return "IoError";
-    case Code::kDataLoss: return "DataLoss";
-    case Code::kUnavailable: return "Unavailable";
-    case Code::kTimeout: return "Timeout";
-    case Code::kAborted: return "Aborted";
-    case Code::kUnimplemented: return "Unimplemented";
-    case Code::kInternal: return "Internal";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "InvalidArgument";
+    case Code::kNotFound:
+      return "NotFound";
+    case Code::kAlreadyExists:
+      return "AlreadyExists";
+    case Code::kFailedPrecondition:
+      return "FailedPrecondition";
+    case Code::kOutOfRange:
+      return "OutOfRange";
+    case Code::kIo:
+      return "IoError";
+    case Code::kDataLoss:
+      return "DataLoss";
+    case Code::kUnavailable:
+      return "Unavailable";
+    case Code::kTimeout:
+      return "Timeout";
+    case Code::kAborted:
+      return "Aborted";
+    case Code::kUnimplemented:
+      return "Unimplemented";
+    case Code::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -66,10 +79,14 @@ LogState& Log() {
 }
 const char* LevelTag(LogLevel l) {
   switch (l) {
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarn: return "W";
-    case LogLevel::kError: return "E";
+    case LogLevel::kDebug:
+      return "D";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarn:
+      return "W";
+    case LogLevel::kError:
+      return "E";
   }
   return "?";
 }
@@ -83,7 +100,9 @@ void SetLogLevel(LogLevel level) {
   std::lock_guard<std::mutex> lock(Log().mu);
   Log().level = level;
 }
-LogLevel GetLogLevel() { return Log().level; }
+LogLevel GetLogLevel() {
+  return Log().level;
+}
 
 Status SetLogFile(const std::string& path) {
   std::lock_guard<std::mutex> lock(Log().mu);
@@ -108,6 +127,15 @@ void LogLine(LogLevel level, std::string_view message) {
     std::fputs(stamped.c_str(), Log().file);
     std::fflush(Log().file);
   }
+}
+
+void LogFileOnly(std::string_view message) {
+  std::lock_guard<std::mutex> lock(Log().mu);
+  if (!Log().file) return;
+  std::string prefix = Log().rank >= 0 ? fmt::format("[rank {}] ", Log().rank) : std::string();
+  std::string line = fmt::format("{} I {}{}\n", WallClockIso8601(), prefix, message);
+  std::fputs(line.c_str(), Log().file);
+  std::fflush(Log().file);
 }
 
 // ---- clocks and environment ----
@@ -212,7 +240,7 @@ Status MakeDirs(const std::string& path) {
       return ErrnoError(fmt::format("creating directory {}", cur), errno);
     }
   }
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return FailedPrecondition("{} exists and is not a directory", path);
   }
@@ -222,17 +250,23 @@ Status MakeDirs(const std::string& path) {
 // ---- tensors ----
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
   }
   return 0;
 }
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
   }
   return "?";
 }
@@ -244,7 +278,9 @@ static uint64_t SplitMix64(uint64_t& x) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
-static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t Rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 
 Rng::Rng(uint64_t seed, uint64_t stream) {
   uint64_t x = seed ^ (stream * 0xd1342543de82ef95ULL + 0x2545f4914f6cdd1dULL);
@@ -261,7 +297,9 @@ uint64_t Rng::NextU64() {
   s_[3] = Rotl(s_[3], 45);
   return result;
 }
-double Rng::NextDouble() { return static_cast<double>(NextU64() >> 11) * 0x1.0p-53; }
+double Rng::NextDouble() {
+  return static_cast<double>(NextU64() >> 11) * 0x1.0p-53;
+}
 double Rng::NextNormal() {
   if (has_spare_) {
     has_spare_ = false;
@@ -293,6 +331,8 @@ void Rng::SetState(const std::vector<uint64_t>& st) {
   if (st.size() > 5) std::memcpy(&spare_, &st[5], 8);
 }
 
-std::string_view Version() { return "0.1.0"; }
+std::string_view Version() {
+  return "0.1.0";
+}
 
 }  // namespace ms

@@ -61,10 +61,10 @@ class [[nodiscard]] Status {
 };
 
 // Named factories, formatted with fmt: InvalidArgument("{}: expected {}", key, what).
-#define MS_STATUS_FACTORY(Name, CodeValue)                                     \
-  template <typename... Args>                                                  \
-  Status Name(fmt::format_string<Args...> f, Args&&... args) {                 \
-    return Status(CodeValue, fmt::format(f, std::forward<Args>(args)...));     \
+#define MS_STATUS_FACTORY(Name, CodeValue)                                 \
+  template <typename... Args>                                              \
+  Status Name(fmt::format_string<Args...> f, Args&&... args) {             \
+    return Status(CodeValue, fmt::format(f, std::forward<Args>(args)...)); \
   }
 MS_STATUS_FACTORY(InvalidArgument, Code::kInvalidArgument)
 MS_STATUS_FACTORY(NotFound, Code::kNotFound)
@@ -86,8 +86,8 @@ Status ErrnoError(std::string_view what, int err);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}                 // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {           // NOLINT
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {  // NOLINT
     if (std::get<Status>(v_).ok()) v_ = Status(Code::kInternal, "Result built from an OK status");
   }
 
@@ -112,17 +112,17 @@ class [[nodiscard]] Result {
 #define MS_CONCAT(a, b) MS_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function if it is an error.
-#define MS_RETURN_IF_ERROR(expr)                   \
-  do {                                             \
-    ::ms::Status ms_status_ = (expr);              \
-    if (!ms_status_.ok()) return ms_status_;      \
+#define MS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::ms::Status ms_status_ = (expr);        \
+    if (!ms_status_.ok()) return ms_status_; \
   } while (0)
 
 // Same, adding context to the message.
-#define MS_RETURN_IF_ERROR_CTX(expr, ...)                                             \
-  do {                                                                                \
-    ::ms::Status ms_status_ = (expr);                                                 \
-    if (!ms_status_.ok()) return ms_status_.WithContext(fmt::format(__VA_ARGS__));    \
+#define MS_RETURN_IF_ERROR_CTX(expr, ...)                                          \
+  do {                                                                             \
+    ::ms::Status ms_status_ = (expr);                                              \
+    if (!ms_status_.ok()) return ms_status_.WithContext(fmt::format(__VA_ARGS__)); \
   } while (0)
 
 // MS_ASSIGN_OR_RETURN(auto x, MakeX()); declares/assigns x or returns the error.
@@ -143,6 +143,8 @@ LogLevel GetLogLevel();
 // Also appends every line to this file (nullptr/empty path: stop). Returns an error if it cannot open.
 Status SetLogFile(const std::string& path);
 void LogLine(LogLevel level, std::string_view message);
+// Writes the line to the log file only (when one is set): for lines a progress display shows itself.
+void LogFileOnly(std::string_view message);
 
 template <typename... Args>
 void LogInfo(fmt::format_string<Args...> f, Args&&... args) {

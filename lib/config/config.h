@@ -1,0 +1,201 @@
+// megascale config: the job spec (YAML) as plain structs, parsed, resolved and validated.
+// defines: JobSpec and its sections, ParseJobSpec, LoadJobSpec, ApplyOverride, ResolveAndValidate,
+//          CheckDataFiles, ToYaml, KeyLocation, Name(<enum>)
+//
+// The chain, as the CLI runs it:
+//   MS_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(path));   // syntax, unknown keys, types, ranges
+//   for (auto& s : sets) MS_RETURN_IF_ERROR(ApplyOverride(&spec, s));  // --set model.heads=8
+//   MS_RETURN_IF_ERROR(ResolveAndValidate(&spec));           // derived values, cross-field rules
+//   MS_RETURN_IF_ERROR(CheckDataFiles(spec));                // skipped by `validate --no-files`
+//
+// Every error is Code::kInvalidArgument (kNotFound for missing files) with a message that names
+// where the value came from ("configs/x.yaml:7:11" or "--set model.heads=7"), the dotted key, what
+// was expected, what was found, and a hint for the fix ("did you mean ...", valid values, e.g. a
+// divisor that works). Keys and values are described in docs/job-spec.md.
+//
+// Thread safety: functions are pure (no globals); a JobSpec is a plain value.
+// Failure: no exceptions escape (yaml-cpp's are caught here).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/core.h"
+
+namespace ms::config {
+
+enum class BlockKind { kParallel, kSequential };  // yaml: parallel | sequential
+enum class OptimizerKind { kAdamW, kLamb };       // adamw | lamb
+enum class ScheduleKind { kCosine, kConstant };   // cosine | constant
+enum class Backend { kCpu, kCuda, kAuto };        // cpu | cuda | auto
+enum class Precision { kFp32, kBf16 };            // fp32 | bf16
+
+struct ModelSpec {
+  int layers = 4;                          // transformer blocks
+  int hidden = 256;                        // model width C
+  int heads = 4;                           // attention heads; head dim = hidden / heads
+  int ffn_hidden = 0;                      // MLP width; 0 -> 4 * hidden (resolved by ResolveAndValidate)
+  int vocab = 256;                         // vocabulary size V (256 = byte-level)
+  int seq_len = 256;                       // tokens per sequence T
+  BlockKind block = BlockKind::kParallel;  // parallel: x + attn(ln(x)) + mlp(ln(x)); sequential: GPT-2
+  int window = 0;                          // yaml: attention: {window: N}; 0 = full causal attention
+  std::string norm = "layernorm";          // only layernorm for now
+  float norm_eps = 1e-5f;
+  bool tied_embeddings = true;  // output projection shares the token embedding
+  float init_std = 0.02f;       // std of the normal init of weights
+  bool operator==(const ModelSpec&) const = default;
+};
+
+struct ParallelSpec {
+  int tp = 1;                      // tensor-parallel degree
+  int pp = 1;                      // pipeline-parallel degree
+  int dp = 1;                      // data-parallel degree; world size = tp * pp * dp
+  int micro_batches = 0;           // per step and dp rank; 0 -> derived (see ResolveAndValidate)
+  bool sequence_parallel = false;  // no-op at tp 1
+  int virtual_stages = 1;          // interleaved 1F1B when > 1 (needs pp > 1)
+  int zero = 0;                    // 0: off, 1: optimizer state sharded over dp, 2: + gradients; no-op at dp 1
+  bool operator==(const ParallelSpec&) const = default;
+};
+
+struct TrainSpec {
+  int64_t steps = 100;
+  int global_batch = 8;  // sequences per optimizer step (all dp ranks together)
+  int micro_batch = 0;   // sequences per micro-batch; 0 -> global_batch / (dp * micro_batches)
+  uint64_t seed = 1234;
+  Precision precision = Precision::kFp32;
+  int eval_interval = 0;  // steps between evaluations; 0 = never
+  int eval_batches = 4;   // batches per evaluation
+  bool operator==(const TrainSpec&) const = default;
+};
+
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  float lr = 3e-4f;          // peak learning rate
+  float min_lr = 0.0f;       // floor of the cosine schedule
+  int64_t warmup_steps = 0;  // linear warm-up from 0 to lr
+  ScheduleKind schedule = ScheduleKind::kCosine;
+  float weight_decay = 0.1f;  // decoupled; applied to matrices only
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float grad_clip = 1.0f;  // max global gradient norm; 0 = off
+  bool operator==(const OptimizerSpec&) const = default;
+};
+
+struct DataSpec {
+  // Prefix of <path>.bin / <path>.idx. Relative paths resolve against the job spec's folder (or
+  // the current directory when the spec did not come from a file); ResolveAndValidate makes it
+  // absolute.
+  std::string path;
+  std::string tokenizer = "byte";
+  double valid_fraction = 0.05;  // share of documents held out for evaluation, in [0, 0.5]
+  bool operator==(const DataSpec&) const = default;
+};
+
+struct CheckpointSpec {
+  std::string dir;              // empty -> <run_dir>/checkpoints (filled by ResolveAndValidate)
+  int64_t interval = 0;         // steps between checkpoints; 0 = never
+  int keep = 3;                 // newest checkpoints kept on disk
+  std::string resume = "none";  // none | auto (newest valid checkpoint in dir, if any)
+  bool operator==(const CheckpointSpec&) const = default;
+};
+
+struct RuntimeSpec {
+  Backend backend = Backend::kCpu;  // cuda on a build without CUDA is rejected by the runner, not here
+  int threads = 0;                  // per rank; 0 -> all cores / ranks per host
+  std::string redis;                // host:port; empty -> embedded redis-server started by the driver
+  bool operator==(const RuntimeSpec&) const = default;
+};
+
+struct LogSpec {
+  std::string run_dir = "runs/default";  // relative resolves against the current directory
+  int interval = 1;                      // steps between progress lines
+  double peak_flops = 0;                 // per rank, FLOP/s, for MFU; 0 -> measured
+  bool trace = false;                    // per-rank Chrome traces under <run_dir>/trace/
+  bool operator==(const LogSpec&) const = default;
+};
+
+struct JobSpec {
+  std::string name = "job";
+  ModelSpec model;
+  ParallelSpec parallel;
+  TrainSpec train;
+  OptimizerSpec optimizer;
+  DataSpec data;
+  CheckpointSpec checkpoint;
+  RuntimeSpec runtime;
+  LogSpec log;
+
+  // Provenance (not settings; ToYaml does not write them, SameSettings ignores them).
+  std::string source = "<string>";  // file it came from, or "<string>"
+  // Dotted key ("model.heads", also sections "model", "model.attention") -> 1-based (line, column)
+  // of the key in `source`, for every key that was parsed.
+  std::map<std::string, std::pair<int, int>> marks;
+  // Dotted key -> the override text that last set it ("model.heads=8").
+  std::map<std::string, std::string> overrides;
+
+  bool operator==(const JobSpec&) const = default;
+};
+
+// Parses YAML text (source_name is used in messages and stored in JobSpec::source). Rejects syntax
+// errors, a document that is not a map, an empty document, several documents, unknown keys,
+// duplicate keys, wrong types and out-of-range values. Does not derive values or check cross-field
+// rules: call ResolveAndValidate for that.
+Result<JobSpec> ParseJobSpec(std::string_view yaml_text, std::string_view source_name);
+
+// Reads the file and parses it. Missing file -> NotFound naming the path.
+Result<JobSpec> LoadJobSpec(const std::string& path);
+
+// Applies one --set override in dotted form ("train.steps=10", "model.attention.window=64",
+// "data.path=/data/x"); the value is a plain scalar, optionally quoted. Call before
+// ResolveAndValidate. Errors read like parse errors, located at "--set <text>".
+Status ApplyOverride(JobSpec* spec, std::string_view dotted_key_equals_value);
+
+// Fills derived values and checks every single-field range and cross-field rule; call after
+// parsing and overrides. Idempotent.
+//   model.ffn_hidden    0 -> 4 * hidden
+//   batch arithmetic    global_batch == micro_batch * micro_batches * dp; a 0 is derived:
+//                       both 0: pp == 1 -> micro_batches 1; pp > 1 -> micro_batch 1
+//   data.path           relative -> absolute, against the folder of `source` when it names a file
+//                       (anything but "<...>"), else the current directory; lexically normalized
+//   checkpoint.dir      empty -> <log.run_dir>/checkpoints
+// Rules are listed in docs/job-spec.md. Errors are located at the key most responsible.
+Status ResolveAndValidate(JobSpec* spec);
+
+// Checks that <data.path>.bin and <data.path>.idx exist (relative paths as ResolveAndValidate
+// resolves them). NotFound names the missing file and hints at scripts/make_demo_data.sh and
+// `megascale prepare-data`.
+Status CheckDataFiles(const JobSpec& spec);
+
+// The spec as YAML: every field, defaults included, sections in the order above. ParseJobSpec of
+// the result gives a spec with SameSettings(...) == true.
+std::string ToYaml(const JobSpec& spec);
+
+// True when every setting is equal (ignores source, marks and overrides).
+bool SameSettings(const JobSpec& a, const JobSpec& b);
+
+// Where a key's value came from: "--set model.heads=8", "configs/x.yaml:7:3", or, for a key not
+// given, its section's location or just the source name. For errors raised outside this module
+// (e.g. runtime.backend cuda on a CPU-only build).
+std::string KeyLocation(const JobSpec& spec, std::string_view dotted_key);
+
+// Every settable dotted key, in ToYaml order ("name", "model.layers", ..., "model.attention.window").
+std::vector<std::string> AllKeys();
+
+// Total ranks: tp * pp * dp.
+inline int64_t WorldSize(const ParallelSpec& p) {
+  return int64_t{p.tp} * p.pp * p.dp;
+}
+
+// YAML spelling of each enum value ("parallel", "adamw", "cosine", "cuda", "bf16").
+std::string_view Name(BlockKind v);
+std::string_view Name(OptimizerKind v);
+std::string_view Name(ScheduleKind v);
+std::string_view Name(Backend v);
+std::string_view Name(Precision v);
+
+}  // namespace ms::config

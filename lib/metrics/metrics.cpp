@@ -1,0 +1,138 @@
+#include "metrics/metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <vector>
+
+#include "ops/ops.h"
+
+namespace ms::metrics {
+
+double MeasureGemmPeakFlops(int n) {
+  std::vector<float> a(static_cast<size_t>(n) * n), b(a.size()), c(a.size());
+  Rng rng(1);
+  for (auto& x : a) x = static_cast<float>(rng.NextDouble() - 0.5);
+  for (auto& x : b) x = static_cast<float>(rng.NextDouble() - 0.5);
+  ops::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double t0 = NowSeconds();
+    ops::Gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    double dt = NowSeconds() - t0;
+    if (dt > 0) best = std::max(best, 2.0 * n * n * static_cast<double>(n) / dt);
+  }
+  return best;
+}
+
+std::string JsonEscape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20)
+          out += fmt::format("\\u{:04x}", c);
+        else
+          out += ch;
+    }
+  }
+  return out;
+}
+
+void JsonObject::Key(std::string_view key) {
+  if (!body_.empty()) body_ += ", ";
+  body_.push_back('"');
+  body_.append(JsonEscape(key));
+  body_.append("\": ");
+}
+JsonObject& JsonObject::Add(std::string_view key, double v) {
+  Key(key);
+  body_ += std::isfinite(v) ? fmt::format("{:.9g}", v) : std::string("null");
+  return *this;
+}
+JsonObject& JsonObject::Add(std::string_view key, int64_t v) {
+  Key(key);
+  body_ += fmt::format("{}", v);
+  return *this;
+}
+JsonObject& JsonObject::Add(std::string_view key, std::string_view v) {
+  Key(key);
+  body_.push_back('"');
+  body_.append(JsonEscape(v));
+  body_.push_back('"');
+  return *this;
+}
+
+Result<JsonlWriter> JsonlWriter::Open(const std::string& path, bool append) {
+  FILE* f = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!f) return ErrnoError(fmt::format("opening {}", path), errno);
+  return JsonlWriter(f, path);
+}
+JsonlWriter::~JsonlWriter() {
+  if (f_) std::fclose(f_);
+}
+Status JsonlWriter::Write(const JsonObject& obj) {
+  std::string line = obj.str() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0) {
+    return ErrnoError(fmt::format("writing {}", path_), errno);
+  }
+  return Status::Ok();
+}
+
+Progress::Progress(FILE* out, int64_t total_steps, int interval)
+    : out_(out), total_(total_steps), interval_(std::max(1, interval)), tty_(isatty(fileno(out)) != 0) {}
+
+std::string Progress::FormatDuration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(std::llround(s));
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+void Progress::Update(int64_t step, double loss, double tps, double mfu, double sps) {
+  std::string tok = tps >= 1e6 ? fmt::format("{:.2f}M", tps / 1e6) : fmt::format("{:.1f}k", tps / 1e3);
+  std::string line = fmt::format("step {}/{} | loss {:.4f} | {} tok/s | MFU {:.1f}% | ETA {}", step, total_, loss, tok,
+                                 mfu * 100, FormatDuration(sps * static_cast<double>(total_ - step)));
+  if (tty_) {
+    fmt::print(out_, "\r\033[K{}", line);
+    std::fflush(out_);
+    dirty_ = true;
+  } else if (step % interval_ == 0 || step == total_ || step == 1) {
+    fmt::print(out_, "{}\n", line);
+    std::fflush(out_);
+  }
+}
+
+void Progress::Message(std::string_view line) {
+  if (tty_ && dirty_) fmt::print(out_, "\r\033[K");
+  fmt::print(out_, "{}\n", line);
+  std::fflush(out_);
+  dirty_ = false;
+}
+
+void Progress::Finish() {
+  if (tty_ && dirty_) fmt::print(out_, "\n");
+  std::fflush(out_);
+  dirty_ = false;
+}
+
+}  // namespace ms::metrics

@@ -1,0 +1,175 @@
+// megascale ops: every operator of the GPT on the CPU, fp32, in two implementations with the same
+// signatures:
+//   ms::ops::ref::X  plain loops, double accumulation: the oracle that tests compare against;
+//   ms::ops::X       fast: OpenMP over independent rows/heads, vectorizable inner loops, GEMMs through
+//                    oneDNN (dnnl_sgemm).
+//
+// Conventions (all ops):
+//   - Tensors are fp32 (ids/targets int32), row-major, contiguous, passed as raw pointers; shapes are
+//     given in the comments, e.g. `// (B, T, 3, H, D)`. The caller owns every buffer; no op allocates
+//     memory that outlives the call, none keeps a pointer.
+//   - Ops cannot fail: sizes must be >= 0 and buffers must hold what the shapes say. Output buffers must
+//     not alias inputs unless the comment says so ("in place").
+//   - "WRITES" means the output is overwritten; "ACCUMULATES" means += into what the caller holds.
+//   - Determinism: for a fixed OpenMP thread count every fast op is bitwise reproducible (static
+//     schedules, no float atomics, cross-row reductions in a fixed order). Ops other than the GEMMs
+//     (Gemm, MatmulForward, MatmulBackward's dinp/dw, which follow oneDNN) give the same bits whatever
+//     the thread count.
+//   - Thread safety: ops are reentrant; concurrent calls on disjoint outputs are safe. The fast ops open
+//     OpenMP parallel regions (and oneDNN's), so calling them from inside an OpenMP region runs them
+//     nested (serially by default).
+#pragma once
+
+#include <cstdint>
+
+namespace ms::ops {
+
+// ---- GEMM and linear layers --------------------------------------------------------------------
+
+// C = alpha * op(A) @ op(B) + beta * C, all row-major.
+//   C: (M, N) with row stride ldc >= N.
+//   A: (M, K) with row stride lda >= K, or stored (K, M) with lda >= M if trans_a.
+//   B: (K, N) with row stride ldb >= N, or stored (N, K) with ldb >= K if trans_b.
+// beta == 0 overwrites C (NaNs in C are not propagated). K == 0 scales C by beta.
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// Linear layer with PyTorch's weight layout (WRITES out):
+//   out (N, OC) = inp (N, IC) @ w (OC, IC)^T + bias (OC); bias may be null.
+void MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC, int64_t OC);
+// Backward of MatmulForward (ACCUMULATES all three):
+//   dinp (N, IC) += dout (N, OC) @ w (OC, IC)        skipped if dinp is null;
+//   dw (OC, IC)  += dout^T @ inp (N, IC);
+//   dbias (OC)   += column sums of dout              skipped if dbias is null.
+void MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                    int64_t N, int64_t IC, int64_t OC);
+
+// ---- LayerNorm -----------------------------------------------------------------------------------
+
+// LayerNorm over the last dim (WRITES out, mean, rstd):
+//   x, out: (N, C); w, b: (C); mean, rstd: (N) saved for backward, rstd = 1 / sqrt(var + eps) with the
+//   biased variance (as torch.nn.LayerNorm).
+void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N,
+                      int64_t C, float eps);
+// Backward (ACCUMULATES dx (N, C), dw (C), db (C)); mean, rstd as saved by LayerNormForward.
+void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                       const float* mean, const float* rstd, int64_t N, int64_t C);
+
+// ---- GeLU (tanh approximation: GPT-2, torch gelu(approximate="tanh")) ----------------------------
+
+// out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (WRITES; out may equal x: in place).
+void GeluForward(float* out, const float* x, int64_t n);
+// dx (n) = gelu'(x) * dout (WRITES, does not accumulate; dx may equal dout: in place).
+void GeluBackward(float* dx, const float* x, const float* dout, int64_t n);
+
+// ---- Attention -----------------------------------------------------------------------------------
+
+// Causal self-attention with an optional sliding window over a fused qkv buffer (WRITES out, lse).
+//   qkv: (B, T, 3, H, D)  per token: H query heads, then H key heads, then H value heads, each D wide.
+//   out: (B, T, H, D);  lse: (B, H, T) log-sum-exp of the scaled scores of each query, for backward.
+// Query t attends keys s with t - window < s <= t when window > 0 (min(window, t+1) keys, itself
+// included), all s <= t when window == 0. Scores are scaled by 1/sqrt(D).
+// Work is O(B*H*T*min(T,window)*D); no (T, T) buffer is ever formed. Precondition: D >= 1, window >= 0.
+void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                      int64_t window);
+// Backward (WRITES dqkv (B, T, 3, H, D) entirely). Probabilities are recomputed from lse (FlashAttention
+// style); out (B, T, H, D) gives the row term D_t = sum(dout_t * out_t). The reference ignores out and lse
+// and recomputes everything in double.
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
+                       int64_t T, int64_t H, int64_t D, int64_t window);
+
+// ---- Softmax cross-entropy -----------------------------------------------------------------------
+
+// Over rows of logits (N, V) with targets (N) (WRITES losses (N) and lse (N)):
+//   lse[i] = log(sum_j exp(logits[i, j])), losses[i] = lse[i] - logits[i, targets[i]].
+// A target < 0 is ignored: loss 0 (lse is still written). Precondition: targets[i] < V. The caller
+// averages.
+void CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V);
+// dlogits (N, V) = (softmax(logits) - onehot(targets)) * dloss[i] (WRITES; ignored rows get 0).
+// lse (N) as saved by the forward; dloss (N) is a per-row scale (e.g. 1 / number of valid targets).
+void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                          const float* dloss, int64_t N, int64_t V);
+
+// ---- Embedding -----------------------------------------------------------------------------------
+
+// out (N, C) = table (V, C)[ids[i]] (WRITES). An id < 0 gives a zero row (useful for vocab-parallel
+// embeddings: shift ids into the local shard and mark the others -1). Precondition: ids[i] < V.
+void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C);
+// dtable (V, C) += scatter of dout (N, C) by ids (ACCUMULATES; ids < 0 skipped). Repeated ids are
+// summed in row order: deterministic whatever the thread count.
+void EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C);
+
+// ---- Elementwise helpers (all n-element vectors) ---------------------------------------------------
+
+void AddInPlace(float* y, const float* x, int64_t n);             // y += x
+void Axpy(float* y, float a, const float* x, int64_t n);          // y += a * x
+void Add(float* out, const float* a, const float* b, int64_t n);  // out = a + b (out may equal a or b)
+void Scale(float* x, float a, int64_t n);                         // x *= a
+// sum(x^2) accumulated in double, in fixed-size chunks combined in order: the same bits whatever the
+// thread count.
+double SumSquares(const float* x, int64_t n);
+
+// ---- Optimizers (one tensor, or one shard of it, at a time) ---------------------------------------
+
+struct AdamParams {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+};
+
+// torch.optim.AdamW (single-tensor path of torch 2.x), in its order of operations; step is 1-based:
+//   p *= 1 - lr*wd;  m = lerp(m, g, 1 - b1);  v = v*b2 + (1 - b2)*g*g;
+//   step_size = lr / (1 - b1^step);  denom = sqrt(v) / sqrt(1 - b2^step) + eps;  p -= step_size * m / denom.
+// Scalars are computed in double, then rounded to float (as torch does with Python floats).
+// p, m, v (n) are updated in place; g (n) is read.
+void AdamWStep(float* p, const float* g, float* m, float* v, int64_t n, const AdamParams& hp, int64_t step);
+
+// LAMB (You et al. 2019), split so that the trust ratio can use norms reduced across shards:
+// LambDirection updates m, v (as AdamW) and WRITES u (n) = mhat / (sqrt(vhat) + eps) + wd * p with
+// mhat = m / (1 - b1^step), vhat = v / (1 - b2^step) (hp.lr unused). The caller then computes over the
+// WHOLE tensor trust = (||p|| > 0 && ||u|| > 0) ? ||p|| / ||u|| : 1 (e.g. SumSquares + all-reduce), and
+// LambApply does p -= lr * trust * u.
+void LambDirection(float* u, const float* p, const float* g, float* m, float* v, int64_t n, const AdamParams& hp,
+                   int64_t step);
+void LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio);
+// The trust ratio from the squared norms of the whole tensor (sums of SumSquares over its shards):
+// sqrt(param_sq / update_sq) when both are > 0, else 1.
+float LambTrustRatio(double param_sq, double update_sq);
+
+// ---- Reference implementations: same contracts, plain loops ---------------------------------------
+namespace ref {
+
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC, int64_t OC);
+void MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                    int64_t N, int64_t IC, int64_t OC);
+void LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int64_t N,
+                      int64_t C, float eps);
+void LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                       const float* mean, const float* rstd, int64_t N, int64_t C);
+void GeluForward(float* out, const float* x, int64_t n);
+void GeluBackward(float* dx, const float* x, const float* dout, int64_t n);
+void AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                      int64_t window);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int64_t B,
+                       int64_t T, int64_t H, int64_t D, int64_t window);
+void CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V);
+void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                          const float* dloss, int64_t N, int64_t V);
+void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C);
+void EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C);
+void AddInPlace(float* y, const float* x, int64_t n);
+void Axpy(float* y, float a, const float* x, int64_t n);
+void Add(float* out, const float* a, const float* b, int64_t n);
+void Scale(float* x, float a, int64_t n);
+double SumSquares(const float* x, int64_t n);
+void AdamWStep(float* p, const float* g, float* m, float* v, int64_t n, const AdamParams& hp, int64_t step);
+void LambDirection(float* u, const float* p, const float* g, float* m, float* v, int64_t n, const AdamParams& hp,
+                   int64_t step);
+void LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio);
+
+}  // namespace ref
+}  // namespace ms::ops

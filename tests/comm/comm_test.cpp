@@ -1,0 +1,28 @@
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "comm/comm.h"
+
+namespace ms::comm {
+
+TEST_CASE("self communicator is the identity and rejects peers") {
+  auto c = MakeSelfCommunicator();
+  CHECK(c->rank() == 0);
+  CHECK(c->size() == 1);
+  std::vector<float> a{1, 2, 3}, b(3, 0);
+  CHECK(c->AllReduce(a.data(), 3, ReduceOp::kSum)->Wait().ok());
+  CHECK(a == std::vector<float>{1, 2, 3});
+  CHECK(c->AllGather(a.data(), b.data(), 3)->Wait().ok());
+  CHECK(b == a);
+  std::fill(b.begin(), b.end(), 0.f);
+  CHECK(c->ReduceScatter(a.data(), b.data(), 3)->Wait().ok());
+  CHECK(b == a);
+  CHECK(c->Broadcast(a.data(), 3, 0)->Wait().ok());
+  CHECK_FALSE(c->Broadcast(a.data(), 3, 1)->Wait().ok());
+  CHECK_FALSE(c->Send(a.data(), 3, 1, 0)->Wait().ok());
+  CHECK_FALSE(c->Recv(a.data(), 3, 1, 0)->Wait().ok());
+  CHECK(c->Barrier().ok());
+}
+
+}  // namespace ms::comm

@@ -1,0 +1,165 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "device/device.h"
+#include "model/model.h"
+#include "optim/optim.h"
+
+namespace ms::model {
+namespace {
+
+config::ModelSpec SmallSpec(config::BlockKind block, int window) {
+  config::ModelSpec m;
+  m.layers = 2;
+  m.hidden = 12;
+  m.heads = 3;
+  m.ffn_hidden = 20;
+  m.vocab = 13;
+  m.seq_len = 7;
+  m.block = block;
+  m.window = window;
+  m.init_std = 0.3f;
+  return m;
+}
+
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+};
+Batch RandomBatch(const config::ModelSpec& m, int B, uint64_t seed) {
+  Rng rng(seed);
+  Batch b;
+  for (int i = 0; i < B * m.seq_len; ++i) {
+    b.inputs.push_back(static_cast<int32_t>(rng.NextBelow(m.vocab)));
+    b.targets.push_back(static_cast<int32_t>(rng.NextBelow(m.vocab)));
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("gradients match central finite differences of the loss") {
+  auto dev = device::MakeCpuDevice();
+  for (auto block : {config::BlockKind::kParallel, config::BlockKind::kSequential}) {
+    for (int window : {0, 3}) {
+      CAPTURE(static_cast<int>(block));
+      CAPTURE(window);
+      auto m = SmallSpec(block, window);
+      const int B = 2;
+      auto gpt_or = Gpt::Create(m, {}, B, 11, dev.get());
+      REQUIRE(gpt_or.ok());
+      auto& gpt = *gpt_or;
+      Batch batch = RandomBatch(m, B, 5);
+      REQUIRE(gpt->Forward(batch.inputs.data(), batch.targets.data()).ok());
+      REQUIRE(gpt->Backward(1.0f / (B * m.seq_len)).ok());
+      std::vector<float> grad(gpt->grad_data(), gpt->grad_data() + gpt->num_params());
+      Rng pick(3);
+      int checked = 0;
+      for (const auto& p : gpt->params()) {
+        for (int k = 0; k < 3; ++k) {
+          int64_t i = p.offset + static_cast<int64_t>(pick.NextBelow(p.numel));
+          float* w = gpt->param_data() + i;
+          const float orig = *w;
+          const float h = 1e-2f;
+          *w = orig + h;
+          double lp = *gpt->Forward(batch.inputs.data(), batch.targets.data());
+          *w = orig - h;
+          double lm = *gpt->Forward(batch.inputs.data(), batch.targets.data());
+          *w = orig;
+          double fd = (lp - lm) / (2 * h);
+          CAPTURE(p.name);
+          CHECK(std::abs(fd - grad[i]) <= 2e-3 + 5e-2 * std::abs(fd));
+          ++checked;
+        }
+      }
+      CHECK(checked == 3 * static_cast<int>(gpt->params().size()));
+    }
+  }
+}
+
+TEST_CASE("training steps are deterministic and the loss falls on a repeated batch") {
+  auto dev = device::MakeCpuDevice();
+  auto m = SmallSpec(config::BlockKind::kParallel, 4);
+  m.init_std = 0.02f;
+  config::OptimizerSpec os;
+  os.lr = 1e-2f;
+  os.warmup_steps = 0;
+  std::vector<float> finals[2];
+  std::vector<double> losses[2];
+  for (int run = 0; run < 2; ++run) {
+    auto gpt = std::move(Gpt::Create(m, {}, 2, 1, dev.get())).value();
+    auto opt = std::move(optim::Optimizer::Create(os, gpt->params(), gpt->num_params())).value();
+    Batch batch = RandomBatch(m, 2, 9);
+    for (int step = 1; step <= 20; ++step) {
+      gpt->ZeroGrad();
+      float loss = *gpt->Forward(batch.inputs.data(), batch.targets.data());
+      REQUIRE(gpt->Backward(1.0f / (2 * m.seq_len)).ok());
+      REQUIRE(opt->Step(gpt->param_data(), gpt->grad_data(), step, os.lr).ok());
+      losses[run].push_back(loss);
+    }
+    finals[run].assign(gpt->param_data(), gpt->param_data() + gpt->num_params());
+  }
+  CHECK(losses[0] == losses[1]);
+  CHECK(finals[0] == finals[1]);
+  CHECK(losses[0].back() < 0.5 * losses[0].front());
+}
+
+TEST_CASE("initialization is identical whatever the seed stream and shard extraction tiles the tensor") {
+  const std::vector<int64_t> shape{6, 4};
+  std::vector<float> global(24);
+  for (int i = 0; i < 24; ++i) global[i] = static_cast<float>(i);
+  for (auto kind : {ShardKind::kRows, ShardKind::kCols, ShardKind::kQkvRows}) {
+    std::vector<float> a(12), b(12);
+    ExtractShard(global.data(), a.data(), shape, kind, 2, 0);
+    ExtractShard(global.data(), b.data(), shape, kind, 2, 1);
+    std::vector<float> all(a);
+    all.insert(all.end(), b.begin(), b.end());
+    std::sort(all.begin(), all.end());
+    CHECK(all == global);  // the two shards partition the tensor
+  }
+  std::vector<float> q(12);
+  ExtractShard(global.data(), q.data(), shape, ShardKind::kQkvRows, 2, 1);
+  CHECK(q[0] == 4.0f);   // row 1 of the q block
+  CHECK(q[4] == 12.0f);  // row 1 of the k block
+  CHECK(q[8] == 20.0f);  // row 1 of the v block
+}
+
+TEST_CASE("bad inputs are rejected with clear errors") {
+  auto dev = device::MakeCpuDevice();
+  auto m = SmallSpec(config::BlockKind::kParallel, 0);
+  auto gpt = std::move(Gpt::Create(m, {}, 1, 1, dev.get())).value();
+  std::vector<int32_t> in(m.seq_len, 1), tg(m.seq_len, 1);
+  in[3] = m.vocab;
+  auto r = gpt->Forward(in.data(), tg.data());
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().find("outside the vocabulary") != std::string::npos);
+  CHECK_FALSE(gpt->Backward(1.0f).ok());  // no forward
+  ShardSpec tp2;
+  tp2.tp_size = 2;
+  CHECK(Gpt::Create(m, tp2, 1, 1, dev.get()).status().code() == Code::kUnimplemented);
+}
+
+TEST_CASE("learning-rate schedule: warm-up, cosine, constant") {
+  config::OptimizerSpec s;
+  s.lr = 1.0f;
+  s.min_lr = 0.1f;
+  s.warmup_steps = 10;
+  CHECK(optim::LearningRate(s, 1, 110) == doctest::Approx(0.1));
+  CHECK(optim::LearningRate(s, 10, 110) == doctest::Approx(1.0));
+  CHECK(optim::LearningRate(s, 60, 110) == doctest::Approx(0.55));
+  CHECK(optim::LearningRate(s, 110, 110) == doctest::Approx(0.1));
+  s.schedule = config::ScheduleKind::kConstant;
+  CHECK(optim::LearningRate(s, 60, 110) == doctest::Approx(1.0));
+}
+
+TEST_CASE("flop formula counts windowed attention keys") {
+  config::ModelSpec m = SmallSpec(config::BlockKind::kParallel, 0);
+  double full = TrainingFlopsPerSequence(m);
+  m.window = 1;
+  double w1 = TrainingFlopsPerSequence(m);
+  const double C = m.hidden, T = m.seq_len, L = m.layers;
+  CHECK(full - w1 == doctest::Approx(12.0 * L * C * (T * (T + 1) / 2 - T)));
+}
+
+}  // namespace ms::model
