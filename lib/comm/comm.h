@@ -1,24 +1,96 @@
 // Communicator: collectives and point-to-point transfers within one process group.
 //
+// Contract
+// --------
 // Every call is asynchronous: it returns a Work handle at once, the transfer runs on the
 // communicator's own thread (Gloo, CPU backend) or stream (NCCL, CUDA backend), and the
 // caller overlaps compute until it calls Wait(). Buffers must stay valid and untouched
-// until then. Calls on one communicator are executed in the order they were issued, and
-// every member of the group must issue the same collectives in the same order.
+// until then. Collectives on one communicator are executed in the order they were issued,
+// and every member of the group must issue the same collectives, with the same counts, in
+// the same order. Destroying a Work that was not waited for waits for it (its status is
+// dropped; a failure still shows in every later call, see below), so a forgotten handle
+// can never leave a transfer writing into freed memory.
 //
-// This issue ships the single-rank communicator (a group of one: every collective is an
-// identity, completed at once). The Gloo and NCCL communicators plug in behind the same
-// interface (3D-parallelism and CUDA issues).
+// Thread safety: one issuing thread per communicator at a time (the issue order is what
+// matches operations across ranks; calls from several threads would race for it). A Work
+// may be waited on from any thread, once or many times (later calls return the same
+// status). Different communicators are independent.
+//
+// The Gloo communicator (MakeGlooCommunicator)
+// ---------------------------------------------
+// * One thread per communicator. Each collective call packs its arguments into a task,
+//   appends it to a FIFO queue and returns; the communicator's thread runs the tasks one
+//   at a time, strictly in issue order. One thread (rather than a pool) is what makes the
+//   order identical on every rank without any extra agreement protocol, and one collective
+//   in flight per group keeps Gloo's message matching unambiguous. The
+//   calling thread is free meanwhile: compute overlaps communication. A collective whose
+//   count is 0 still takes its place in the queue and completes as a no-op.
+// * Every collective carries its sequence number (the n-th collective issued on this
+//   communicator) as Gloo's tag, so a stale message from an aborted operation can never
+//   be matched by a later one, and every error message names it ("all-reduce #12").
+// * AllReduce (float, double, int64; sum, max, min): gloo::allreduce, ring algorithm
+//   (reduce-scatter, then all-gather of the reduced chunks). Each chunk is reduced on one
+//   rank in a fixed ring order and then copied to the others, so the result is bitwise
+//   identical on every rank and from run to run.
+// * ReduceScatter: our own ring over Gloo unbound buffers (gloo's ReduceScatter* classes
+//   use the old bound-buffer API without per-operation timeouts). size()-1 steps; in step
+//   s rank r sends its partial sum of chunk (r-s-1) mod n to rank r+1 and receives chunk
+//   (r-s-2) mod n from rank r-1, adds its own contribution, and after the last step holds
+//   chunk r summed over all ranks. Traffic per rank: (n-1)/n of the input, the optimum (an
+//   all-reduce into scratch would move twice that). Deterministic: every chunk is summed
+//   in the same ring order on every run. Scratch: 2*count floats, kept by the
+//   communicator. `out` must not overlap `in`.
+// * AllGather: gloo::allgather (ring). Broadcast: gloo::broadcast (binomial tree).
+//   Barrier: gloo::barrier, queued behind earlier collectives and waited for.
+// * Send/Recv do not go through the queue: the call posts the transfer to Gloo at once
+//   (context->createUnboundBuffer + send/recv on slot = (p2p prefix, tag)), Gloo's
+//   transport thread moves the bytes whenever both sides have posted, and Wait() blocks
+//   on completion. So point-to-point transfers never block collectives or each other:
+//   rank A may post Recv(from B) and then an AllReduce while B posts Send(to A) and then
+//   the AllReduce, receives may be posted long before the matching send, and any number
+//   of tags may be in flight between a pair. Transfers with the same (peer, tag) match in
+//   posting order. The counts of a matching send and recv must be equal (Gloo treats a
+//   larger message than the posted receive as a fatal error in its transport thread).
+// * Timeouts and failures: every collective runs under GlooOptions::timeout (Gloo applies
+//   it to each wait inside its algorithms; the ring reduce-scatter to the whole
+//   operation); a Send/Recv Wait() waits at most that long. A peer that died
+//   shows as a closed connection (Unavailable, usually within milliseconds); a peer that
+//   never arrives shows as Timeout. The Status names the communicator, this rank, the
+//   operation with its sequence number and size, the peers involved and Gloo's message.
+//   The transport is then in an unknown state, so the first failure is sticky: every later
+//   call, and every queued task, fails at once with Aborted naming the original failure.
+//   The failing rank also closes all its connections of this group, so that the failure
+//   spreads to every peer within milliseconds (they see Unavailable: connection closed)
+//   instead of each waiting for its own timeout; a rank that is not a ring neighbour of a
+//   dead rank learns of it this way. Recovery is to rebuild the group (the driver restarts
+//   the job).
+// * Destruction: queued tasks that have not started fail with Aborted, the running one
+//   finishes (bounded by the timeout), the thread is joined, and sends/receives not yet
+//   waited for are aborted (their Wait() reports Aborted).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "core/core.h"
 
+namespace gloo {
+class Context;
+namespace rendezvous {
+class Store;
+}  // namespace rendezvous
+namespace transport {
+class Device;
+}  // namespace transport
+}  // namespace gloo
+
 namespace ms::comm {
 
-enum class ReduceOp { kSum, kMax };
+enum class ReduceOp { kSum, kMax, kMin };
+std::string_view ReduceOpName(ReduceOp op);
 
 class Work {
  public:
@@ -32,19 +104,50 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // In place over `count` floats.
+  // For messages and traces, e.g. "dp[3]".
+  virtual std::string name() const { return "comm"; }
+  // In place over `count` elements; the result is bitwise identical on every rank.
   virtual std::unique_ptr<Work> AllReduce(float* data, int64_t count, ReduceOp op) = 0;
-  // in: size()*count floats; out: this rank's `count` floats of the reduced result.
+  // Doubles (norms) and 64-bit integers (token and sample counters). The defaults report
+  // Unimplemented; both shipped communicators implement them.
+  virtual std::unique_ptr<Work> AllReduce(double* data, int64_t count, ReduceOp op);
+  virtual std::unique_ptr<Work> AllReduce(int64_t* data, int64_t count, ReduceOp op);
+  // in: size()*count floats; out: this rank's `count` floats of the sum. No overlap.
   virtual std::unique_ptr<Work> ReduceScatter(const float* in, float* out, int64_t count) = 0;
   // in: `count` floats of this rank; out: size()*count floats, rank-major.
   virtual std::unique_ptr<Work> AllGather(const float* in, float* out, int64_t count) = 0;
   virtual std::unique_ptr<Work> Broadcast(float* data, int64_t count, int root) = 0;
+  // Point to point; tag >= 0. Not ordered with collectives (see the Gloo notes above).
   virtual std::unique_ptr<Work> Send(const float* data, int64_t count, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> Recv(float* data, int64_t count, int peer, int tag) = 0;
+  // Ordered after every collective issued before it; blocks until all ranks arrive.
   virtual Status Barrier() = 0;
 };
 
 // A group of one rank (the 1x1x1 layout, or any group of size 1 in a larger layout).
 std::unique_ptr<Communicator> MakeSelfCommunicator();
+
+// ---- Gloo (CPU backend) ------------------------------------------------------------------
+
+struct GlooOptions {
+  std::chrono::milliseconds timeout{60'000};  // per collective, and per send/recv Wait()
+  std::string name = "gloo";                  // shown in every message, e.g. "dp[3]"
+};
+
+// Takes over a connected Gloo context (one communicator per context: they must not be
+// shared, since both would use the same tags). Never fails; errors show in the Works.
+std::unique_ptr<Communicator> MakeGlooCommunicator(std::shared_ptr<gloo::Context> context, GlooOptions options);
+
+// A TCP transport device listening on `hostname` (an address or name of this host; empty:
+// resolve this machine's hostname). One device serves any number of contexts.
+Result<std::shared_ptr<gloo::transport::Device>> MakeGlooTcpDevice(const std::string& hostname);
+
+// Connects `rank` of `size` to every other rank through `store` (give each group its own
+// key space, e.g. with gloo::rendezvous::PrefixStore). Blocks until every rank has
+// connected or `timeout` passes; Unavailable/Timeout with the group name on failure.
+Result<std::shared_ptr<gloo::Context>> ConnectGlooContext(gloo::rendezvous::Store& store, int rank, int size,
+                                                          std::shared_ptr<gloo::transport::Device> device,
+                                                          std::chrono::milliseconds timeout,
+                                                          std::string_view group_name);
 
 }  // namespace ms::comm

@@ -18,7 +18,10 @@ class SelfCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
+  std::string name() const override { return "self"; }
   std::unique_ptr<Work> AllReduce(float*, int64_t, ReduceOp) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> AllReduce(double*, int64_t, ReduceOp) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> AllReduce(int64_t*, int64_t, ReduceOp) override { return std::make_unique<DoneWork>(); }
   std::unique_ptr<Work> ReduceScatter(const float* in, float* out, int64_t count) override {
     if (in != out && count > 0) std::memmove(out, in, static_cast<size_t>(count) * sizeof(float));
     return std::make_unique<DoneWork>();

@@ -23,6 +23,14 @@ TEST_CASE("self communicator is the identity and rejects peers") {
   CHECK_FALSE(c->Send(a.data(), 3, 1, 0)->Wait().ok());
   CHECK_FALSE(c->Recv(a.data(), 3, 1, 0)->Wait().ok());
   CHECK(c->Barrier().ok());
+  CHECK(c->name() == "self");
+  std::vector<double> d{1.5, -2};
+  CHECK(c->AllReduce(d.data(), 2, ReduceOp::kMin)->Wait().ok());
+  CHECK(d == std::vector<double>{1.5, -2});
+  std::vector<int64_t> k{int64_t{1} << 50};
+  CHECK(c->AllReduce(k.data(), 1, ReduceOp::kSum)->Wait().ok());
+  CHECK(k[0] == int64_t{1} << 50);
+  CHECK(ReduceOpName(ReduceOp::kMin) == "min");
 }
 
 }  // namespace ms::comm
