@@ -16,10 +16,12 @@ using RunFn = std::function<int()>;
 
 CLI::App* AddTrainCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddResumeCommand(CLI::App& parent, RunFn* run);
+CLI::App* AddWorkerCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddValidateCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddPrepareDataCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddInitTestCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddBenchCommand(CLI::App& parent, RunFn* run);
+CLI::App* AddExportCommand(CLI::App& parent, RunFn* run);
 
 // Prints "error: <message>" to stderr and returns 1: the one error boundary.
 int ReportError(const Status& status);

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   using Adder = CLI::App* (*)(CLI::App&, ms::cmd::RunFn*);
   const Adder adders[] = {ms::cmd::AddTrainCommand,       ms::cmd::AddResumeCommand,   ms::cmd::AddValidateCommand,
-                          ms::cmd::AddPrepareDataCommand, ms::cmd::AddInitTestCommand, ms::cmd::AddBenchCommand};
+                          ms::cmd::AddPrepareDataCommand, ms::cmd::AddInitTestCommand, ms::cmd::AddBenchCommand,
+                          ms::cmd::AddWorkerCommand,      ms::cmd::AddExportCommand};
   std::vector<std::pair<CLI::App*, ms::cmd::RunFn>> subs;
   subs.reserve(std::size(adders));  // Add*Command keeps a pointer into this vector
   for (Adder add : adders) {

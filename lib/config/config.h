@@ -58,6 +58,8 @@ struct ParallelSpec {
   bool sequence_parallel = false;  // no-op at tp 1
   int virtual_stages = 1;          // interleaved 1F1B when > 1 (needs pp > 1)
   int zero = 0;                    // 0: off, 1: optimizer state sharded over dp, 2: + gradients; no-op at dp 1
+  double bucket_mb = 4;            // data-parallel gradient bucket size, MB of fp32
+  bool overlap = true;             // start each bucket's reduction during backward (false: measure without)
   bool operator==(const ParallelSpec&) const = default;
 };
 

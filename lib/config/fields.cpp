@@ -326,6 +326,8 @@ std::vector<Field> BuildFields() {
   f.push_back(Boolean("parallel.sequence_parallel", MS_FIELD(parallel.sequence_parallel)));
   f.push_back(Integer("parallel.virtual_stages", MS_FIELD(parallel.virtual_stages), AtLeast(1)));
   f.push_back(Integer("parallel.zero", MS_FIELD(parallel.zero), Closed(0, 2)));
+  f.push_back(Real("parallel.bucket_mb", MS_FIELD(parallel.bucket_mb), Positive()));
+  f.push_back(Boolean("parallel.overlap", MS_FIELD(parallel.overlap)));
   // train
   f.push_back(Integer("train.steps", MS_FIELD(train.steps), AtLeast(1)));
   f.push_back(Integer("train.global_batch", MS_FIELD(train.global_batch), AtLeast(1)));

@@ -135,4 +135,32 @@ void Progress::Finish() {
   dirty_ = false;
 }
 
+void Trace::Span(std::string_view name, std::string_view lane, double start, double end) {
+  if (!enabled_) return;
+  size_t tid = 0;
+  while (tid < lanes_.size() && lanes_[tid] != lane) ++tid;
+  if (tid == lanes_.size()) lanes_.emplace_back(lane);
+  events_.push_back(fmt::format(R"({{"name": "{}", "ph": "X", "pid": {}, "tid": {}, "ts": {:.3f}, "dur": {:.3f}}})",
+                                JsonEscape(name), rank_, tid, (start - origin_) * 1e6,
+                                std::max(0.0, end - start) * 1e6));
+}
+
+Status Trace::Write(const std::string& path) const {
+  std::string out = "[\n";
+  out +=
+      fmt::format(R"({{"name": "process_name", "ph": "M", "pid": {}, "args": {{"name": "rank {}"}}}})", rank_, rank_);
+  for (size_t t = 0; t < lanes_.size(); ++t) {
+    out += fmt::format(
+        ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": {}, "
+        "\"args\": {{\"name\": \"{}\"}}}}",
+        rank_, t, JsonEscape(lanes_[t]));
+  }
+  for (const auto& e : events_) {
+    out += ",\n";
+    out += e;
+  }
+  out += "\n]\n";
+  return WriteFileAtomic(path, out);
+}
+
 }  // namespace ms::metrics

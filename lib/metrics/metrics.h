@@ -70,4 +70,24 @@ class Progress {
   bool dirty_ = false;
 };
 
+// Chrome trace (the JSON array format Perfetto and chrome://tracing open): complete spans
+// ("ph": "X") with microsecond timestamps, one "thread" per lane (compute, dp, pp, tp).
+// Not thread-safe: spans are added by the training thread.
+class Trace {
+ public:
+  explicit Trace(int rank) : rank_(rank), origin_(NowSeconds()) {}
+  bool enabled() const { return enabled_; }
+  void set_enabled(bool e) { enabled_ = e; }
+  // start/end from NowSeconds().
+  void Span(std::string_view name, std::string_view lane, double start, double end);
+  Status Write(const std::string& path) const;
+
+ private:
+  int rank_;
+  double origin_;
+  bool enabled_ = false;
+  std::vector<std::string> events_;
+  std::vector<std::string> lanes_;
+};
+
 }  // namespace ms::metrics

@@ -1,32 +1,54 @@
-// The GPT: parameters, hand-written forward and backward of every layer, loss.
+// The GPT: parameters, hand-written forward and backward of every layer, loss — sharded for
+// tensor, sequence and pipeline parallelism.
 //
-// Architecture (GPT-2 style, documented in docs/ARCHITECTURE.md):
-//   x0 = wte[tokens] + wpe[positions]                  learned absolute positions
+// Architecture (GPT-2 style, see docs/ARCHITECTURE.md):
+//   x0 = wte[tokens] + wpe[positions]                      learned absolute positions
 //   parallel block:   x = x + attn(ln1(x)) + mlp(ln1(x))   (one LayerNorm feeds both branches,
 //                                                          as GPT-J / PaLM / MegaScale)
 //   sequential block: x = x + attn(ln1(x)); x = x + mlp(ln2(x))
 //   attn: causal self-attention, optional sliding window (each token sees at most `window`
-//         tokens, itself included); qkv fused (rows ordered q heads, k heads, v heads)
+//         tokens, itself included); qkv fused, rows ordered (q heads, k heads, v heads)
 //   mlp:  fc (C -> F), GeLU (tanh), proj (F -> C)
 //   logits = lnf(x) @ wte^T (tied; a separate lm_head when tied_embeddings is false)
 //   loss = mean softmax cross-entropy over the tokens of the global batch
 //
-// Parameters are held "as if sharded": each Param records its global shape and how it is
-// split across tensor-parallel ranks (rows, columns, or the q/k/v row blocks of the fused
-// qkv weight). Initialization draws the GLOBAL tensor from Rng(seed, param id) and keeps
-// this rank's shard, so every layout starts from identical weights. This issue runs
-// tp = pp = 1 (a shard is the whole tensor); the 3D-parallelism issue adds the collectives.
+// Tensor parallelism (Megatron-style; tp ranks hold 1/tp of the heads and of the MLP width):
+//   qkv, fc      column-parallel: Y = X A, A split by output rows     (input: f = identity fwd,
+//                                                                       all-reduce bwd)
+//   attn.proj,   row-parallel:    Y = X A, A split by input columns    (output: g = all-reduce fwd,
+//   mlp.proj                                                            identity bwd)
+//   With the parallel block the attention and MLP partial sums are added before ONE all-reduce
+//   per layer (and ONE in backward for the LayerNorm input gradient); the sequential block needs
+//   two. Row-parallel biases are added once, after the reduction.
+//   wte is vocab-parallel: each rank holds V/tp rows; the embedding sums the ranks' lookups and
+//   the loss is a vocab-parallel softmax cross-entropy (max, sum-exp and target logit reduced
+//   across tp): no rank ever holds the full logits.
+// Sequence parallelism (sequence_parallel): the residual stream, LayerNorms and biases work on
+//   a 1/tp slice of the B*T rows; an all-gather precedes the column-parallel GEMMs and a
+//   reduce-scatter follows the row-parallel ones (the conjugates in backward). Replicated
+//   parameters then get partial gradients, summed across tp by ReduceSequenceParallelGrads().
+// Pipeline parallelism: the layers are cut into pp * virtual_stages chunks; global chunk
+//   s = c * pp + pp_rank is this rank's local chunk c. The first chunk also holds the
+//   embeddings, the last the final norm and the head (a tied wte is replicated there and kept
+//   equal by summing its gradient over the embedding group, see tied_replica).
+//
+// Initialization draws each GLOBAL tensor from Rng(seed, tensor id) and keeps this rank's
+// shard, so every layout starts from identical weights.
 //
 // Memory: parameters and gradients are two flat buffers (param_data(), grad_data()) of
-// num_params() floats, tensors at fixed offsets — what optimizers and checkpoints want.
-// Activations for one micro-batch are kept between Forward and Backward.
+// num_params() floats with tensors at fixed, 64-byte aligned offsets. Activations live per
+// (chunk, slot): a slot holds one micro-batch between its forward and its backward, so a
+// pipeline schedule keeps several in flight.
 // Thread safety: one thread drives a Gpt; ops use OpenMP inside.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/core.h"
 #include "device/device.h"
@@ -36,9 +58,9 @@ namespace ms::model {
 // How a parameter is split across tensor-parallel ranks.
 enum class ShardKind {
   kReplicated,  // every TP rank holds it whole (LayerNorm, row-parallel biases, wpe)
-  kRows,        // split along dim 0 (column-parallel weights [out, in], their biases, vocab rows of wte)
+  kRows,        // split along dim 0 (column-parallel weights [out, in] and biases, vocab rows of wte)
   kCols,        // split along dim 1 (row-parallel weights [out, in])
-  kQkvRows,     // fused qkv [3C, C]: each of the q, k, v row blocks split by heads
+  kQkvRows,     // fused qkv [3C, ...]: each of the q, k, v row blocks split by heads
 };
 
 struct ParamInfo {
@@ -49,18 +71,30 @@ struct ParamInfo {
   int64_t offset = 0;         // into param_data()/grad_data(), floats
   int64_t numel = 0;          // local
   bool weight_decay = false;  // matrices and embeddings decay; biases and norms do not
-  int layer = -1;             // transformer layer, -1 for embeddings / final norm
-  int64_t local_numel() const { return numel; }
+  int layer = -1;             // transformer layer, -1 for embeddings / final norm / head
+  int chunk = 0;              // local pipeline chunk holding it
+  bool tied_replica = false;  // the last stage's copy of a tied wte (pp > 1): not an independent tensor
+  bool sp_partial = false;    // gradient is a partial sum over tp ranks under sequence parallelism
 };
 
 struct ShardSpec {
   int tp_size = 1, tp_rank = 0;
   int pp_size = 1, pp_rank = 0;
+  int virtual_stages = 1;
+  bool sequence_parallel = false;
 };
 
-// FLOPs of one training step (forward + backward) for `tokens` tokens with the formula of
-// docs/ARCHITECTURE.md: 6 * N_matmul * tokens + attention 12 * L * C * sum_t(keys seen by t).
+// Communicators the model uses inside a layer (TP). Null when tp_size == 1.
+struct ModelComms {
+  comm::Communicator* tp = nullptr;
+};
+
+// FLOPs of one training step (forward + backward) of one sequence, formula of
+// docs/ARCHITECTURE.md: 6 * N_matmul * T + attention 12 * L * C * sum_t(keys seen by t).
 double TrainingFlopsPerSequence(const config::ModelSpec& spec);
+
+// Names of every global tensor of the model, in forward order (independent of the layout).
+std::vector<std::string> AllTensorNames(const config::ModelSpec& spec);
 
 // Copies this rank's shard of a global tensor (row-major, 1-D or 2-D) into `local`.
 void ExtractShard(const float* global, float* local, const std::vector<int64_t>& global_shape, ShardKind kind,
@@ -68,11 +102,15 @@ void ExtractShard(const float* global, float* local, const std::vector<int64_t>&
 
 class Gpt {
  public:
-  // spec must be resolved (ffn_hidden set). micro_batch: sequences per Forward call.
+  // spec must be resolved (ffn_hidden set). micro_batch: sequences per forward call.
   static Result<std::unique_ptr<Gpt>> Create(const config::ModelSpec& spec, const ShardSpec& shard, int micro_batch,
-                                             uint64_t seed, device::Device* device);
+                                             uint64_t seed, device::Device* device, ModelComms comms = {});
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   const config::ModelSpec& spec() const { return spec_; }
+  const ShardSpec& shard() const { return shard_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* FindParam(const std::string& name) const;
   float* param_data() const { return params_buf_.f32(); }
@@ -80,28 +118,79 @@ class Gpt {
   int64_t num_params() const { return num_params_; }
   int micro_batch() const { return B_; }
 
+  // Pipeline structure of this rank.
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  int global_chunk(int chunk) const { return chunks_[chunk].global; }
+  bool has_embedding(int chunk) const { return chunks_[chunk].embedding; }
+  bool has_head(int chunk) const { return chunks_[chunk].head; }
+  // Floats of the activation (or its gradient) crossing a pipeline boundary: rows x hidden.
+  int64_t boundary_floats() const { return rows_ * spec_.hidden; }
+
   void ZeroGrad();
-  // inputs, targets: [B, T] token ids for this micro-batch (B = micro_batch()).
-  // Runs the forward pass, keeps activations, returns the mean loss over the B*T tokens.
-  Result<float> Forward(const int32_t* inputs, const int32_t* targets);
-  // Backpropagates the last Forward. Gradients ACCUMULATE into grad_data(); each token's loss
-  // is weighted by `dloss` (1 / tokens in the global batch for gradient accumulation).
-  Status Backward(float dloss);
+
+  // Forward of local chunk `chunk` for the micro-batch held in `slot`.
+  //   embedding chunk: reads `inputs` [B, T]; otherwise `x_in` [rows, C] (the previous stage's output).
+  //   head chunk: needs `targets` [B, T]; returns the mean loss over the B*T tokens.
+  //   other chunks return 0; their output is ChunkOutput(chunk, slot).
+  // `before_layer(layer)` runs before each layer uses its parameters (-1: embeddings, layers: head):
+  // the hook where a ZeRO all-gather of the updated parameters is waited for (prefetch).
+  Result<float> ForwardChunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets, const float* x_in,
+                             const std::function<Status(int)>& before_layer = {});
+  const float* ChunkOutput(int chunk, int slot) const;
+  // Backward of the same: `dout` [rows, C] is the gradient of the chunk output (ignored for
+  // the head chunk, which starts from the loss with per-token weight `dloss`). Gradients
+  // ACCUMULATE into grad_data(); the input gradient is InputGrad(chunk, slot) (not for the
+  // embedding chunk). `on_layer_done(layer)` runs after each layer's parameter gradients are final
+  // for this call (and with layer -1 after the embeddings): the hook for overlapping DP reductions.
+  Status BackwardChunk(int chunk, int slot, const float* dout, float dloss,
+                       const std::function<void(int)>& on_layer_done = {});
+  const float* InputGrad(int chunk, int slot) const;
+
+  // Single-chunk convenience (pp == 1): forward + loss of slot 0, and its backward.
+  Result<float> Forward(const int32_t* inputs, const int32_t* targets) {
+    return ForwardChunk(0, 0, inputs, targets, nullptr);
+  }
+  Status Backward(float dloss) { return BackwardChunk(0, 0, nullptr, dloss); }
+
+  // Under sequence parallelism: sums the partial gradients of replicated tensors across tp.
+  Status ReduceSequenceParallelGrads();
 
  private:
+  struct Chunk {
+    int global = 0;  // global chunk index
+    int first_layer = 0, num_layers = 0;
+    bool embedding = false, head = false;
+  };
+  struct Acts;
+  struct LayerW;
+
   Gpt() = default;
   Status Init(uint64_t seed);
-  void AddParam(const std::string& name, std::vector<int64_t> shape, ShardKind kind, bool decay, int layer);
+  void AddParam(const std::string& name, std::vector<int64_t> shape, ShardKind kind, bool decay, int layer, int chunk);
+  Acts& SlotActs(int chunk, int slot);
+  LayerW Layer(int l) const;
+  // Collective helpers over tp (no-ops at tp 1).
+  Status TpAllReduce(float* x, int64_t n);
+  Status TpAllGatherRows(const float* local, float* full);      // [rows, C] -> [N, C]
+  Status TpReduceScatterRows(const float* full, float* local);  // [N, C] partial -> [rows, C] summed
+  Result<float> HeadForward(Acts& a, const float* x);
+  Status HeadBackward(Acts& a, float dloss, float* dres);
 
   config::ModelSpec spec_;
   ShardSpec shard_;
+  ModelComms comms_;
   int B_ = 0;
+  int64_t N_ = 0;                     // B * T rows of a micro-batch
+  int64_t rows_ = 0;                  // rows of the residual stream on this rank (N, or N / tp under SP)
+  int64_t Hl_ = 0, Fl_ = 0, Vl_ = 0;  // local heads, MLP width, vocab rows
   device::Device* device_ = nullptr;
   std::vector<ParamInfo> params_;
+  std::map<std::string, size_t> param_index_;
   int64_t num_params_ = 0;
-  device::Buffer params_buf_, grads_buf_, acts_buf_, scratch_buf_;
-  std::vector<int32_t> inputs_, targets_;
-  bool have_forward_ = false;
+  std::vector<Chunk> chunks_;
+  device::Buffer params_buf_, grads_buf_;
+  std::map<std::pair<int, int>, std::unique_ptr<Acts>> acts_;
+  std::vector<float> scratch_;
 };
 
 }  // namespace ms::model

@@ -17,55 +17,101 @@ double LearningRate(const config::OptimizerSpec& spec, int64_t step, int64_t tot
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
+Status IdentityReducer(std::vector<double>*) {
+  return Status::Ok();
+}
+
+std::vector<Segment> WholeTensorSegments(const std::vector<model::ParamInfo>& params) {
+  std::vector<Segment> segs;
+  for (size_t i = 0; i < params.size(); ++i) segs.push_back({static_cast<int>(i), 0, params[i].numel, true});
+  return segs;
+}
+
+std::vector<SegmentData> WholeTensorData(const std::vector<model::ParamInfo>& params, float* param, float* grad) {
+  std::vector<SegmentData> d;
+  for (const auto& p : params) d.push_back({param + p.offset, grad + p.offset});
+  return d;
+}
+
 Result<std::unique_ptr<Optimizer>> Optimizer::Create(const config::OptimizerSpec& spec,
-                                                     const std::vector<model::ParamInfo>& params, int64_t num_floats) {
-  for (const auto& p : params) {
-    if (p.offset < 0 || p.offset + p.numel > num_floats) {
-      return Internal("tensor {} [{}, +{}) lies outside the {} floats of the parameter buffer", p.name, p.offset,
-                      p.numel, num_floats);
-    }
-  }
+                                                     const std::vector<model::ParamInfo>& params,
+                                                     std::vector<Segment> segments,
+                                                     const std::vector<std::string>& all_tensor_names) {
   std::unique_ptr<Optimizer> o(new Optimizer());
+  std::map<std::string, int> ids;
+  for (size_t i = 0; i < all_tensor_names.size(); ++i) ids[all_tensor_names[i]] = static_cast<int>(i);
+  int64_t total = 0;
+  for (const auto& s : segments) {
+    if (s.param < 0 || static_cast<size_t>(s.param) >= params.size()) {
+      return Internal("optimizer segment names parameter {} of {}", s.param, params.size());
+    }
+    const auto& p = params[s.param];
+    if (s.begin < 0 || s.len < 0 || s.begin + s.len > p.numel) {
+      return Internal("optimizer segment [{}, +{}) outside tensor {} of {} elements", s.begin, s.len, p.name, p.numel);
+    }
+    auto it = ids.find(p.name);
+    if (it == ids.end()) return Internal("tensor {} is not among the model's tensor names", p.name);
+    o->tensor_id_.push_back(it->second);
+    o->state_offsets_.push_back(total);
+    total += s.len;
+  }
   o->spec_ = spec;
   o->params_ = params;
-  o->m_.assign(num_floats, 0.0f);
-  o->v_.assign(num_floats, 0.0f);
-  if (spec.kind == config::OptimizerKind::kLamb) o->u_.assign(num_floats, 0.0f);
+  o->segments_ = std::move(segments);
+  o->num_tensors_ = static_cast<int>(all_tensor_names.size());
+  o->m_.assign(total, 0.0f);
+  o->v_.assign(total, 0.0f);
+  if (spec.kind == config::OptimizerKind::kLamb) o->u_.assign(total, 0.0f);
   return o;
 }
 
-double Optimizer::GradNorm(const float* grad) const {
-  double sq = 0;
-  for (const auto& p : params_) sq += ops::SumSquares(grad + p.offset, p.numel);
-  return std::sqrt(sq);
-}
-
-Result<double> Optimizer::Step(float* param, float* grad, int64_t step, double lr) {
-  const double norm = GradNorm(grad);
+Result<double> Optimizer::Step(const std::vector<SegmentData>& data, int64_t step, double lr, const Reducer& reduce) {
+  if (data.size() != segments_.size()) {
+    return Internal("optimizer step got {} segments, expected {}", data.size(), segments_.size());
+  }
+  std::vector<double> sq(1, 0.0);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    if (segments_[i].count) sq[0] += ops::SumSquares(data[i].grad, segments_[i].len);
+  }
+  MS_RETURN_IF_ERROR_CTX(reduce(&sq), "reducing the gradient norm");
+  const double norm = std::sqrt(sq[0]);
   if (!std::isfinite(norm)) return DataLoss("gradient norm is {} at step {}; parameters left unchanged", norm, step);
   if (spec_.grad_clip > 0) {
     const double coef = spec_.grad_clip / (norm + 1e-6);
     if (coef < 1.0) {
-      for (const auto& p : params_) ops::Scale(grad + p.offset, static_cast<float>(coef), p.numel);
+      for (size_t i = 0; i < segments_.size(); ++i)
+        ops::Scale(data[i].grad, static_cast<float>(coef), segments_[i].len);
     }
   }
-  for (const auto& p : params_) {
-    ops::AdamParams hp{static_cast<float>(lr), spec_.beta1, spec_.beta2, spec_.eps,
-                       p.weight_decay ? spec_.weight_decay : 0.0f};
-    float* w = param + p.offset;
-    const float* g = grad + p.offset;
-    float* m = m_.data() + p.offset;
-    float* v = v_.data() + p.offset;
-    if (spec_.kind == config::OptimizerKind::kAdamW) {
-      ops::AdamWStep(w, g, m, v, p.numel, hp, step);
-    } else {
-      float* u = u_.data() + p.offset;
-      ops::LambDirection(u, w, g, m, v, p.numel, hp, step);
-      const double wn = std::sqrt(ops::SumSquares(w, p.numel));
-      const double un = std::sqrt(ops::SumSquares(u, p.numel));
-      const double trust = (wn > 0 && un > 0) ? wn / un : 1.0;
-      ops::LambApply(w, u, p.numel, static_cast<float>(lr), static_cast<float>(trust));
+  auto hparams = [&](size_t i) {
+    const auto& p = params_[segments_[i].param];
+    return ops::AdamParams{static_cast<float>(lr), spec_.beta1, spec_.beta2, spec_.eps,
+                           p.weight_decay ? spec_.weight_decay : 0.0f};
+  };
+  if (spec_.kind == config::OptimizerKind::kAdamW) {
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const int64_t o = state_offsets_[i];
+      ops::AdamWStep(data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len, hparams(i), step);
     }
+    return norm;
+  }
+  // LAMB: directions, then per-tensor ||p||^2 and ||u||^2 summed over every shard of the tensor.
+  std::vector<double> norms(2 * num_tensors_, 0.0);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const int64_t o = state_offsets_[i];
+    ops::LambDirection(u_.data() + o, data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len,
+                       hparams(i), step);
+    if (segments_[i].count) {
+      norms[2 * tensor_id_[i]] += ops::SumSquares(data[i].param, segments_[i].len);
+      norms[2 * tensor_id_[i] + 1] += ops::SumSquares(u_.data() + o, segments_[i].len);
+    }
+  }
+  MS_RETURN_IF_ERROR_CTX(reduce(&norms), "reducing LAMB tensor norms");
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const double wn = std::sqrt(norms[2 * tensor_id_[i]]), un = std::sqrt(norms[2 * tensor_id_[i] + 1]);
+    const double trust = (wn > 0 && un > 0) ? wn / un : 1.0;
+    ops::LambApply(data[i].param, u_.data() + state_offsets_[i], segments_[i].len, static_cast<float>(lr),
+                   static_cast<float>(trust));
   }
   return norm;
 }

@@ -1,21 +1,34 @@
-// The training loop, and the job entry point that `megascale train` calls.
+// The job: the driver that launches and supervises ranks, the worker entry point, and the
+// training loop every rank runs.
 //
-// Train() runs a whole job in this process for the 1x1x1 layout: opens the dataset,
-// builds the model and optimizer, writes the run directory, and trains with gradient
-// accumulation over micro-batches, evaluation at train.eval_interval and at the end, and
-// the progress display. Multi-rank layouts, checkpoints and the driver (rank launch,
-// Redis, restarts) are added by the bootstrap, 3D-parallelism and checkpoint issues; a
-// spec that needs them is refused with Unimplemented before anything runs.
+// RunJob (what `megascale train` calls):
+//   world = tp*pp*dp == 1: trains in this process (no Redis, no sockets).
+//   world > 1, no Slurm: starts the embedded redis-server (unless runtime.redis names one),
+//     launches `world` local worker processes of this binary (`megascale worker`), like
+//     torchrun, with OMP threads split so the ranks do not oversubscribe the cores, and
+//     supervises them: one failing rank stops the others; SIGINT/SIGTERM stop every rank; the
+//     job's exit status is the first failure's. Redis is stopped by its PID at the end.
+// RunWorker (hidden `megascale worker`): rendezvous through the store, builds the process
+//   groups (Gloo), then Train().
+// Train: data, model shard, data-parallel engine, optimizer, pipeline schedule; per step
+//   metrics and the progress line (rank 0), evaluation, optional Chrome trace per rank.
 //
-// Run directory (log.run_dir): job.yaml (the resolved spec), metrics.jsonl (one JSON
-// object per step and per evaluation), train.log (every log line, time-stamped).
+// Run directory (log.run_dir): job.yaml (the resolved spec), metrics.jsonl (rank 0: one JSON
+// object per step and per evaluation), train.log (rank 0's log), logs/rank-N.log (world > 1),
+// trace/rank-N.json (log.trace: true; open in Perfetto or chrome://tracing).
 // SIGINT/SIGTERM stop the loop after the current step; Train then returns Aborted.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/core.h"
+
+namespace ms::model {
+class Gpt;
+}
 
 namespace ms::runner {
 
@@ -31,10 +44,30 @@ struct TrainSummary {
 };
 
 struct TrainOptions {
-  bool progress = true;  // show the progress line on stdout
+  bool progress = true;         // show the progress line on stdout (rank 0 only)
+  std::string dump_params_dir;  // testing aid: each rank writes its final parameter shards here
 };
 
-// spec must have passed config::ResolveAndValidate.
-Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& options = {});
+// Where this rank sits and how it talks to the others.
+struct Runtime {
+  int rank = 0, world = 1;
+  int local_world = 1;  // ranks on this host
+  int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, world_comm;  // embedding: null if none
+  std::shared_ptr<void> keepalive;  // owns what the communicators use (process groups, store)
+};
+// The runtime of a single-rank job: every group is this rank alone.
+std::unique_ptr<Runtime> SingleRankRuntime();
+
+// spec must have passed config::ResolveAndValidate and config::CheckDataFiles.
+Status RunJob(const config::JobSpec& spec, const TrainOptions& options = {});
+// Entry of a worker process launched by RunJob; reads its rank from the environment.
+Status RunWorker(const std::string& job_spec_path, const TrainOptions& options);
+// Writes the rank's parameter shards: <dir>/rank-N.f32 (the flat buffer) and rank-N.json (the
+// tensor table: name, shard kind, global/local shape, offset, tp rank) — used by the layout
+// equivalence test to reassemble and compare full tensors.
+Status DumpParams(const model::Gpt& gpt, const std::string& dir, int rank);
+// The training loop of one rank.
+Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& options, Runtime& rt);
 
 }  // namespace ms::runner

@@ -1,9 +1,12 @@
+// The training loop of one rank: data, model shard, pipeline schedule, data-parallel engine,
+// optimizer, metrics.
 #include <omp.h>
 
 #include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <map>
 #include <vector>
 
 #include "data/data.h"
@@ -11,6 +14,7 @@
 #include "metrics/metrics.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "parallel/parallel.h"
 #include "runner/runner.h"
 
 namespace ms::runner {
@@ -43,13 +47,6 @@ class StopSignals {
 };
 
 Status CheckSupported(const config::JobSpec& spec) {
-  const auto& p = spec.parallel;
-  if (p.tp * p.pp * p.dp != 1) {
-    return Unimplemented(
-        "{}: parallel layout tp={} pp={} dp={} needs {} ranks; multi-rank training is not built yet "
-        "(3D-parallelism issue). Use tp: 1, pp: 1, dp: 1",
-        spec.source, p.tp, p.pp, p.dp, p.tp * p.pp * p.dp);
-  }
   if (spec.runtime.backend == config::Backend::kCuda) {
     return Unimplemented("{}: runtime.backend: cuda is not built yet (CUDA backend issue); use backend: cpu or auto",
                          spec.source);
@@ -75,15 +72,182 @@ Status FetchBatch(const data::Sampler& sampler, bool train, int64_t first, int c
   return Status::Ok();
 }
 
+// Point-to-point traffic of the pipeline: receives posted ahead of the compute that needs
+// them, sends completed lazily (before their buffer is reused, and at the end of the step).
+class PipeComm {
+ public:
+  PipeComm(comm::Communicator* pp, int64_t floats, metrics::Trace* trace) : pp_(pp), floats_(floats), trace_(trace) {}
+  // kind 0: activation (forward), 1: gradient (backward); gchunk: the receiving global chunk.
+  static int Tag(int kind, int micro, int gchunk) { return (kind * 4096 + micro) * 256 + gchunk; }
+  void PostRecv(int peer, int tag) {
+    if (recvs_.count(tag)) return;
+    auto& r = recvs_[tag];
+    r.buf.assign(floats_, 0.0f);
+    r.work = pp_->Recv(r.buf.data(), floats_, peer, tag);
+    r.posted = NowSeconds();
+  }
+  // Waits for the message and returns its buffer (valid until the next TakeRecv with the same tag).
+  Result<const float*> TakeRecv(int peer, int tag) {
+    PostRecv(peer, tag);
+    auto& r = recvs_[tag];
+    const double t0 = NowSeconds();
+    Status s = r.work->Wait();
+    wait_s_ += NowSeconds() - t0;
+    if (trace_) trace_->Span(fmt::format("recv tag {}", tag), "pp", r.posted, NowSeconds());
+    MS_RETURN_IF_ERROR_CTX(s, "pipeline receive from rank {} (tag {})", peer, tag);
+    held_ = std::move(r.buf);
+    recvs_.erase(tag);
+    return held_.data();
+  }
+  // Sends `floats_` floats; the buffer must stay unchanged until WaitSend(key) or WaitAll().
+  void Send(const float* data, int peer, int tag, std::pair<int, int> key) {
+    sends_[key].push_back({pp_->Send(data, floats_, peer, tag), NowSeconds(), tag});
+  }
+  Status WaitSend(std::pair<int, int> key) {
+    auto it = sends_.find(key);
+    if (it == sends_.end()) return Status::Ok();
+    for (auto& s : it->second) MS_RETURN_IF_ERROR(Finish(s));
+    sends_.erase(it);
+    return Status::Ok();
+  }
+  Status WaitAll() {
+    for (auto& [k, v] : sends_) {
+      for (auto& s : v) MS_RETURN_IF_ERROR(Finish(s));
+    }
+    sends_.clear();
+    return Status::Ok();
+  }
+  double wait_s() const { return wait_s_; }
+  void reset_wait() { wait_s_ = 0; }
+
+ private:
+  struct Pending {
+    std::unique_ptr<comm::Work> work;
+    double posted;
+    int tag;
+  };
+  struct PendingRecv {
+    std::vector<float> buf;
+    std::unique_ptr<comm::Work> work;
+    double posted = 0;
+  };
+  Status Finish(Pending& s) {
+    const double t0 = NowSeconds();
+    Status st = s.work->Wait();
+    wait_s_ += NowSeconds() - t0;
+    if (trace_) trace_->Span(fmt::format("send tag {}", s.tag), "pp", s.posted, NowSeconds());
+    return st.WithContext(fmt::format("pipeline send (tag {})", s.tag));
+  }
+  comm::Communicator* pp_;
+  int64_t floats_;
+  metrics::Trace* trace_;
+  std::map<int, PendingRecv> recvs_;
+  std::map<std::pair<int, int>, std::vector<Pending>> sends_;
+  std::vector<float> held_;
+  double wait_s_ = 0;
+};
+
+// A comm wrapper that times blocking waits (tensor-parallel collectives are waited at once).
+class TimedComm : public comm::Communicator {
+ public:
+  explicit TimedComm(comm::Communicator* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  std::unique_ptr<comm::Work> AllReduce(float* d, int64_t n, comm::ReduceOp op) override {
+    return Wrap(inner_->AllReduce(d, n, op));
+  }
+  std::unique_ptr<comm::Work> AllReduce(double* d, int64_t n, comm::ReduceOp op) override {
+    return Wrap(inner_->AllReduce(d, n, op));
+  }
+  std::unique_ptr<comm::Work> AllReduce(int64_t* d, int64_t n, comm::ReduceOp op) override {
+    return Wrap(inner_->AllReduce(d, n, op));
+  }
+  std::unique_ptr<comm::Work> ReduceScatter(const float* in, float* out, int64_t n) override {
+    return Wrap(inner_->ReduceScatter(in, out, n));
+  }
+  std::unique_ptr<comm::Work> AllGather(const float* in, float* out, int64_t n) override {
+    return Wrap(inner_->AllGather(in, out, n));
+  }
+  std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
+    return Wrap(inner_->Broadcast(d, n, root));
+  }
+  std::unique_ptr<comm::Work> Send(const float* d, int64_t n, int peer, int tag) override {
+    return Wrap(inner_->Send(d, n, peer, tag));
+  }
+  std::unique_ptr<comm::Work> Recv(float* d, int64_t n, int peer, int tag) override {
+    return Wrap(inner_->Recv(d, n, peer, tag));
+  }
+  Status Barrier() override { return inner_->Barrier(); }
+  double wait_s() const { return wait_s_; }
+  void reset() { wait_s_ = 0; }
+
+ private:
+  class TimedWork : public comm::Work {
+   public:
+    TimedWork(std::unique_ptr<comm::Work> w, double* acc) : w_(std::move(w)), acc_(acc) {}
+    Status Wait() override {
+      const double t0 = NowSeconds();
+      Status s = w_->Wait();
+      *acc_ += NowSeconds() - t0;
+      return s;
+    }
+
+   private:
+    std::unique_ptr<comm::Work> w_;
+    double* acc_;
+  };
+  std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w) {
+    return std::make_unique<TimedWork>(std::move(w), &wait_s_);
+  }
+  comm::Communicator* inner_;
+  double wait_s_ = 0;
+};
+
 }  // namespace
 
-Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& options) {
+Status DumpParams(const model::Gpt& gpt, const std::string& dir, int rank) {
+  MS_RETURN_IF_ERROR(MakeDirs(dir));
+  std::string index = "[";
+  for (const auto& p : gpt.params()) {
+    auto shape = [](const std::vector<int64_t>& s) {
+      std::string o;
+      for (auto d : s) o += (o.empty() ? "" : ", ") + std::to_string(d);
+      return "[" + o + "]";
+    };
+    static const char* kinds[] = {"replicated", "rows", "cols", "qkv_rows"};
+    index += fmt::format(
+        "{}\n  {{\"name\": \"{}\", \"shard\": \"{}\", \"global_shape\": {}, \"local_shape\": {}, "
+        "\"offset\": {}, \"numel\": {}, \"tp_size\": {}, \"tp_rank\": {}, \"tied_replica\": {}}}",
+        index.size() > 1 ? "," : "", p.name, kinds[static_cast<int>(p.shard)], shape(p.global_shape),
+        shape(p.local_shape), p.offset, p.numel, gpt.shard().tp_size, gpt.shard().tp_rank,
+        p.tied_replica ? "true" : "false");
+  }
+  index += "\n]\n";
+  MS_RETURN_IF_ERROR(WriteFileAtomic(fmt::format("{}/rank-{}.json", dir, rank), index));
+  return WriteFileAtomic(fmt::format("{}/rank-{}.f32", dir, rank),
+                         std::string_view(reinterpret_cast<const char*>(gpt.param_data()),
+                                          sizeof(float) * static_cast<size_t>(gpt.num_params())));
+}
+
+std::unique_ptr<Runtime> SingleRankRuntime() {
+  auto rt = std::make_unique<Runtime>();
+  rt->tp = comm::MakeSelfCommunicator();
+  rt->pp = comm::MakeSelfCommunicator();
+  rt->dp = comm::MakeSelfCommunicator();
+  rt->world_comm = comm::MakeSelfCommunicator();
+  return rt;
+}
+
+Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& options, Runtime& rt) {
   MS_RETURN_IF_ERROR(CheckSupported(spec));
   const auto& m = spec.model;
+  const auto& par = spec.parallel;
   const int T = m.seq_len;
   const int micro = spec.train.micro_batch;
-  const int n_micro = spec.parallel.micro_batches;
-  const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : NumCores();
+  const int n_micro = par.micro_batches;
+  const bool rank0 = rt.rank == 0;
+  const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, NumCores() / rt.local_world);
   omp_set_num_threads(threads);
 
   // Data first: a bad dataset fails before any output is written.
@@ -104,111 +268,265 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   // Run directory.
   const std::string& run_dir = spec.log.run_dir;
   MS_RETURN_IF_ERROR_CTX(MakeDirs(run_dir), "creating run directory log.run_dir={}", run_dir);
-  MS_RETURN_IF_ERROR(WriteFileAtomic(run_dir + "/job.yaml", config::ToYaml(spec)));
-  MS_RETURN_IF_ERROR(SetLogFile(run_dir + "/train.log"));
+  if (rank0) MS_RETURN_IF_ERROR(WriteFileAtomic(run_dir + "/job.yaml", config::ToYaml(spec)));
+  if (rt.world > 1) {
+    MS_RETURN_IF_ERROR(MakeDirs(run_dir + "/logs"));
+    MS_RETURN_IF_ERROR(SetLogFile(fmt::format("{}/logs/rank-{}.log", run_dir, rt.rank)));
+  } else {
+    MS_RETURN_IF_ERROR(SetLogFile(run_dir + "/train.log"));
+  }
   struct CloseLog {
     ~CloseLog() { SetLogFile("").IgnoreError(); }
   } close_log;
-  MS_ASSIGN_OR_RETURN(auto jsonl, metrics::JsonlWriter::Open(run_dir + "/metrics.jsonl", /*append=*/false));
+  std::optional<metrics::JsonlWriter> jsonl;
+  if (rank0) {
+    MS_ASSIGN_OR_RETURN(auto w, metrics::JsonlWriter::Open(run_dir + "/metrics.jsonl", /*append=*/false));
+    jsonl.emplace(std::move(w));
+  }
+  metrics::Trace trace(rt.rank);
+  trace.set_enabled(spec.log.trace);
 
+  // Model shard, data-parallel engine, optimizer.
+  TimedComm tp_timed(rt.tp.get());
   auto device = device::MakeCpuDevice();
   model::ShardSpec shard;
-  MS_ASSIGN_OR_RETURN(auto gpt, model::Gpt::Create(m, shard, micro, spec.train.seed, device.get()));
-  MS_ASSIGN_OR_RETURN(auto opt, optim::Optimizer::Create(spec.optimizer, gpt->params(), gpt->num_params()));
+  shard.tp_size = par.tp;
+  shard.tp_rank = rt.tp_rank;
+  shard.pp_size = par.pp;
+  shard.pp_rank = rt.pp_rank;
+  shard.virtual_stages = par.virtual_stages;
+  shard.sequence_parallel = par.sequence_parallel;
+  model::ModelComms mcomms;
+  if (par.tp > 1) mcomms.tp = &tp_timed;
+  MS_ASSIGN_OR_RETURN(auto gpt, model::Gpt::Create(m, shard, micro, spec.train.seed, device.get(), mcomms));
+  parallel::DataParallelOptions dpo;
+  dpo.zero = par.zero;
+  dpo.bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(par.bucket_mb * 1e6 / sizeof(float)));
+  dpo.overlap = par.overlap;
+  dpo.on_comm_span = [&trace](const std::string& what, double t0, double t1) { trace.Span(what, "dp", t0, t1); };
+  MS_ASSIGN_OR_RETURN(auto dpe, parallel::DataParallel::Create(gpt.get(), rt.dp.get(), rt.embedding.get(), dpo));
+  MS_ASSIGN_OR_RETURN(
+      auto opt, optim::Optimizer::Create(spec.optimizer, gpt->params(), dpe->segments(), model::AllTensorNames(m)));
+  optim::Reducer reduce_world = [&](std::vector<double>* v) -> Status {
+    if (rt.world == 1) return Status::Ok();
+    return rt.world_comm->AllReduce(v->data(), static_cast<int64_t>(v->size()), comm::ReduceOp::kSum)->Wait();
+  };
+  MS_ASSIGN_OR_RETURN(auto schedule, parallel::PipelineSchedule(par.pp, rt.pp_rank, par.virtual_stages, n_micro));
+  const int slots = parallel::MaxInFlight(schedule, par.virtual_stages);
+  PipeComm pipe(rt.pp.get(), gpt->boundary_floats(), spec.log.trace ? &trace : nullptr);
+  const int next_rank = (rt.pp_rank + 1) % par.pp, prev_rank = (rt.pp_rank + par.pp - 1) % par.pp;
 
   const double flops_per_seq = model::TrainingFlopsPerSequence(m);
   const double peak = spec.log.peak_flops > 0 ? spec.log.peak_flops : metrics::MeasureGemmPeakFlops();
-  int64_t n_params = 0;
-  for (const auto& p : gpt->params()) n_params += p.numel;
-  LogInfo("job {}: {} parameters, {} layers ({} block, window {}), {} threads, global batch {} = {} x {} x dp {}",
-          spec.name, n_params, m.layers, config::Name(m.block), m.window, threads, spec.train.global_batch, micro,
-          n_micro, spec.parallel.dp);
-  LogInfo("data {}: {} tokens, {} train / {} validation samples of {} tokens; peak {:.1f} GFLOP/s ({})", spec.data.path,
-          ds.num_tokens(), sampler.num_train(), sampler.num_valid(), T, peak / 1e9,
-          spec.log.peak_flops > 0 ? "configured" : "measured fp32 GEMM");
+  if (rank0) {
+    int64_t n_params = 0;
+    for (const auto& name : model::AllTensorNames(m)) (void)name;
+    for (const auto& p : gpt->params()) n_params += p.tied_replica ? 0 : p.numel;
+    LogInfo(
+        "job {}: {} layers ({} block, window {}), layout tp={} pp={} dp={} (virtual stages {}, sequence parallel "
+        "{}, zero {}), {} threads per rank, global batch {} = {} x {} micro-batches x dp {}; rank 0 holds {} "
+        "parameters",
+        spec.name, m.layers, config::Name(m.block), m.window, par.tp, par.pp, par.dp, par.virtual_stages,
+        par.sequence_parallel ? "on" : "off", par.zero, threads, spec.train.global_batch, micro, n_micro, par.dp,
+        n_params);
+    LogInfo("data {}: {} tokens, {} train / {} validation samples of {} tokens; peak {:.1f} GFLOP/s per rank ({})",
+            spec.data.path, ds.num_tokens(), sampler.num_train(), sampler.num_valid(), T, peak / 1e9,
+            spec.log.peak_flops > 0 ? "configured" : "measured fp32 GEMM");
+  }
 
+  // Which inputs a chunk needs: tokens for the embedding chunk, targets for the head chunk.
   std::vector<int32_t> seq, inputs(static_cast<size_t>(micro) * T), targets(inputs.size());
+  auto batch_first = [&](int64_t step, int mb) {
+    return (step - 1) * spec.train.global_batch + (static_cast<int64_t>(rt.dp_rank) * n_micro + mb) * micro;
+  };
+
+  // Forward-only pass over the validation split (each dp rank its own eval_batches micro-batches).
   auto evaluate = [&]() -> Result<double> {
     if (sampler.num_valid() == 0) return -1.0;
+    MS_RETURN_IF_ERROR(dpe->WaitAllParams());
     double sum = 0;
     for (int b = 0; b < spec.train.eval_batches; ++b) {
-      MS_RETURN_IF_ERROR(
-          FetchBatch(sampler, false, static_cast<int64_t>(b) * micro, micro, T, &seq, &inputs, &targets));
-      MS_ASSIGN_OR_RETURN(float l, gpt->Forward(inputs.data(), targets.data()));
-      sum += l;
+      const int64_t first = (static_cast<int64_t>(rt.dp_rank) * spec.train.eval_batches + b) * micro;
+      MS_RETURN_IF_ERROR(FetchBatch(sampler, false, first, micro, T, &seq, &inputs, &targets));
+      for (int c = 0; c < gpt->num_chunks(); ++c) {
+        const int g = gpt->global_chunk(c);
+        const float* x_in = nullptr;
+        if (!gpt->has_embedding(c)) {
+          MS_ASSIGN_OR_RETURN(x_in, pipe.TakeRecv(prev_rank, PipeComm::Tag(2, b, g)));
+        }
+        MS_ASSIGN_OR_RETURN(float l, gpt->ForwardChunk(c, 0, inputs.data(), targets.data(), x_in));
+        if (gpt->has_head(c)) {
+          sum += l;
+        } else {
+          MS_RETURN_IF_ERROR(pipe.WaitSend({c, 0}));
+          pipe.Send(gpt->ChunkOutput(c, 0), next_rank, PipeComm::Tag(2, b, g + 1), {c, 0});
+          MS_RETURN_IF_ERROR(pipe.WaitSend({c, 0}));
+        }
+      }
     }
-    return sum / spec.train.eval_batches;
+    const bool reporter = gpt->has_head(gpt->num_chunks() - 1) && rt.tp_rank == 0;
+    std::vector<double> v{reporter ? sum / spec.train.eval_batches : 0.0};
+    MS_RETURN_IF_ERROR(reduce_world(&v));
+    return v[0] / par.dp;
   };
 
   StopSignals signals;
   metrics::Progress progress(stdout, spec.train.steps, spec.log.interval);
+  const bool show = options.progress && rank0;
   TrainSummary summary;
   summary.run_dir = run_dir;
   const double t_start = NowSeconds();
   double ema_step = 0;
-  const float dloss = 1.0f / (static_cast<float>(micro) * T * n_micro);
+  const float dloss = 1.0f / (static_cast<float>(spec.train.global_batch) * T);
   for (int64_t step = 1; step <= spec.train.steps; ++step) {
     if (g_stop_signal.load()) break;
     const double t0 = NowSeconds();
     double data_s = 0, loss_sum = 0;
-    gpt->ZeroGrad();
-    for (int mb = 0; mb < n_micro; ++mb) {
-      const double td = NowSeconds();
-      const int64_t first = (step - 1) * spec.train.global_batch + static_cast<int64_t>(mb) * micro;
-      MS_RETURN_IF_ERROR(FetchBatch(sampler, true, first, micro, T, &seq, &inputs, &targets));
-      data_s += NowSeconds() - td;
-      MS_ASSIGN_OR_RETURN(float l, gpt->Forward(inputs.data(), targets.data()));
-      MS_RETURN_IF_ERROR(gpt->Backward(dloss));
-      loss_sum += l;
+    pipe.reset_wait();
+    tp_timed.reset();
+    dpe->ResetStats();
+    dpe->BeginStep();
+    for (size_t ai = 0; ai < schedule.size(); ++ai) {
+      const parallel::Action& a = schedule[ai];
+      // Post the receive the next action needs before computing this one.
+      if (ai + 1 < schedule.size()) {
+        const parallel::Action& nx = schedule[ai + 1];
+        const int g = gpt->global_chunk(nx.chunk);
+        if (nx.kind == parallel::ActionKind::kForward && !gpt->has_embedding(nx.chunk)) {
+          pipe.PostRecv(prev_rank, PipeComm::Tag(0, nx.micro, g));
+        } else if (nx.kind == parallel::ActionKind::kBackward && !gpt->has_head(nx.chunk)) {
+          pipe.PostRecv(next_rank, PipeComm::Tag(1, nx.micro, g));
+        }
+      }
+      const int c = a.chunk, g = gpt->global_chunk(c), slot = a.micro % slots;
+      const bool needs_tokens = gpt->has_embedding(c) || gpt->has_head(c);
+      if (a.kind == parallel::ActionKind::kForward) {
+        if (needs_tokens) {
+          const double td = NowSeconds();
+          MS_RETURN_IF_ERROR(FetchBatch(sampler, true, batch_first(step, a.micro), micro, T, &seq, &inputs, &targets));
+          data_s += NowSeconds() - td;
+        }
+        const float* x_in = nullptr;
+        if (!gpt->has_embedding(c)) {
+          MS_ASSIGN_OR_RETURN(x_in, pipe.TakeRecv(prev_rank, PipeComm::Tag(0, a.micro, g)));
+        }
+        MS_RETURN_IF_ERROR(pipe.WaitSend({c, slot}));  // the slot's last output must have left
+        const double tf = NowSeconds();
+        double layer_t = tf;
+        int layer_prev = -2;
+        auto before = [&](int layer) -> Status {
+          const double now = NowSeconds();
+          if (layer_prev != -2)
+            trace.Span(fmt::format("fwd mb{} layer {}", a.micro, layer_prev), "compute", layer_t, now);
+          layer_prev = layer;
+          layer_t = now;
+          return dpe->WaitParams(layer);
+        };
+        MS_ASSIGN_OR_RETURN(float l, gpt->ForwardChunk(c, slot, inputs.data(), targets.data(), x_in, before));
+        trace.Span(fmt::format("fwd mb{} layer {}", a.micro, layer_prev), "compute", layer_t, NowSeconds());
+        if (gpt->has_head(c)) {
+          loss_sum += l;
+          if (!std::isfinite(l)) return DataLoss("loss is {} at step {}; stopping (lower optimizer.lr?)", l, step);
+        } else {
+          pipe.Send(gpt->ChunkOutput(c, slot), next_rank, PipeComm::Tag(0, a.micro, g + 1), {c, slot});
+        }
+      } else {
+        const float* dout = nullptr;
+        if (!gpt->has_head(c)) {
+          MS_ASSIGN_OR_RETURN(dout, pipe.TakeRecv(next_rank, PipeComm::Tag(1, a.micro, g)));
+        }
+        MS_RETURN_IF_ERROR(pipe.WaitSend({-1 - c, slot}));  // the slot's last input gradient must have left
+        double layer_t = NowSeconds();
+        auto done = [&](int layer) {
+          const double now = NowSeconds();
+          trace.Span(fmt::format("bwd mb{} layer {}", a.micro, layer), "compute", layer_t, now);
+          layer_t = now;
+          dpe->OnLayerDone(layer, a.micro, n_micro);
+        };
+        MS_RETURN_IF_ERROR(gpt->BackwardChunk(c, slot, dout, dloss, done));
+        MS_RETURN_IF_ERROR(dpe->EndMicroBatch(a.micro, n_micro));
+        if (!gpt->has_embedding(c)) {
+          pipe.Send(gpt->InputGrad(c, slot), prev_rank, PipeComm::Tag(1, a.micro, g - 1), {-1 - c, slot});
+        }
+      }
     }
-    const double loss = loss_sum / n_micro;
-    if (!std::isfinite(loss)) return DataLoss("loss is {} at step {}; stopping (lower optimizer.lr?)", loss, step);
+    MS_RETURN_IF_ERROR(pipe.WaitAll());
+    MS_RETURN_IF_ERROR(gpt->ReduceSequenceParallelGrads());
+    MS_RETURN_IF_ERROR(dpe->FinishBackward());
     const double lr = optim::LearningRate(spec.optimizer, step, spec.train.steps);
-    auto norm_or = opt->Step(gpt->param_data(), gpt->grad_data(), step, lr);
+    const double t_opt = NowSeconds();
+    auto norm_or = opt->Step(dpe->segment_data(), step, lr, reduce_world);
     if (!norm_or.ok()) return norm_or.status();
+    dpe->StartParamGather();
+    trace.Span(fmt::format("optimizer step {}", step), "compute", t_opt, NowSeconds());
+
+    // The loss lives on the last pipeline stage: sum it over the world from one rank per dp replica.
+    const bool reporter = gpt->has_head(gpt->num_chunks() - 1) && rt.tp_rank == 0;
+    std::vector<double> agg{reporter ? loss_sum / n_micro : 0.0};
+    MS_RETURN_IF_ERROR(reduce_world(&agg));
+    const double loss = agg[0] / par.dp;
+    if (!std::isfinite(loss)) return DataLoss("loss is {} at step {}; stopping (lower optimizer.lr?)", loss, step);
     const double dt = NowSeconds() - t0;
     ema_step = step == 1 ? dt : 0.9 * ema_step + 0.1 * dt;
     const double tokens = static_cast<double>(spec.train.global_batch) * T;
     const double flops = flops_per_seq * spec.train.global_batch / dt;
-    const double mfu = peak > 0 ? flops / peak : 0;
+    const double mfu = peak > 0 ? flops / (peak * rt.world) : 0;
+    const double comm_exposed = dpe->stats().dp_wait_s + tp_timed.wait_s();
     if (step == 1) summary.first_loss = loss;
     summary.final_loss = loss;
     summary.steps_done = step;
     summary.tokens_per_second = tokens / dt;
     summary.mfu = mfu;
-    metrics::JsonObject row;
-    row.Add("phase", "train").Add("step", step).Add("loss", loss).Add("lr", lr).Add("grad_norm", *norm_or);
-    row.Add("tokens_per_s", tokens / dt).Add("flops_per_s", flops).Add("mfu", mfu).Add("step_s", dt);
-    row.Add("compute_s", dt - data_s).Add("comm_exposed_s", 0.0).Add("data_wait_s", data_s);
-    MS_RETURN_IF_ERROR(jsonl.Write(row));
-    if (options.progress) progress.Update(step, loss, tokens / dt, mfu, ema_step);
-    if (step % spec.log.interval == 0 || step == 1) {
-      LogFileOnly(fmt::format("step {} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", step, loss, lr, *norm_or,
-                              tokens / dt));
+    if (rank0) {
+      metrics::JsonObject row;
+      row.Add("phase", "train").Add("step", step).Add("loss", loss).Add("lr", lr).Add("grad_norm", *norm_or);
+      row.Add("tokens_per_s", tokens / dt).Add("flops_per_s", flops).Add("mfu", mfu).Add("step_s", dt);
+      row.Add("compute_s", dt - data_s - comm_exposed - pipe.wait_s()).Add("comm_exposed_s", comm_exposed);
+      row.Add("bubble_s", pipe.wait_s()).Add("data_wait_s", data_s);
+      row.Add("dp_collectives", dpe->stats().dp_launched)
+          .Add("dp_launched_during_backward", dpe->stats().dp_launched_during_backward);
+      MS_RETURN_IF_ERROR(jsonl->Write(row));
+      if (show) progress.Update(step, loss, tokens / dt, mfu, ema_step);
+      if (step % spec.log.interval == 0 || step == 1) {
+        LogFileOnly(fmt::format("step {} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", step, loss, lr, *norm_or,
+                                tokens / dt));
+      }
     }
     const bool last = step == spec.train.steps;
     if ((spec.train.eval_interval > 0 && step % spec.train.eval_interval == 0) || last) {
       MS_ASSIGN_OR_RETURN(double vl, evaluate());
       if (vl >= 0) {
         summary.final_val_loss = vl;
-        metrics::JsonObject ev;
-        ev.Add("phase", "eval").Add("step", step).Add("val_loss", vl);
-        MS_RETURN_IF_ERROR(jsonl.Write(ev));
-        std::string line = fmt::format("step {}: validation loss {:.4f}", step, vl);
-        if (options.progress) progress.Message(line);
-        LogFileOnly(line);
+        if (rank0) {
+          metrics::JsonObject ev;
+          ev.Add("phase", "eval").Add("step", step).Add("val_loss", vl);
+          MS_RETURN_IF_ERROR(jsonl->Write(ev));
+          std::string line = fmt::format("step {}: validation loss {:.4f}", step, vl);
+          if (show) progress.Message(line);
+          LogFileOnly(line);
+        }
       }
     }
   }
-  if (options.progress) progress.Finish();
+  MS_RETURN_IF_ERROR(dpe->WaitAllParams());
+  if (show) progress.Finish();
   summary.seconds = NowSeconds() - t_start;
+  if (spec.log.trace) {
+    MS_RETURN_IF_ERROR(MakeDirs(run_dir + "/trace"));
+    MS_RETURN_IF_ERROR(trace.Write(fmt::format("{}/trace/rank-{}.json", run_dir, rt.rank)));
+  }
+  if (!options.dump_params_dir.empty()) {
+    MS_RETURN_IF_ERROR(DumpParams(*gpt, options.dump_params_dir, rt.rank));
+  }
   if (int sig = g_stop_signal.load()) {
     LogWarn("stopped by signal {} after step {}", sig, summary.steps_done);
     return Aborted("training stopped by signal {} after step {} of {}", sig, summary.steps_done, spec.train.steps);
   }
-  LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
-          metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,
-          summary.final_val_loss, run_dir);
+  if (rank0) {
+    LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
+            metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,
+            summary.final_val_loss, run_dir);
+  }
   return summary;
 }
 

@@ -90,8 +90,11 @@ int main(int argc, char** argv) {
   for (int k = 0; k < 2; ++k) {
     os.kind = k == 0 ? config::OptimizerKind::kAdamW : config::OptimizerKind::kLamb;
     std::vector<float> p = params0, g = grads;
-    auto opt = optim::Optimizer::Create(os, gpt->params(), gpt->num_params());
-    if (!opt.ok() || !(*opt)->Step(p.data(), g.data(), 1, os.lr).ok()) return 1;
+    auto opt = optim::Optimizer::Create(os, gpt->params(), optim::WholeTensorSegments(gpt->params()),
+                                        model::AllTensorNames(m));
+    if (!opt.ok() ||
+        !(*opt)->Step(optim::WholeTensorData(gpt->params(), p.data(), g.data()), 1, os.lr, optim::IdentityReducer).ok())
+      return 1;
     stepped[k] = p;
   }
   std::string json = meta.str();

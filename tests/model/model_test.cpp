@@ -89,13 +89,17 @@ TEST_CASE("training steps are deterministic and the loss falls on a repeated bat
   std::vector<double> losses[2];
   for (int run = 0; run < 2; ++run) {
     auto gpt = std::move(Gpt::Create(m, {}, 2, 1, dev.get())).value();
-    auto opt = std::move(optim::Optimizer::Create(os, gpt->params(), gpt->num_params())).value();
+    auto opt = std::move(optim::Optimizer::Create(os, gpt->params(), optim::WholeTensorSegments(gpt->params()),
+                                                  AllTensorNames(m)))
+                   .value();
     Batch batch = RandomBatch(m, 2, 9);
     for (int step = 1; step <= 20; ++step) {
       gpt->ZeroGrad();
       float loss = *gpt->Forward(batch.inputs.data(), batch.targets.data());
       REQUIRE(gpt->Backward(1.0f / (2 * m.seq_len)).ok());
-      REQUIRE(opt->Step(gpt->param_data(), gpt->grad_data(), step, os.lr).ok());
+      REQUIRE(opt->Step(optim::WholeTensorData(gpt->params(), gpt->param_data(), gpt->grad_data()), step, os.lr,
+                        optim::IdentityReducer)
+                  .ok());
       losses[run].push_back(loss);
     }
     finals[run].assign(gpt->param_data(), gpt->param_data() + gpt->num_params());
@@ -137,7 +141,11 @@ TEST_CASE("bad inputs are rejected with clear errors") {
   CHECK_FALSE(gpt->Backward(1.0f).ok());  // no forward
   ShardSpec tp2;
   tp2.tp_size = 2;
-  CHECK(Gpt::Create(m, tp2, 1, 1, dev.get()).status().code() == Code::kUnimplemented);
+  auto no_comm = Gpt::Create(m, tp2, 1, 1, dev.get());  // tp 2 without a communicator
+  CHECK(no_comm.status().code() == Code::kInvalidArgument);
+  ShardSpec bad;
+  bad.pp_size = 3;  // 2 layers do not split into 3 stages
+  CHECK(Gpt::Create(m, bad, 1, 1, dev.get()).status().message().find("does not divide") != std::string::npos);
 }
 
 TEST_CASE("learning-rate schedule: warm-up, cosine, constant") {

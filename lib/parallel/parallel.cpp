@@ -1,0 +1,335 @@
+#include "parallel/parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/ops.h"
+
+namespace ms::parallel {
+
+// ---- pipeline schedules ------------------------------------------------------------------
+
+Result<std::vector<Action>> PipelineSchedule(int pp, int pp_rank, int v, int m) {
+  if (pp < 1 || pp_rank < 0 || pp_rank >= pp || v < 1 || m < 1) {
+    return InvalidArgument("pipeline schedule: pp={} rank={} virtual_stages={} micro_batches={}", pp, pp_rank, v, m);
+  }
+  std::vector<Action> out;
+  if (v == 1) {
+    // 1F1B: warm-up forwards, then one forward and one backward in turn, then the remaining backwards.
+    const int warmup = std::min(pp - pp_rank - 1, m);
+    for (int i = 0; i < warmup; ++i) out.push_back({ActionKind::kForward, i, 0});
+    for (int i = 0; i < m - warmup; ++i) {
+      out.push_back({ActionKind::kForward, warmup + i, 0});
+      out.push_back({ActionKind::kBackward, i, 0});
+    }
+    for (int i = m - warmup; i < m; ++i) out.push_back({ActionKind::kBackward, i, 0});
+    return out;
+  }
+  if (m % pp != 0) {
+    return InvalidArgument("the interleaved schedule needs micro_batches ({}) to be a multiple of pp ({})", m, pp);
+  }
+  // Interleaved 1F1B (Megatron-LM): virtual micro-batch k visits chunk (k mod pp*v) / pp, in
+  // groups of pp micro-batches; backward visits the chunks in reverse.
+  const int total = m * v;
+  auto fwd = [&](int k) {
+    const int chunk = (k % (pp * v)) / pp;
+    const int micro = (k / (pp * v)) * pp + k % pp;
+    return Action{ActionKind::kForward, micro, chunk};
+  };
+  auto bwd = [&](int k) {
+    Action a = fwd(k);
+    return Action{ActionKind::kBackward, a.micro, v - 1 - a.chunk};
+  };
+  const int warmup = m == pp ? total : std::min((pp - pp_rank - 1) * 2 + (v - 1) * pp, total);
+  for (int k = 0; k < warmup; ++k) out.push_back(fwd(k));
+  for (int i = 0; i < total - warmup; ++i) {
+    out.push_back(fwd(warmup + i));
+    out.push_back(bwd(i));
+  }
+  for (int k = total - warmup; k < total; ++k) out.push_back(bwd(k));
+  return out;
+}
+
+int MaxInFlight(const std::vector<Action>& schedule, int v) {
+  std::vector<int> live(v, 0);
+  int best = 1;
+  for (const auto& a : schedule) {
+    live[a.chunk] += a.kind == ActionKind::kForward ? 1 : -1;
+    best = std::max(best, live[a.chunk]);
+  }
+  return best;
+}
+
+// ---- data parallelism ----------------------------------------------------------------------
+
+Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm::Communicator* dp,
+                                                           comm::Communicator* embedding,
+                                                           const DataParallelOptions& options) {
+  if (options.zero < 0 || options.zero > 2) return InvalidArgument("zero must be 0, 1 or 2, not {}", options.zero);
+  std::unique_ptr<DataParallel> d(new DataParallel());
+  d->gpt_ = gpt;
+  d->dp_ = dp;
+  d->embedding_ = embedding;
+  d->options_ = options;
+  const auto& params = gpt->params();
+  const int n = static_cast<int>(params.size());
+  const int D = dp->size(), r = dp->rank();
+  const int L = gpt->spec().layers;
+  const bool tied_pp = gpt->spec().tied_embeddings && gpt->shard().pp_size > 1;
+  auto deferred = [&](const model::ParamInfo& p) { return p.sp_partial || (tied_pp && p.name == "embed.wte"); };
+  if (tied_pp && (gpt->has_embedding(0) || gpt->has_head(gpt->num_chunks() - 1)) && embedding == nullptr) {
+    return InvalidArgument("a tied embedding across pipeline stages needs the embedding-group communicator");
+  }
+
+  // Buckets in backward order (params are laid out forward; deferred tensors sit after the
+  // others, see model.cpp). A bucket never spans two chunks or mixes deferred and overlapped tensors.
+  d->param_bucket_.assign(n, -1);
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return params[a].offset > params[b].offset; });
+  int cur = -1;
+  int64_t cur_size = 0;
+  auto close = [&] { cur = -1; };
+  for (int i : order) {
+    const auto& p = params[i];
+    const bool def = deferred(p);
+    const bool tied = tied_pp && p.name == "embed.wte";
+    bool fits = cur >= 0 && !tied && !d->buckets_[cur].tied && d->buckets_[cur].tied == tied &&
+                (deferred(params[d->buckets_[cur].first]) == def) && params[d->buckets_[cur].first].chunk == p.chunk &&
+                cur_size < options.bucket_floats;
+    if (!fits) {
+      close();
+      d->buckets_.emplace_back();
+      cur = static_cast<int>(d->buckets_.size()) - 1;
+      d->buckets_[cur].first = d->buckets_[cur].last = i;
+      d->buckets_[cur].tied = def;  // reduced after backward
+      cur_size = 0;
+    }
+    Bucket& b = d->buckets_[cur];
+    b.first = std::min(b.first, i);
+    b.last = std::max(b.last, i);
+    d->param_bucket_[i] = cur;
+    cur_size += p.numel;
+    if (tied) close();
+  }
+  d->layer_buckets_.assign(L + 2, {});
+  for (size_t bi = 0; bi < d->buckets_.size(); ++bi) {
+    Bucket& b = d->buckets_[bi];
+    b.index = static_cast<int>(bi);
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int i = 0; i < n; ++i) {
+      if (d->param_bucket_[i] != static_cast<int>(bi)) continue;
+      lo = std::min(lo, params[i].offset);
+      hi = std::max(hi, params[i].offset + params[i].numel);
+      auto& lb = d->layer_buckets_[params[i].layer + 1];
+      if (lb.empty() || lb.back() != static_cast<int>(bi)) lb.push_back(static_cast<int>(bi));
+      ++b.pending;
+    }
+    b.start = lo;
+    b.end = hi;
+    b.chunk = (hi - lo + D - 1) / D;
+    b.staging.assign(b.chunk * D, 0.0f);
+    if (options.zero >= 1) {
+      b.shard.assign(b.chunk, 0.0f);
+      b.rs_out.assign(b.chunk, 0.0f);
+    }
+  }
+  // Segments: the owned share of every bucket (zero >= 1); all of it, counting only the owned share (zero 0).
+  const int tp_rank = gpt->shard().tp_rank;
+  for (size_t bi = 0; bi < d->buckets_.size(); ++bi) {
+    const Bucket& b = d->buckets_[bi];
+    const int64_t own_lo = std::min(b.start + r * b.chunk, b.end),
+                  own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
+    for (int i = 0; i < n; ++i) {
+      if (d->param_bucket_[i] != static_cast<int>(bi)) continue;
+      const auto& p = params[i];
+      const bool counts = !p.tied_replica && (p.shard != model::ShardKind::kReplicated || tp_rank == 0);
+      const int64_t t_lo = p.offset, t_hi = p.offset + p.numel;
+      auto add = [&](int64_t lo, int64_t hi, bool owned) {
+        if (hi <= lo) return;
+        d->segments_.push_back({i, lo - t_lo, hi - lo, owned && counts});
+        if (options.zero >= 1) {
+          d->segment_home_.push_back({static_cast<int>(bi), lo - own_lo});
+        } else {
+          d->segment_home_.push_back({-1, -1});
+        }
+      };
+      if (options.zero >= 1) {
+        add(std::max(t_lo, own_lo), std::min(t_hi, own_hi), true);
+      } else {
+        add(t_lo, std::min(t_hi, own_lo), false);
+        add(std::max(t_lo, own_lo), std::min(t_hi, own_hi), true);
+        add(std::max(t_lo, own_hi), t_hi, false);
+      }
+    }
+  }
+  return d;
+}
+
+std::vector<optim::SegmentData> DataParallel::segment_data() {
+  std::vector<optim::SegmentData> out;
+  const auto& params = gpt_->params();
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const auto& seg = segments_[s];
+    const auto& p = params[seg.param];
+    float* param = gpt_->param_data() + p.offset + seg.begin;
+    float* grad = segment_home_[s].first < 0 ? gpt_->grad_data() + p.offset + seg.begin
+                                             : buckets_[segment_home_[s].first].shard.data() + segment_home_[s].second;
+    out.push_back({param, grad});
+  }
+  return out;
+}
+
+void DataParallel::BeginStep() {
+  gpt_->ZeroGrad();
+  for (auto& b : buckets_) {
+    std::fill(b.shard.begin(), b.shard.end(), 0.0f);
+    b.pending = 0;
+  }
+  for (size_t i = 0; i < param_bucket_.size(); ++i) ++buckets_[param_bucket_[i]].pending;
+  in_backward_ = true;
+}
+
+void DataParallel::Launch(Bucket& b, bool accumulate) {
+  (void)accumulate;
+  const int64_t len = b.end - b.start;
+  float* grad = gpt_->grad_data() + b.start;
+  if (options_.zero == 0) {
+    b.work = dp_->AllReduce(grad, len, comm::ReduceOp::kSum);
+  } else {
+    std::memcpy(b.staging.data(), grad, sizeof(float) * len);
+    std::fill(b.staging.begin() + len, b.staging.end(), 0.0f);
+    b.work = dp_->ReduceScatter(b.staging.data(), b.rs_out.data(), b.chunk);
+    if (options_.zero == 2) std::memset(grad, 0, sizeof(float) * len);  // ZeRO-2: the full gradient is scratch
+  }
+  b.launched_at = NowSeconds();
+  ++stats_.dp_launched;
+  if (in_backward_) ++stats_.dp_launched_during_backward;
+}
+
+Status DataParallel::WaitBucket(Bucket& b) {
+  if (!b.work) return Status::Ok();
+  const double t0 = NowSeconds();
+  Status s = b.work->Wait();
+  stats_.dp_wait_s += NowSeconds() - t0;
+  b.work.reset();
+  if (options_.on_comm_span) {
+    options_.on_comm_span(fmt::format("{} bucket {}", options_.zero ? "reduce-scatter" : "all-reduce", b.index),
+                          b.launched_at, NowSeconds());
+  }
+  MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
+  if (options_.zero == 2) {
+    ops::AddInPlace(b.shard.data(), b.rs_out.data(), b.chunk);
+  } else if (options_.zero == 1) {
+    std::memcpy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk);
+  }
+  return Status::Ok();
+}
+
+void DataParallel::OnLayerDone(int layer, int micro, int num_micro) {
+  const auto& params = gpt_->params();
+  for (int bi : layer_buckets_[layer + 1]) {
+    Bucket& b = buckets_[bi];
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (param_bucket_[i] == bi && params[i].layer == layer) --b.pending;
+    }
+    if (b.pending > 0) continue;
+    b.pending = 0;
+    for (size_t i = 0; i < params.size(); ++i) b.pending += param_bucket_[i] == bi;  // next micro-batch
+    if (b.tied) continue;  // deferred: reduced in FinishBackward
+    const bool last = micro == num_micro - 1;
+    if (options_.zero == 2 || last) {
+      if (b.work) {
+        Status s = WaitBucket(b);  // the previous micro-batch's reduction of this bucket (ZeRO-2)
+        if (!s.ok()) {
+          pending_error_ = s;
+          continue;
+        }
+      }
+      Launch(b, options_.zero == 2);
+      if (!options_.overlap) {
+        Status s = WaitBucket(b);
+        if (!s.ok()) pending_error_ = s;
+      }
+    }
+  }
+}
+
+Status DataParallel::EndMicroBatch(int, int) {
+  return pending_error_;
+}
+
+Status DataParallel::FinishBackward() {
+  MS_RETURN_IF_ERROR(pending_error_);
+  for (auto& b : buckets_) {
+    if (!b.tied) MS_RETURN_IF_ERROR(WaitBucket(b));
+  }
+  in_backward_ = false;
+  for (auto& b : buckets_) {
+    if (!b.tied) continue;
+    const auto& params = gpt_->params();
+    const bool is_wte = params[b.first].name == "embed.wte" && embedding_ != nullptr;
+    if (is_wte) {
+      const double t0 = NowSeconds();
+      Status s = embedding_->AllReduce(gpt_->grad_data() + b.start, b.end - b.start, comm::ReduceOp::kSum)->Wait();
+      stats_.dp_wait_s += NowSeconds() - t0;
+      MS_RETURN_IF_ERROR_CTX(s, "embedding-group all-reduce of the tied wte gradient");
+    }
+    Launch(b, false);
+    if (options_.zero == 2) {
+      // Deferred buckets accumulated the full gradient over the micro-batches: take it as is.
+      const double t0 = NowSeconds();
+      Status s = b.work->Wait();
+      stats_.dp_wait_s += NowSeconds() - t0;
+      b.work.reset();
+      MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
+      std::memcpy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk);
+    } else {
+      MS_RETURN_IF_ERROR(WaitBucket(b));
+    }
+  }
+  return Status::Ok();
+}
+
+void DataParallel::StartParamGather() {
+  if (options_.zero == 0) return;
+  const int r = dp_->rank();
+  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {  // forward order: first needed first
+    Bucket& b = *it;
+    const int64_t own_lo = std::min(b.start + r * b.chunk, b.end),
+                  own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
+    std::fill(b.rs_out.begin(), b.rs_out.end(), 0.0f);
+    std::memcpy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo));
+    b.work = dp_->AllGather(b.rs_out.data(), b.staging.data(), b.chunk);
+    b.launched_at = NowSeconds();
+    b.gather_pending = true;
+    ++stats_.dp_launched;
+  }
+}
+
+Status DataParallel::WaitGather(Bucket& b) {
+  if (!b.gather_pending) return Status::Ok();
+  const double t0 = NowSeconds();
+  Status s = b.work->Wait();
+  stats_.dp_wait_s += NowSeconds() - t0;
+  b.work.reset();
+  b.gather_pending = false;
+  if (options_.on_comm_span)
+    options_.on_comm_span(fmt::format("all-gather bucket {}", b.index), b.launched_at, NowSeconds());
+  MS_RETURN_IF_ERROR_CTX(s, "data-parallel parameter all-gather");
+  std::memcpy(gpt_->param_data() + b.start, b.staging.data(), sizeof(float) * (b.end - b.start));
+  return Status::Ok();
+}
+
+Status DataParallel::WaitParams(int layer) {
+  if (layer + 1 < 0 || layer + 1 >= static_cast<int>(layer_buckets_.size())) return Status::Ok();
+  for (int bi : layer_buckets_[layer + 1]) MS_RETURN_IF_ERROR(WaitGather(buckets_[bi]));
+  return Status::Ok();
+}
+
+Status DataParallel::WaitAllParams() {
+  for (auto& b : buckets_) MS_RETURN_IF_ERROR(WaitGather(b));
+  return Status::Ok();
+}
+
+}  // namespace ms::parallel

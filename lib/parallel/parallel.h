@@ -1,0 +1,132 @@
+// Parallel execution: pipeline schedules and the data-parallel engine (gradient buckets
+// overlapped with backward, ZeRO-1/2 sharding of optimizer state and gradients, parameter
+// all-gathers prefetched for the next forward).
+//
+// Pipeline schedules are pure functions from (pp, pp_rank, virtual_stages, micro_batches) to
+// the ordered list of forward/backward actions of one rank, in three phases (warm-up, steady
+// 1F1B, cool-down), as Megatron-LM's schedules.py does; virtual_stages > 1 gives the
+// interleaved schedule. The runner executes them and moves activations between stages.
+//
+// DataParallel (one per rank, over the data-parallel communicator):
+//   buckets   the rank-local parameter buffer cut into contiguous ranges of about
+//             bucket_floats, in the order backward produces gradients (head first); a bucket's
+//             reduction starts as soon as all its tensors' gradients are final (the model's
+//             on_layer_done hook), on the communicator's own thread, while backward goes on.
+//   zero 0    all-reduce of each bucket; every rank updates all parameters.
+//   zero 1    reduce-scatter of each bucket on the last micro-batch; each rank owns 1/dp of
+//             every bucket (optimizer state and update); updated parameters are all-gathered.
+//   zero 2    as 1, but gradients are reduce-scattered after EVERY micro-batch and accumulated
+//             in the owned shard, so the full gradient buffer only holds one micro-batch.
+//   tied wte  with pp > 1 the first and last stages each hold wte; its gradient is summed over
+//             the embedding group before the data-parallel reduction (own bucket, not overlapped).
+// Norm accounting: every element counts once over the world (see optim::Segment::count).
+// Thread safety: one thread drives it (the training loop).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/core.h"
+#include "model/model.h"
+#include "optim/optim.h"
+
+namespace ms::parallel {
+
+// ---- pipeline schedules --------------------------------------------------------------------
+
+enum class ActionKind { kForward, kBackward };
+struct Action {
+  ActionKind kind;
+  int micro;  // micro-batch index
+  int chunk;  // local chunk (virtual stage) index
+  bool operator==(const Action&) const = default;
+};
+// InvalidArgument when interleaving is asked with micro_batches not a multiple of pp.
+Result<std::vector<Action>> PipelineSchedule(int pp, int pp_rank, int virtual_stages, int micro_batches);
+// Most micro-batches whose forward ran and backward did not yet, per chunk, over the schedule.
+int MaxInFlight(const std::vector<Action>& schedule, int virtual_stages);
+
+// ---- data parallelism ----------------------------------------------------------------------
+
+struct DataParallelOptions {
+  int zero = 0;                     // 0, 1, 2
+  int64_t bucket_floats = 1 << 20;  // ~4 MB buckets
+  bool overlap = true;              // false: every reduction waited at once (for measurements)
+  // Called when a collective completes: (what, launch time, time its wait returned), NowSeconds().
+  std::function<void(const std::string&, double, double)> on_comm_span;
+};
+
+struct CommStats {
+  double dp_wait_s = 0;     // time the training thread blocked on data-parallel collectives
+  int64_t dp_launched = 0;  // collectives launched
+  int64_t dp_launched_during_backward = 0;
+};
+
+class DataParallel {
+ public:
+  // dp may be a group of one; embedding is null unless this rank holds a tied wte and pp > 1.
+  static Result<std::unique_ptr<DataParallel>> Create(model::Gpt* gpt, comm::Communicator* dp,
+                                                      comm::Communicator* embedding,
+                                                      const DataParallelOptions& options);
+
+  // The segments this rank updates, for optim::Optimizer::Create, and where their data is.
+  const std::vector<optim::Segment>& segments() const { return segments_; }
+  std::vector<optim::SegmentData> segment_data();
+
+  // Start of a training step (zeroes gradients and shard accumulators).
+  void BeginStep();
+  // The model's on_layer_done hook during backward of micro-batch `micro` of `num_micro`.
+  void OnLayerDone(int layer, int micro, int num_micro);
+  // After a backward: returns an error a reduction launched from the hook ran into.
+  Status EndMicroBatch(int micro, int num_micro);
+  // After the last backward: completes every reduction. Gradients of the owned segments are final.
+  Status FinishBackward();
+  // After the optimizer step: starts the all-gathers of updated parameters (zero >= 1).
+  void StartParamGather();
+  // Before forward uses `layer`'s parameters (-1 embeddings, L head): waits for its all-gather.
+  Status WaitParams(int layer);
+  // Waits for every outstanding all-gather (before evaluation or checkpoints).
+  Status WaitAllParams();
+
+  const CommStats& stats() const { return stats_; }
+  void ResetStats() { stats_ = CommStats(); }
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    int first = 0, last = 0;     // param index range [first, last]
+    int64_t start = 0, end = 0;  // float range in the flat buffers
+    int64_t chunk = 0;           // ceil((end-start)/dp): the owned share
+    bool tied = false;           // the tied wte (pp > 1): reduced after backward
+    int pending = 0;             // tensors whose gradient is not final yet (this micro-batch)
+    std::vector<float> staging;  // dp*chunk floats
+    std::vector<float> shard;    // chunk floats: the owned reduced gradient (zero >= 1)
+    std::vector<float> rs_out;   // chunk floats
+    std::unique_ptr<comm::Work> work;
+    double launched_at = 0;
+    int index = 0;
+    bool gather_pending = false;
+  };
+  DataParallel() = default;
+  void Launch(Bucket& b, bool accumulate_into_shard);
+  Status WaitBucket(Bucket& b);
+  Status WaitGather(Bucket& b);
+
+  model::Gpt* gpt_ = nullptr;
+  comm::Communicator* dp_ = nullptr;
+  comm::Communicator* embedding_ = nullptr;
+  DataParallelOptions options_;
+  std::vector<Bucket> buckets_;                  // backward order
+  std::vector<std::vector<int>> layer_buckets_;  // layer+1 -> buckets holding its tensors
+  std::vector<int> param_bucket_;
+  std::vector<optim::Segment> segments_;
+  std::vector<std::pair<int, int64_t>> segment_home_;  // (bucket, offset in its shard) or (-1, -1) for flat
+  bool in_backward_ = false;
+  Status pending_error_;
+  CommStats stats_;
+};
+
+}  // namespace ms::parallel

@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""Layout equivalence: the same job spec and seed trained under every parallel layout gives the
+single-rank run's per-step losses (relative 1e-5) and final parameters (relative 1e-4), with
+AdamW and LAMB, ZeRO 1 and 2, both block types and a sliding window. Also checks that every
+data-parallel replica ends with bit-identical parameters, that data-parallel reductions start
+during backward (overlap), and that a rank killed mid-run fails the job promptly.
+
+Usage: equivalence_test.py MEGASCALE_BINARY WORK_DIR [--quick]
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+BIN, WORK = sys.argv[1], sys.argv[2]
+QUICK = "--quick" in sys.argv
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+
+
+def prepare_data():
+    corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
+                    if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:4]
+    prefix = os.path.join(WORK, "data")
+    subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", prefix, *corpus], check=True,
+                   capture_output=True)
+    return prefix
+
+
+def spec_text(data, block, optimizer):
+    return f"""name: eq
+model: {{layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, seq_len: 16, vocab: 256, block: {block},
+        attention: {{window: 6}}, init_std: 0.05}}
+train: {{steps: 10, global_batch: 8, micro_batch: 1, seed: 11}}
+optimizer: {{kind: {optimizer}, lr: 2.0e-3, min_lr: 2.0e-4, warmup_steps: 2, weight_decay: 0.1, grad_clip: 1.0}}
+data: {{path: {data}, valid_fraction: 0.01}}
+log: {{interval: 100, peak_flops: 1.0e10}}
+parallel: {{bucket_mb: 0.01}}
+runtime: {{threads: 1}}
+"""
+
+
+def train(spec, name, sets):
+    run_dir = os.path.join(WORK, name)
+    dump = run_dir + "-params"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(dump, ignore_errors=True)
+    args = [BIN, "train", spec, "--no-progress", "--dump-params", dump, "--set", f"log.run_dir={run_dir}"]
+    for s in sets:
+        args += ["--set", s]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"{name}: exit {p.returncode}\n{p.stderr[-3000:]}")
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [r for r in rows if r["phase"] == "train"], load_params(dump)
+
+
+def local_to_global(kind, gshape, local, tp, r, out):
+    """Places a TP shard into the global tensor (inverse of model::ExtractShard)."""
+    g = out.reshape(gshape[0], -1)
+    loc = local.reshape(-1, g.shape[1]) if kind != "cols" else local.reshape(g.shape[0], -1)
+    if kind == "replicated":
+        g[:] = loc
+    elif kind == "rows":
+        n = gshape[0] // tp
+        g[r * n:(r + 1) * n] = loc
+    elif kind == "cols":
+        n = g.shape[1] // tp
+        g[:, r * n:(r + 1) * n] = loc
+    elif kind == "qkv_rows":
+        block = gshape[0] // 3
+        n = block // tp
+        for k in range(3):
+            g[k * block + r * n:k * block + (r + 1) * n] = loc[k * n:(k + 1) * n]
+
+
+def load_params(dump):
+    """Full tensors, and for every tensor the list of copies held by data-parallel replicas."""
+    copies = {}
+    for idx in sorted(glob.glob(os.path.join(dump, "rank-*.json"))):
+        flat = np.fromfile(idx[:-5] + ".f32", dtype=np.float32)
+        for t in json.load(open(idx)):
+            if t["tied_replica"]:
+                continue
+            local = flat[t["offset"]:t["offset"] + t["numel"]]
+            key = (t["name"], t["tp_rank"])
+            copies.setdefault(key, []).append((t, local))
+    full = {}
+    replicas_equal = True
+    for (name, tp_rank), lst in copies.items():
+        t, local = lst[0]
+        replicas_equal &= all(np.array_equal(local, other) for _, other in lst[1:])
+        if name not in full:
+            full[name] = np.zeros(int(np.prod(t["global_shape"])), dtype=np.float32)
+        local_to_global(t["shard"], t["global_shape"], local, t["tp_size"], tp_rank, full[name])
+    return full, replicas_equal
+
+
+def rel(a, b):
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-12))
+
+
+LAYOUTS = {
+    "2.1.1": ["parallel.tp=2"],
+    "1.2.1": ["parallel.pp=2"],
+    "1.1.2": ["parallel.dp=2", "parallel.zero=1"],
+    "2.2.2": ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
+    "2.2.2-sp": ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true", "parallel.zero=2"],
+    "1.2.1-v2": ["parallel.pp=2", "parallel.virtual_stages=2"],
+}
+LAMB_LAYOUTS = {
+    "1.1.2-z1": ["parallel.dp=2", "parallel.zero=1"],
+    "1.1.2-z2": ["parallel.dp=2", "parallel.zero=2"],
+    "2.2.2-z1": ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
+    "2.2.2-sp-z2": ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+                    "parallel.zero=2"],
+}
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    data = prepare_data()
+    cases = []
+    for block in ("parallel", "sequential"):
+        cases += [(block, "adamw", LAYOUTS)]
+        cases += [(block, "lamb", LAMB_LAYOUTS)]
+    if QUICK:
+        cases = [("parallel", "adamw", {"2.2.2": LAYOUTS["2.2.2"]}), ("sequential", "lamb", {"2.2.2-sp-z2":
+                 LAMB_LAYOUTS["2.2.2-sp-z2"]})]
+    for block, optimizer, layouts in cases:
+        spec = os.path.join(WORK, f"{block}-{optimizer}.yaml")
+        open(spec, "w").write(spec_text(data, block, optimizer))
+        base_rows, (base_params, _) = train(spec, f"{block}-{optimizer}-1.1.1", [])
+        base_loss = np.array([r["loss"] for r in base_rows])
+        if base_loss[-1] >= base_loss[0]:
+            check(f"{block}/{optimizer} 1.1.1 trains", False, f"loss {base_loss[0]} -> {base_loss[-1]}")
+        for name, sets in layouts.items():
+            rows, (params, replicas_equal) = train(spec, f"{block}-{optimizer}-{name}", sets)
+            loss = np.array([r["loss"] for r in rows])
+            lerr = float(np.max(np.abs(loss - base_loss) / np.abs(base_loss)))
+            perr = max(rel(params[k], base_params[k]) for k in base_params)
+            missing = set(base_params) ^ set(params)
+            ok = lerr < 1e-5 and perr < 1e-4 and not missing and replicas_equal
+            check(f"{block}/{optimizer} {name}", ok,
+                  f"loss rel {lerr:.1e}, params rel {perr:.1e}, dp replicas identical {replicas_equal}"
+                  + (f", tensors differ: {sorted(missing)}" if missing else ""))
+            if "parallel.dp=2" in sets:
+                during = sum(r["dp_launched_during_backward"] for r in rows)
+                check(f"{block}/{optimizer} {name} reductions start during backward", during > len(rows),
+                      f"{during} collectives launched during backward over {len(rows)} steps")
+    # A rank killed mid-run makes the job fail promptly with the rank named.
+    spec = os.path.join(WORK, "kill.yaml")
+    open(spec, "w").write(spec_text(data, "parallel", "adamw").replace("steps: 10", "steps: 100000"))
+    run_dir = os.path.join(WORK, "kill")
+    p = subprocess.Popen([BIN, "train", spec, "--no-progress", "--set", "parallel.dp=2", "--set",
+                          f"log.run_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = None
+    deadline = time.time() + 60
+    while victim is None and time.time() < deadline:
+        time.sleep(0.5)
+        out = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "worker"], capture_output=True, text=True).stdout.split()
+        if len(out) >= 2 and os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and \
+                os.path.getsize(os.path.join(run_dir, "metrics.jsonl")) > 0:
+            victim = int(out[-1])
+    if victim is None:
+        p.kill()
+        check("killed rank fails the job", False, "workers never started")
+    else:
+        t0 = time.time()
+        os.kill(victim, signal.SIGKILL)
+        try:
+            _, err = p.communicate(timeout=60)
+            took = time.time() - t0
+            check("killed rank fails the job", p.returncode != 0 and "failed" in err and took < 30,
+                  f"exit {p.returncode} after {took:.1f} s: {err.strip().splitlines()[-1] if err.strip() else ''}")
+        except subprocess.TimeoutExpired:
+            p.kill()
+            check("killed rank fails the job", False, "job hung for 60 s after a rank was killed")
+        leftovers = subprocess.run(["pgrep", "-f", f"worker {run_dir}/job.yaml"], capture_output=True, text=True).stdout
+        check("no worker left behind", not leftovers.strip(), leftovers.strip())
+    failed = results.count(False)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
