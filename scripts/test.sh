@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets up a machine and runs every test: the Release build, then the sanitizer build
+# (ASan + UBSan). This is the README's test command and what .ci/run calls.
+#   scripts/test.sh            # everything
+#   MS_SKIP_ASAN=1 scripts/test.sh   # Release build only (quicker, for local iteration)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+bash scripts/setup.sh --with-torch
+
+echo "== Release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+echo "== Release tests"
+ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+
+if [[ "${MS_SKIP_ASAN:-0}" != 1 ]]; then
+  echo "== ASan + UBSan build"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMS_SANITIZE=ON -DMS_WITH_CUDA=OFF
+  cmake --build build-asan -j "$jobs"
+  echo "== ASan + UBSan tests"
+  # oneDNN and the OpenMP runtime are not instrumented; their internal allocations are not ours.
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900 -LE 'slow|oracle'
+fi
+echo "== all tests passed"
