@@ -1,0 +1,97 @@
+// defines: adamw_kernel and its launcher AdamWMultiTensor: one fused AdamW step over a list of tensors, in
+// torch.optim.AdamW's order of operations (as ms::ops::AdamWStep's fast path, in fp32).
+#include <cmath>
+
+#include "common.cuh"
+#include "kernels.h"
+
+namespace ms::kernels {
+
+constexpr int kAdamWMaxTensors = 24;  // tensors per launch (the list travels in the kernel parameters)
+constexpr int kAdamWBlock = 256;      // threads per block
+constexpr int kAdamWPerThread = 4;    // elements per thread per block chunk
+constexpr int64_t kAdamWChunk = kAdamWBlock * kAdamWPerThread;
+
+// The tensors of one launch, by value: block b works on tensor k where first_block[k] <= b < first_block[k+1].
+struct AdamWBatch {
+  AdamWTensor t[kAdamWMaxTensors];
+  int64_t first_block[kAdamWMaxTensors + 1];
+  int count;
+};
+
+// Scalars computed once on the host in double and rounded to float, as torch does.
+struct AdamWScalars {
+  float decay;  // 1 - lr * wd
+  float w1;     // 1 - beta1 (lerp weight)
+  float beta2;
+  float w2;             // 1 - beta2
+  float neg_step_size;  // -lr / (1 - beta1^step)
+  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float eps;
+};
+
+// ---- kernels ----
+
+__device__ __forceinline__ float Lerp(float start, float end, float weight) {  // torch.lerp for floats
+  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+}
+
+__global__ void adamw_kernel(AdamWBatch batch, AdamWScalars s) {
+  int k = 0;
+  while (k + 1 < batch.count && static_cast<int64_t>(blockIdx.x) >= batch.first_block[k + 1]) ++k;
+  const AdamWTensor& t = batch.t[k];
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - batch.first_block[k]) * kAdamWChunk;
+  const int64_t end = begin + kAdamWChunk < t.n ? begin + kAdamWChunk : t.n;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = t.g[i];
+    const float p = t.p[i] * s.decay;                   // param.mul_(1 - lr * wd)
+    const float m = Lerp(t.m[i], g, s.w1);              // exp_avg.lerp_(grad, 1 - beta1)
+    const float v = t.v[i] * s.beta2 + s.w2 * g * g;    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+    const float denom = sqrtf(v) / s.bc2_sqrt + s.eps;  // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+    t.p[i] = p + s.neg_step_size * m / denom;           // param.addcdiv_(exp_avg, denom, value=-step_size)
+    t.m[i] = m;
+    t.v[i] = v;
+  }
+}
+
+// ---- launchers ----
+
+cudaError_t AdamWMultiTensor(const AdamWTensor* tensors, int count, const AdamWHyper& hp, int64_t step,
+                             cudaStream_t stream) {
+  const double b1 = hp.beta1, b2 = hp.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - static_cast<double>(hp.lr) * hp.weight_decay);
+  s.w1 = static_cast<float>(1.0 - b1);
+  s.beta2 = hp.beta2;
+  s.w2 = static_cast<float>(1.0 - b2);
+  s.neg_step_size = static_cast<float>(-(hp.lr / bc1));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.eps = hp.eps;
+  int i = 0;
+  while (i < count) {
+    AdamWBatch batch{};
+    int64_t blocks = 0;
+    // Fill a batch with up to kAdamWMaxTensors non-empty tensors and at most 2^31-1 blocks.
+    while (i < count && batch.count < kAdamWMaxTensors) {
+      const int64_t nb = (tensors[i].n + kAdamWChunk - 1) / kAdamWChunk;
+      if (tensors[i].n <= 0) {
+        ++i;
+        continue;
+      }
+      if (batch.count > 0 && blocks + nb > 2147483647) break;
+      batch.first_block[batch.count] = blocks;
+      batch.t[batch.count++] = tensors[i++];
+      blocks += nb;
+    }
+    if (batch.count == 0) break;
+    batch.first_block[batch.count] = blocks;
+    MS_LAUNCH(adamw_kernel, static_cast<unsigned>(blocks), kAdamWBlock, 0, stream, batch, s);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace ms::kernels

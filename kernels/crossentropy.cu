@@ -1,0 +1,61 @@
+// defines: crossentropy_forward_kernel, crossentropy_backward_kernel and their launchers
+// (CrossEntropyForward, CrossEntropyBackward): softmax cross-entropy over rows of logits, with the per-row
+// log-sum-exp saved for the backward pass, as ms::ops::CrossEntropyForward/Backward.
+#include "common.cuh"
+#include "kernels.h"
+
+namespace ms::kernels {
+
+// ---- kernels ----
+
+// One block per row: block max, then block sum of exp(l - max). losses, lse: (N); logits: (N, V);
+// targets: (N), < 0 ignored (loss 0, lse still written).
+__global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int* targets, int V) {
+  MS_SHARED_ARRAY(float, scratch, 32);
+  const long row = blockIdx.x;
+  const float* l = logits + row * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = BlockMax(mx, scratch);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  const float z = mx + logf(BlockSum(sum, scratch));
+  if (threadIdx.x == 0) {
+    const int t = targets[row];
+    lse[row] = z;
+    losses[row] = t < 0 ? 0.0f : z - l[t];
+  }
+}
+
+// One block per row: dlogits (N, V) = (exp(l - lse) - onehot(target)) * dloss[row]; ignored rows get 0.
+__global__ void crossentropy_backward_kernel(float* dlogits, const float* logits, const float* lse, const int* targets,
+                                             const float* dloss, int V) {
+  const long row = blockIdx.x;
+  const int t = targets[row];
+  const float z = lse[row], scale = dloss[row];
+  const float* l = logits + row * V;
+  float* d = dlogits + row * V;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    d[j] = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
+  }
+}
+
+// ---- launchers ----
+
+cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
+                                int64_t V, cudaStream_t stream) {
+  if (N <= 0 || V <= 0) return cudaSuccess;
+  MS_LAUNCH(crossentropy_forward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, losses, lse,
+            logits, targets, static_cast<int>(V));
+  return cudaGetLastError();
+}
+
+cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                                 const float* dloss, int64_t N, int64_t V, cudaStream_t stream) {
+  if (N <= 0 || V <= 0) return cudaSuccess;
+  MS_LAUNCH(crossentropy_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, dlogits, logits,
+            lse, targets, dloss, static_cast<int>(V));
+  return cudaGetLastError();
+}
+
+}  // namespace ms::kernels

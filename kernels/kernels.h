@@ -1,0 +1,97 @@
+// megascale CUDA kernels: the launchers (host functions) of every kernel in kernels/*.cu.
+//
+// The same sources are compiled by nvcc for sm_80/sm_90 (library ms_kernels_cuda) and, for tests on machines
+// without a GPU, by the host compiler against the SIMT emulator in kernels/sim (library ms_kernels_sim); see
+// docs/cuda.md. Semantics follow the CPU ops in lib/ops/ops.h (same names, same layouts, same WRITES /
+// ACCUMULATES contract); tests compare each launcher with ms::ops::ref.
+//
+// Conventions:
+//   - every pointer is device memory (cudaMalloc'd), fp32 unless stated, row-major and contiguous;
+//   - a launcher enqueues its kernel(s) on `stream` and returns the CUDA error of the launch
+//     (cudaGetLastError), cudaSuccess when fine; an empty problem launches nothing;
+//   - no launcher allocates: workspaces are passed in, sized by the *ScratchFloats() helpers;
+//   - determinism: every kernel gives the same bits run after run (no float atomics; reductions in a fixed
+//     order that depends only on the shapes).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ms::kernels {
+
+// ---- GeLU (tanh approximation), plain and fused with a bias ---- (kernels/gelu.cu)
+
+// out (n) = gelu(x) (WRITES; out may equal x).
+cudaError_t GeluForward(float* out, const float* x, long n, cudaStream_t stream);
+// dx (n) = gelu'(x) * dout (WRITES; dx may equal dout).
+cudaError_t GeluBackward(float* dx, const float* x, const float* dout, long n, cudaStream_t stream);
+// out (N, C) = gelu(x (N, C) + bias (C)) (WRITES; out may equal x).
+cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream);
+// dx (N, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES).
+cudaError_t BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t N,
+                             int64_t C, cudaStream_t stream);
+
+// ---- LayerNorm ---- (kernels/layernorm.cu)
+
+// As ms::ops::LayerNormForward: out (N, C), mean (N), rstd (N) WRITTEN; w, b (C).
+cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                             int64_t N, int64_t C, float eps, cudaStream_t stream);
+// Floats of scratch LayerNormBackward needs (per-block partial sums of dw and db).
+int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C);
+// As ms::ops::LayerNormBackward: dx (N, C), dw (C), db (C) ACCUMULATE. scratch: device memory of
+// LayerNormBackwardScratchFloats(N, C) floats (overwritten).
+cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
+                              const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                              cudaStream_t stream);
+
+// ---- Softmax cross-entropy ---- (kernels/crossentropy.cu)
+
+// As ms::ops::CrossEntropyForward: losses (N), lse (N) WRITTEN from logits (N, V), targets (N) (< 0 ignored).
+cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
+                                int64_t V, cudaStream_t stream);
+// As ms::ops::CrossEntropyBackward: dlogits (N, V) WRITTEN = (softmax - onehot) * dloss[i].
+cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                                 const float* dloss, int64_t N, int64_t V, cudaStream_t stream);
+
+// ---- Embedding ---- (kernels/embedding.cu)
+
+// As ms::ops::EmbeddingForward: out (N, C) WRITTEN = table (V, C)[ids]; ids < 0 give zero rows.
+cudaError_t EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
+                             cudaStream_t stream);
+// As ms::ops::EmbeddingBackward: dtable (V, C) += scatter of dout (N, C) by ids (ACCUMULATES; ids < 0
+// skipped). Deterministic and bit-identical to the reference: the first occurrence of each id adds the dout
+// rows of all its occurrences in token order; no atomics. Work O(N^2) id comparisons + O(N*C).
+cudaError_t EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C,
+                              cudaStream_t stream);
+
+// ---- AdamW, multi-tensor ---- (kernels/adamw.cu)
+
+struct AdamWTensor {
+  float* p;        // (n) parameters, updated
+  const float* g;  // (n) gradients
+  float* m;        // (n) first moment, updated
+  float* v;        // (n) second moment, updated
+  int64_t n;
+};
+struct AdamWHyper {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+};
+// One AdamW step (torch order, as ms::ops::AdamWStep; step is 1-based) over a list of tensors (or shards)
+// in as few launches as the list allows (up to kAdamWMaxTensors tensors per launch).
+cudaError_t AdamWMultiTensor(const AdamWTensor* tensors, int count, const AdamWHyper& hp, int64_t step,
+                             cudaStream_t stream);
+
+// ---- Casts ---- (kernels/cast.cu)
+
+// out (n) = in rounded to bf16, round-to-nearest-even (NaN stays NaN).
+cudaError_t CastFloatToBf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream);
+// out (n) = in widened to fp32 (exact).
+cudaError_t CastBf16ToFloat(float* out, const __nv_bfloat16* in, int64_t n, cudaStream_t stream);
+
+}  // namespace ms::kernels

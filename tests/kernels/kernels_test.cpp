@@ -1,0 +1,479 @@
+// Every CUDA kernel against the CPU reference of its op (ms::ops::ref), plus the semantics of the CUDA
+// built-ins the kernels rely on and (emulated builds only) one planted bug per checker of the SIMT emulator.
+//
+// Built twice: test_kernels runs the kernels under the emulator (kernels/sim, run by ctest with
+// MS_SIM_SCHEDULE=fwd and =rev), test_kernels_gpu runs the same cases on a real GPU (ctest -L gpu; see
+// docs/cuda.md). Shapes are small and odd on purpose: sizes that are not multiples of the block, smaller than
+// a block, and single elements. Tolerances are stated per op: the kernels accumulate in fp32 where the
+// reference accumulates in double.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <ios>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#if MS_KERNELS_SIM
+#include "sim/simt.h"
+#endif
+#include "kernels.h"
+#include "ops/ops.h"
+#include "test_kernels.h"
+
+namespace ms::kernels {
+namespace {
+
+// A device buffer of n T's (RAII); filled from / read back to host vectors.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T)) == cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& host) : Dev(host.size()) { Set(host); }
+  ~Dev() { (void)cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() const { return p_; }
+  void Set(const std::vector<T>& host) {
+    REQUIRE(host.size() == n_);
+    REQUIRE(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  std::vector<T> Get() const {
+    std::vector<T> host(n_);
+    REQUIRE(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return host;
+  }
+
+ private:
+  size_t n_;
+  T* p_ = nullptr;
+};
+
+std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// |got - want| <= atol + rtol * |want| everywhere (NaN fails); reports the worst element.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol, float atol,
+                 const char* what) {
+  REQUIRE(got.size() == want.size());
+  size_t worst = 0;
+  double worst_excess = -1.0;
+  bool bad = false;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double tol = atol + rtol * std::fabs(static_cast<double>(want[i]));
+    const double excess = std::isnan(err) ? 1e30 : err - tol;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+    }
+    if (!(err <= tol)) bad = true;
+  }
+  INFO(what << ": worst element " << worst << " got " << got[worst] << " want " << want[worst] << " (rtol " << rtol
+            << ", atol " << atol << ")");
+  CHECK_FALSE(bad);
+}
+
+// After each op: the kernels launch whole warps, so no shuffle may read a nonexistent lane.
+void ExpectNoPoisonedReads() {
+#if MS_KERNELS_SIM
+  CHECK(ms::sim::GetStats().poisoned_reads == 0);
+#endif
+}
+
+TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rtol 1e-5, atol 1e-6)") {
+  for (int64_t n : {1, 257, 1000}) {
+    const auto x = Random(n, 1), dout = Random(n, 2);
+    Dev<float> dx_in(x), ddout(dout), dy(n), dgrad(n);
+    REQUIRE(GeluForward(dy.get(), dx_in.get(), n, nullptr) == cudaSuccess);
+    REQUIRE(GeluBackward(dgrad.get(), dx_in.get(), ddout.get(), n, nullptr) == cudaSuccess);
+    std::vector<float> y(n), g(n);
+    ops::ref::GeluForward(y.data(), x.data(), n);
+    ops::ref::GeluBackward(g.data(), x.data(), dout.data(), n);
+    ExpectClose(dy.Get(), y, 1e-5f, 1e-6f, "gelu out");
+    ExpectClose(dgrad.Get(), g, 1e-5f, 1e-6f, "gelu dx");
+  }
+  struct Shape {
+    int64_t N, C;
+  };
+  for (Shape s : {Shape{7, 45}, Shape{300, 3}, Shape{1, 1}, Shape{2, 70}}) {
+    CAPTURE(s.N);
+    CAPTURE(s.C);
+    const int64_t n = s.N * s.C;
+    const auto x = Random(n, 3, -3.0f, 3.0f), bias = Random(s.C, 4), dout = Random(n, 5);
+    const auto dbias0 = Random(s.C, 6);
+    Dev<float> dx_in(x), dbias_in(bias), ddout(dout), dy(n), dgrad(n), ddbias(dbias0);
+    REQUIRE(BiasGeluForward(dy.get(), dx_in.get(), dbias_in.get(), s.N, s.C, nullptr) == cudaSuccess);
+    REQUIRE(BiasGeluBackward(dgrad.get(), ddbias.get(), dx_in.get(), dbias_in.get(), ddout.get(), s.N, s.C, nullptr) ==
+            cudaSuccess);
+    std::vector<float> u(n), y(n), g(n), db(dbias0);
+    for (int64_t i = 0; i < n; ++i) u[i] = x[i] + bias[i % s.C];
+    ops::ref::GeluForward(y.data(), u.data(), n);
+    ops::ref::GeluBackward(g.data(), u.data(), dout.data(), n);
+    for (int64_t c = 0; c < s.C; ++c) {
+      double acc = 0;
+      for (int64_t r = 0; r < s.N; ++r) acc += g[r * s.C + c];
+      db[c] = static_cast<float>(db[c] + acc);
+    }
+    ExpectClose(dy.Get(), y, 1e-5f, 1e-6f, "bias_gelu out");
+    ExpectClose(dgrad.Get(), g, 1e-5f, 1e-6f, "bias_gelu dx");
+    ExpectClose(ddbias.Get(), db, 1e-5f, 1e-5f, "bias_gelu dbias (accumulated)");
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-5; grads rtol 1e-4, atol 1e-5)") {
+  struct Shape {
+    int64_t N, C;
+  };
+  // C: a single element, smaller than a warp, a tail past several warps, several passes of a 256-thread block;
+  // N = 130 > the 128 blocks of the backward pass (rows strided over blocks).
+  for (Shape s : {Shape{1, 1}, Shape{5, 37}, Shape{3, 300}, Shape{130, 20}, Shape{2, 600}}) {
+    CAPTURE(s.N);
+    CAPTURE(s.C);
+    const int64_t n = s.N * s.C;
+    const float eps = 1e-5f;
+    const auto x = Random(n, 10, -2.0f, 3.0f), w = Random(s.C, 11), b = Random(s.C, 12), dout = Random(n, 13);
+    const auto dx0 = Random(n, 14), dw0 = Random(s.C, 15), db0 = Random(s.C, 16);
+    std::vector<float> out(n), mean(s.N), rstd(s.N), dx(dx0), dw(dw0), db(db0);
+    ops::ref::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), s.N, s.C, eps);
+    ops::ref::LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                                rstd.data(), s.N, s.C);
+
+    Dev<float> d_x(x), d_w(w), d_b(b), d_out(n), d_mean(s.N), d_rstd(s.N);
+    REQUIRE(LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(), d_b.get(), s.N, s.C, eps,
+                             nullptr) == cudaSuccess);
+    ExpectClose(d_out.Get(), out, 1e-5f, 1e-5f, "layernorm out");
+    ExpectClose(d_mean.Get(), mean, 1e-5f, 1e-6f, "layernorm mean");
+    ExpectClose(d_rstd.Get(), rstd, 1e-5f, 1e-6f, "layernorm rstd");
+
+    Dev<float> d_dout(dout), d_dx(dx0), d_dw(dw0), d_db(db0), scratch(LayerNormBackwardScratchFloats(s.N, s.C));
+    REQUIRE(LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(), d_x.get(), d_w.get(),
+                              d_mean.get(), d_rstd.get(), s.N, s.C, nullptr) == cudaSuccess);
+    ExpectClose(d_dx.Get(), dx, 1e-4f, 1e-5f, "layernorm dx (accumulated)");
+    ExpectClose(d_dw.Get(), dw, 1e-4f, 1e-5f, "layernorm dw (accumulated)");
+    ExpectClose(d_db.Get(), db, 1e-4f, 1e-5f, "layernorm db (accumulated)");
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (rtol 1e-5, atol 1e-5 / 1e-6)") {
+  struct Shape {
+    int64_t N, V;
+  };
+  for (Shape s : {Shape{4, 1000}, Shape{3, 33}, Shape{2, 1}, Shape{5, 513}}) {
+    CAPTURE(s.N);
+    CAPTURE(s.V);
+    const auto logits = Random(s.N * s.V, 20, -4.0f, 4.0f);
+    std::vector<int32_t> targets(s.N);
+    for (int64_t i = 0; i < s.N; ++i) targets[i] = static_cast<int32_t>((i * 7919) % s.V);
+    if (s.N > 1) targets[1] = -1;  // ignored
+    const auto dloss = Random(s.N, 21, 0.1f, 1.0f);
+    std::vector<float> losses(s.N), lse(s.N), dlogits(s.N * s.V);
+    ops::ref::CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), s.N, s.V);
+    ops::ref::CrossEntropyBackward(dlogits.data(), logits.data(), lse.data(), targets.data(), dloss.data(), s.N, s.V);
+
+    Dev<float> d_logits(logits), d_losses(s.N), d_lse(s.N), d_dloss(dloss), d_dlogits(s.N * s.V);
+    Dev<int32_t> d_targets(targets);
+    REQUIRE(CrossEntropyForward(d_losses.get(), d_lse.get(), d_logits.get(), d_targets.get(), s.N, s.V, nullptr) ==
+            cudaSuccess);
+    ExpectClose(d_losses.Get(), losses, 1e-5f, 1e-5f, "crossentropy losses");
+    ExpectClose(d_lse.Get(), lse, 1e-5f, 1e-5f, "crossentropy lse");
+    REQUIRE(CrossEntropyBackward(d_dlogits.get(), d_logits.get(), d_lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                                 nullptr) == cudaSuccess);
+    ExpectClose(d_dlogits.Get(), dlogits, 1e-5f, 1e-6f, "crossentropy dlogits");
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("kernels: embedding forward matches exactly; backward is bit-identical to the reference") {
+  struct Shape {
+    int64_t N, V, C;
+  };
+  for (Shape s : {Shape{50, 11, 37}, Shape{9, 3, 300}, Shape{1, 1, 1}}) {
+    CAPTURE(s.N);
+    CAPTURE(s.C);
+    std::mt19937 rng(30);
+    std::vector<int32_t> ids(s.N);
+    for (auto& id : ids) id = static_cast<int32_t>(rng() % (s.V + 1)) - 1;  // -1 .. V-1, many repeats
+    const auto table = Random(s.V * s.C, 31), dout = Random(s.N * s.C, 32), dtable0 = Random(s.V * s.C, 33);
+    std::vector<float> out(s.N * s.C), dtable(dtable0);
+    ops::ref::EmbeddingForward(out.data(), ids.data(), table.data(), s.N, s.C);
+    ops::ref::EmbeddingBackward(dtable.data(), ids.data(), dout.data(), s.N, s.C);
+
+    Dev<int32_t> d_ids(ids);
+    Dev<float> d_table(table), d_out(s.N * s.C), d_dout(dout), d_dtable(dtable0);
+    REQUIRE(EmbeddingForward(d_out.get(), d_ids.get(), d_table.get(), s.N, s.C, nullptr) == cudaSuccess);
+    CHECK(d_out.Get() == out);
+    REQUIRE(EmbeddingBackward(d_dtable.get(), d_ids.get(), d_dout.get(), s.N, s.C, nullptr) == cudaSuccess);
+    CHECK(d_dtable.Get() == dtable);
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("kernels: multi-tensor AdamW matches the reference per tensor (rtol 1e-5, atol 1e-6)") {
+  const ops::AdamParams hp{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  const AdamWHyper khp{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
+  // 30 tensors (more than one launch's 24), with empty, single-element and odd sizes.
+  std::vector<int64_t> sizes = {1, 1000, 1025, 0, 7, 3000};
+  for (int i = 0; i < 24; ++i) sizes.push_back(1 + 37 * i);
+  struct Host {
+    std::vector<float> p, g, m, v;
+  };
+  std::vector<Host> host;
+  std::vector<std::unique_ptr<Dev<float>>> dev;
+  std::vector<AdamWTensor> list;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    const uint32_t seed = static_cast<uint32_t>(100 + 4 * k);
+    Host h{Random(n, seed), Random(n, seed + 1), Random(n, seed + 2, -0.1f, 0.1f), Random(n, seed + 3, 0.0f, 0.01f)};
+    for (const auto* vec : {&h.p, &h.g, &h.m, &h.v}) dev.push_back(std::make_unique<Dev<float>>(*vec));
+    const size_t b = dev.size() - 4;
+    list.push_back(AdamWTensor{dev[b]->get(), dev[b + 1]->get(), dev[b + 2]->get(), dev[b + 3]->get(), n});
+    host.push_back(std::move(h));
+  }
+  for (int64_t step : {1, 2, 10}) {
+    REQUIRE(AdamWMultiTensor(list.data(), static_cast<int>(list.size()), khp, step, nullptr) == cudaSuccess);
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      CAPTURE(k);
+      CAPTURE(step);
+      Host& h = host[k];
+      ops::ref::AdamWStep(h.p.data(), h.g.data(), h.m.data(), h.v.data(), sizes[k], hp, step);
+      ExpectClose(dev[4 * k]->Get(), h.p, 1e-5f, 1e-6f, "adamw p");
+      ExpectClose(dev[4 * k + 2]->Get(), h.m, 1e-5f, 1e-6f, "adamw m");
+      ExpectClose(dev[4 * k + 3]->Get(), h.v, 1e-5f, 1e-6f, "adamw v");
+      // Keep the reference on the kernel's state so that errors do not compound across steps.
+      h.p = dev[4 * k]->Get();
+      h.m = dev[4 * k + 2]->Get();
+      h.v = dev[4 * k + 3]->Get();
+    }
+  }
+}
+
+// Reference fp32 -> bf16, round to nearest even, written independently of cuda_bf16.h.
+uint16_t Bf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays (quiet) NaN
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+TEST_CASE("kernels: fp32 <-> bf16 casts round to nearest even, exactly") {
+  std::vector<float> x = Random(1001, 40, -1e3f, 1e3f);
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  // Ties (even and odd), values just off ties, overflow to inf, subnormals, signed zeros, inf, NaN.
+  for (uint32_t u :
+       {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f817fffu, 0x7f7fffffu, 0x7f7f8000u, 0x00000001u, 0x00008000u,
+        0x00018000u, 0x80000000u, 0x00000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xbf808000u}) {
+    x.push_back(bits(u));
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  Dev<float> d_x(x), d_back(n);
+  Dev<__nv_bfloat16> d_h(n);
+  REQUIRE(CastFloatToBf16(d_h.get(), d_x.get(), n, nullptr) == cudaSuccess);
+  REQUIRE(CastBf16ToFloat(d_back.get(), d_h.get(), n, nullptr) == cudaSuccess);
+  const auto h = d_h.Get();
+  const auto back = d_back.Get();
+  int mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t got;
+    std::memcpy(&got, &h[i], 2);
+    const uint16_t want = Bf16Bits(x[i]);
+    const bool nan = std::isnan(x[i]);
+    if (nan ? (got & 0x7fffu) <= 0x7f80u || (got & 0x7f80u) != 0x7f80u : got != want) {
+      if (++mismatches < 5) INFO("element " << i << " bits " << std::hex << got << " want " << want);
+    }
+    uint32_t back_bits;
+    std::memcpy(&back_bits, &back[i], 4);
+    CHECK(back_bits == static_cast<uint32_t>(got) << 16);  // widening is exact
+  }
+  CHECK(mismatches == 0);
+}
+
+// ---- semantics of the built-ins (the same expectations hold on a GPU) ----
+
+TEST_CASE("sim semantics: shuffles with widths, votes, barrier predicates") {
+  namespace t = ms::kernels::testing;
+  const int threads = 64;
+  for (int width : {32, 16, 8, 4, 1}) {
+    CAPTURE(width);
+    Dev<int> out(threads * 4);
+    REQUIRE(t::Shuffles(out.get(), threads, width) == cudaSuccess);
+    const auto got = out.Get();
+    for (int tid = 0; tid < threads; ++tid) {
+      const int lane = tid % 32, seg = lane / width * width, base = tid - lane;
+      const int v = 1000 + tid;
+      CAPTURE(tid);
+      CHECK(got[4 * tid + 0] == 1000 + base + seg + 3 % width);
+      CHECK(got[4 * tid + 1] == (lane - seg >= 2 ? v - 2 : v));
+      CHECK(got[4 * tid + 2] == (lane - seg + 5 < width ? v + 5 : v));
+      // xor (PTX shfl.bfly): a source lane above the segment returns the caller's own value; one below it
+      // (possible with width 1) is read.
+      CHECK(got[4 * tid + 3] == ((lane ^ 1) <= seg + width - 1 ? 1000 + base + (lane ^ 1) : v));
+    }
+  }
+  {
+    Dev<unsigned> out(threads * 3);
+    REQUIRE(t::Votes(out.get(), threads) == cudaSuccess);
+    const auto got = out.Get();
+    for (int tid = 0; tid < threads; ++tid) {
+      const int base = tid / 32 * 32;
+      unsigned ballot = 0;
+      for (int l = 0; l < 32; ++l) ballot |= ((base + l) % 3 == 0 ? 1u : 0u) << l;
+      CHECK(got[3 * tid + 0] == ballot);
+      CHECK(got[3 * tid + 1] == (base == 0 ? 1u : 0u));
+      CHECK(got[3 * tid + 2] == 1u);
+    }
+  }
+  {
+    Dev<int> out(threads);
+    REQUIRE(t::HalfWarpShuffle(out.get(), threads) == cudaSuccess);
+    const auto got = out.Get();
+    for (int tid = 0; tid < threads; ++tid) {
+      const int base = tid / 32 * 32, lane = tid % 32;
+      CHECK(got[tid] == (lane < 16 ? base + 15 : base + 16 + 1));  // + the half-warp __shfl_down of 1s
+    }
+  }
+  for (int n : {32, 96, 1024}) {
+    Dev<int> out(n * 3);
+    REQUIRE(t::BarrierVotes(out.get(), n) == cudaSuccess);
+    const auto got = out.Get();
+    for (int tid = 0; tid < n; ++tid) {
+      CHECK(got[3 * tid + 0] == (n + 4) / 5);
+      CHECK(got[3 * tid + 1] == 1);
+      CHECK(got[3 * tid + 2] == 1);
+    }
+  }
+}
+
+TEST_CASE("sim semantics: atomics, 3-D indexing, dynamic shared memory above 48 KiB") {
+  namespace t = ms::kernels::testing;
+  {
+    Dev<int> counters(std::vector<int>{0, -1, 0, 0});
+    Dev<float> fsum(std::vector<float>{0.0f});
+    Dev<unsigned long long> usum(std::vector<unsigned long long>{0});
+    REQUIRE(t::Atomics(counters.get(), fsum.get(), usum.get(), 3, 96) == cudaSuccess);
+    const auto c = counters.Get();
+    CHECK(c[0] == 3 * 96);
+    CHECK(c[1] == 95);
+    CHECK(c[2] == 1);
+    CHECK(c[3] == 1);
+    CHECK(fsum.Get()[0] == 0.5f * 3 * 96);
+    CHECK(usum.Get()[0] == 3ull * (95 * 96 / 2));
+  }
+  {
+    const dim3 grid(2, 3, 2), block(4, 2, 3);
+    const int n = 2 * 3 * 2 * 4 * 2 * 3;
+    Dev<int> out(n);
+    REQUIRE(t::Indexing(out.get(), grid, block) == cudaSuccess);
+    const auto got = out.Get();
+    for (int i = 0; i < n; ++i) CHECK(got[i] == i);
+  }
+  {
+    const int threads = 128;
+    const size_t bytes = 64 * 1024;
+    Dev<float> out(threads);
+    CHECK(t::DynamicShared(out.get(), threads, bytes, /*raise_limit=*/false) != cudaSuccess);
+    REQUIRE(t::DynamicShared(out.get(), threads, bytes, /*raise_limit=*/true) == cudaSuccess);
+    const auto got = out.Get();
+    const int slots = static_cast<int>(bytes / sizeof(float) / threads);
+    for (int tid = 0; tid < threads; ++tid) {
+      const int m = threads - 1 - tid;
+      CHECK(got[tid] == static_cast<float>(slots * m + slots * (slots - 1) / 2));
+    }
+  }
+}
+
+#if MS_KERNELS_SIM
+// ---- planted bugs: each checker of the emulator reports its bug, with the kernel and the source line ----
+
+void ExpectLaunchError(cudaError_t err, cudaError_t code, const std::vector<std::string>& needles) {
+  CHECK(err == code);
+  const std::string msg = ms::sim::LastErrorMessage();
+  INFO("message: " << msg);
+  for (const auto& needle : needles) CHECK(msg.find(needle) != std::string::npos);
+  CHECK(cudaGetLastError() == cudaSuccess);  // not sticky in the emulator
+}
+
+TEST_CASE("sim checkers: planted bugs are reported with kernel, block, thread and line") {
+  namespace t = ms::kernels::testing;
+  ms::sim::ResetStats();
+  Dev<float> f(2048);
+  Dev<int> i(2048);
+  ExpectLaunchError(t::PlantedEarlyReturn(f.get()), cudaErrorLaunchFailure,
+                    {"barrier divergence", "planted_early_return_kernel", "planted.cu:14", "block (0,0,0)", "exited"});
+  ExpectLaunchError(t::PlantedTwoBarriers(f.get()), cudaErrorLaunchFailure,
+                    {"different barriers", "planted.cu:20", "planted.cu:22"});
+  ExpectLaunchError(t::PlantedMaskExcludesCaller(i.get()), cudaErrorLaunchFailure,
+                    {"excludes the calling lane", "planted.cu:28", "0x0000ffff"});
+  ExpectLaunchError(t::PlantedDeadlock(i.get()), cudaErrorLaunchFailure,
+                    {"deadlock", "planted.cu:32", "planted.cu:33"});
+  ExpectLaunchError(t::PlantedMismatchedCollectives(i.get()), cudaErrorLaunchFailure,
+                    {"mismatched warp collectives", "__shfl_sync", "__ballot_sync"});
+  ExpectLaunchError(t::PlantedTooManyThreads(f.get()), cudaErrorInvalidConfiguration, {"1025 threads"});
+  ExpectLaunchError(t::PlantedTooMuchStaticShared(f.get()), cudaErrorLaunchFailure, {"48 KiB", "planted.cu:49"});
+
+  // Not an error, but visible: a full-mask shuffle in a 48-thread block reads 16 nonexistent lanes.
+  ms::sim::ResetStats();
+  REQUIRE(t::PlantedPartialWarpShuffle(i.get()) == cudaSuccess);
+  CHECK(ms::sim::GetStats().poisoned_reads == 16);
+  const auto got = i.Get();
+  CHECK(got[32] == -1);  // lane 0 of warp 1 read lane 16, which does not exist: all-ones bits
+  CHECK(got[0] == 16);
+
+  // The emulator is still usable after failed launches.
+  Dev<int> out(64 * 3);
+  CHECK(t::BarrierVotes(out.get(), 64) == cudaSuccess);
+}
+
+TEST_CASE("sim runtime: cudaMemcpy checks directions and bounds; cudaMalloc'd memory is poisoned") {
+  Dev<float> d(4);
+  std::vector<float> h(4, 1.0f);
+  const auto fresh = d.Get();
+  CHECK(std::isnan(fresh[0]));                                                                // not zeroed
+  CHECK(cudaMemcpy(h.data(), d.get(), 16, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);  // swapped
+  CHECK(cudaMemcpy(d.get(), h.data(), 20, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);  // past the end
+  CHECK(cudaMemcpy(d.get(), h.data(), 16, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+// Overflow of a shared array: only AddressSanitizer sees it (the result looks right). Run by the ctest
+// kernels_asan_shared_overflow in ASan builds only (MS_PLANTED_ASAN=1), which expects ASan's report.
+TEST_CASE("sim checkers: shared-memory overflow (ASan builds, MS_PLANTED_ASAN=1)") {
+  const char* env = std::getenv("MS_PLANTED_ASAN");
+  if (!env || std::string(env) != "1") return;
+  Dev<float> f(64);
+  (void)ms::kernels::testing::PlantedSharedOverflow(f.get());
+  FAIL("AddressSanitizer did not stop the overflow");
+}
+
+// A missing __syncthreads: ThreadSanitizer reports a data race on the shared array whatever the schedule.
+// Run by the ctest kernels_tsan_missing_sync (MS_KERNELS_TSAN builds, MS_PLANTED_TSAN=1).
+TEST_CASE("sim checkers: missing __syncthreads (TSan builds, MS_PLANTED_TSAN=1)") {
+  const char* env = std::getenv("MS_PLANTED_TSAN");
+  if (!env || std::string(env) != "1") return;
+  Dev<float> f(64);
+  CHECK(ms::kernels::testing::PlantedMissingSync(f.get()) == cudaSuccess);
+}
+#endif  // MS_KERNELS_SIM
+
+}  // namespace
+}  // namespace ms::kernels

@@ -1,0 +1,109 @@
+// Planted bugs, one per checker of the SIMT emulator (emulated builds only; tests/kernels/kernels_test.cpp
+// checks each is reported). Line numbers appear in the expected messages: keep each bug on its own line.
+#include "sim/simt.h"
+#include "test_kernels.h"
+
+namespace ms::kernels::testing {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+__global__ void planted_early_return_kernel(float* out) {
+  MS_SHARED_ARRAY(float, s, 64);
+  if (threadIdx.x >= 40) return;  // BUG: threads 40..63 leave before the barrier
+  s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % 40];
+}
+
+__global__ void planted_two_barriers_kernel(float* out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();  // BUG: warp 0 waits here ...
+  } else {
+    __syncthreads();  // ... warp 1 here
+  }
+  out[threadIdx.x] = 1.0f;
+}
+
+__global__ void planted_mask_excludes_caller_kernel(int* out) {
+  out[threadIdx.x] = __shfl_sync(0x0000ffffu, static_cast<int>(threadIdx.x), 0);  // BUG: lanes 16..31 call it
+}
+
+__global__ void planted_deadlock_kernel(int* out) {
+  if (threadIdx.x % 32 < 16) out[threadIdx.x] = __shfl_sync(kFull, static_cast<int>(threadIdx.x), 0);  // BUG
+  __syncthreads();
+}
+
+__global__ void planted_mismatched_kernel(int* out) {
+  if (threadIdx.x < 16) {
+    out[threadIdx.x] = __shfl_sync(kFull, static_cast<int>(threadIdx.x), 0);  // BUG: half shuffles ...
+  } else {
+    out[threadIdx.x] = static_cast<int>(__ballot_sync(kFull, 1));  // ... half ballots
+  }
+}
+
+__global__ void planted_partial_warp_kernel(int* out) {
+  out[threadIdx.x] = __shfl_down_sync(kFull, static_cast<int>(threadIdx.x), 16);  // BUG with 48 threads
+}
+
+__global__ void planted_static_shared_kernel(float* out) {
+  MS_SHARED_ARRAY(float, big, 13000);  // BUG: 52,000 bytes > 48 KiB
+  big[threadIdx.x] = 1.0f;
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
+__global__ void planted_shared_overflow_kernel(float* out) {
+  MS_SHARED_ARRAY(float, s, 32);
+  s[threadIdx.x] = 1.0f;  // BUG: launched with 33 threads
+  __syncthreads();
+  out[threadIdx.x] = s[threadIdx.x];
+}
+
+__global__ void planted_missing_sync_kernel(float* out) {
+  MS_SHARED_ARRAY(float, s, 64);
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  // BUG: no __syncthreads() here
+  out[threadIdx.x] = s[63 - threadIdx.x];
+}
+
+cudaError_t PlantedEarlyReturn(float* out) {
+  MS_LAUNCH(planted_early_return_kernel, 1, 64, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedTwoBarriers(float* out) {
+  MS_LAUNCH(planted_two_barriers_kernel, 1, 64, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedMaskExcludesCaller(int* out) {
+  MS_LAUNCH(planted_mask_excludes_caller_kernel, 1, 32, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedDeadlock(int* out) {
+  MS_LAUNCH(planted_deadlock_kernel, 1, 64, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedMismatchedCollectives(int* out) {
+  MS_LAUNCH(planted_mismatched_kernel, 1, 32, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedPartialWarpShuffle(int* out) {
+  MS_LAUNCH(planted_partial_warp_kernel, 1, 48, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedTooManyThreads(float* out) {
+  MS_LAUNCH(planted_shared_overflow_kernel, 1, 1025, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedTooMuchStaticShared(float* out) {
+  MS_LAUNCH(planted_static_shared_kernel, 1, 32, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedSharedOverflow(float* out) {
+  MS_LAUNCH(planted_shared_overflow_kernel, 1, 33, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedMissingSync(float* out) {
+  MS_LAUNCH(planted_missing_sync_kernel, 1, 64, 0, 0, out);
+  return cudaGetLastError();
+}
+
+}  // namespace ms::kernels::testing

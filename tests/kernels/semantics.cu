@@ -1,0 +1,108 @@
+// Test kernels that pin down the semantics of CUDA built-ins (shuffles with widths, votes, block barriers
+// with predicates, atomics, 3-D indexing, dynamic shared memory). Compiled for the emulator and by nvcc for
+// the GPU tests, with the same expected values: on a GPU they check that the emulator agrees with hardware.
+#include "sim/simt.h"
+#include "test_kernels.h"
+
+namespace ms::kernels::testing {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+__global__ void shuffles_kernel(int* out, int width) {
+  const int t = threadIdx.x;
+  const int v = 1000 + t;
+  out[4 * t + 0] = __shfl_sync(kFull, v, 3, width);
+  out[4 * t + 1] = __shfl_up_sync(kFull, v, 2, width);
+  out[4 * t + 2] = __shfl_down_sync(kFull, v, 5, width);
+  out[4 * t + 3] = __shfl_xor_sync(kFull, v, 1, width);
+}
+
+__global__ void votes_kernel(unsigned* out) {
+  const int t = threadIdx.x;
+  out[3 * t + 0] = __ballot_sync(kFull, t % 3 == 0);
+  out[3 * t + 1] = __any_sync(kFull, t == 7);
+  out[3 * t + 2] = __all_sync(kFull, t < 1000);
+}
+
+__global__ void half_warp_shuffle_kernel(int* out) {
+  const int t = threadIdx.x;
+  const int lane = t % 32;
+  if (lane < 16) {
+    out[t] = __shfl_sync(0x0000ffffu, t, 15);
+  } else {
+    out[t] = __shfl_sync(0xffff0000u, t, 16) + __shfl_down_sync(0xffff0000u, 1, 1, 16);
+  }
+}
+
+__global__ void barrier_votes_kernel(int* out) {
+  const int t = threadIdx.x;
+  const int n = blockDim.x;
+  out[3 * t + 0] = __syncthreads_count(t % 5 == 0);
+  out[3 * t + 1] = __syncthreads_and(t < n);
+  out[3 * t + 2] = __syncthreads_or(t == n - 1);
+}
+
+__global__ void atomics_kernel(int* counters, float* fsum, unsigned long long* usum) {
+  const int t = threadIdx.x;
+  atomicAdd(&counters[0], 1);
+  atomicMax(&counters[1], t);
+  atomicAdd(fsum, 0.5f);
+  if (atomicCAS(&counters[2], 0, 1) == 0) atomicAdd(&counters[3], 1);
+  atomicAdd(usum, static_cast<unsigned long long>(t));
+}
+
+__global__ void indexing_kernel(int* out) {
+  const unsigned bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const unsigned block_linear = (bz * gridDim.y + by) * gridDim.x + bx;
+  const unsigned thread_linear = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+  const unsigned per_block = blockDim.x * blockDim.y * blockDim.z;
+  out[block_linear * per_block + thread_linear] = static_cast<int>(block_linear * per_block + thread_linear);
+}
+
+__global__ void dynamic_shared_kernel(float* out, int slots_per_thread) {
+  MS_DYNAMIC_SHARED(float, buf);
+  const int t = threadIdx.x, n = blockDim.x;
+  for (int k = 0; k < slots_per_thread; ++k) buf[t * slots_per_thread + k] = static_cast<float>(t + k);
+  __syncthreads();
+  const int m = n - 1 - t;
+  float sum = 0.0f;
+  for (int k = 0; k < slots_per_thread; ++k) sum += buf[m * slots_per_thread + k];
+  out[t] = sum;
+}
+
+cudaError_t Shuffles(int* out, int threads, int width) {
+  MS_LAUNCH(shuffles_kernel, 1, threads, 0, 0, out, width);
+  return cudaGetLastError();
+}
+cudaError_t Votes(unsigned* out, int threads) {
+  MS_LAUNCH(votes_kernel, 1, threads, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t HalfWarpShuffle(int* out, int threads) {
+  MS_LAUNCH(half_warp_shuffle_kernel, 1, threads, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t BarrierVotes(int* out, int threads) {
+  MS_LAUNCH(barrier_votes_kernel, 1, threads, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t Atomics(int* counters, float* fsum, unsigned long long* usum, int blocks, int threads) {
+  MS_LAUNCH(atomics_kernel, blocks, threads, 0, 0, counters, fsum, usum);
+  return cudaGetLastError();
+}
+cudaError_t Indexing(int* out, dim3 grid, dim3 block) {
+  MS_LAUNCH(indexing_kernel, grid, block, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t DynamicShared(float* out, int threads, size_t bytes, bool raise_limit) {
+  if (raise_limit) {
+    cudaError_t err = cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const int slots = static_cast<int>(bytes / sizeof(float) / threads);
+  MS_LAUNCH(dynamic_shared_kernel, 1, threads, bytes, 0, out, slots);
+  return cudaGetLastError();
+}
+
+}  // namespace ms::kernels::testing

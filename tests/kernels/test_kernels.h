@@ -1,0 +1,41 @@
+// Launchers of the test-only kernels in tests/kernels/semantics.cu (emulator and GPU alike) and
+// tests/kernels/planted.cu (planted bugs: emulated builds only). Each returns the launch's CUDA error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace ms::kernels::testing {
+
+// semantics.cu: results of the CUDA built-ins, checked against what the CUDA programming guide specifies.
+// out (threads * 4): per thread __shfl_sync(src 3), __shfl_up_sync(2), __shfl_down_sync(5), __shfl_xor_sync(1)
+// of the value 1000 + threadIdx.x, all with the given width; threads a multiple of 32.
+cudaError_t Shuffles(int* out, int threads, int width);
+// out (threads * 3): __ballot_sync(full, t % 3 == 0), __any_sync(full, t == 7), __all_sync(full, t < 1000),
+// then (threads) a split warp: lanes 0-15 and 16-31 shuffle within their own half-masks.
+cudaError_t Votes(unsigned* out, int threads);
+cudaError_t HalfWarpShuffle(int* out, int threads);
+// out (threads * 3): __syncthreads_count(t % 5 == 0), _and(t < threads), _or(t == threads - 1).
+cudaError_t BarrierVotes(int* out, int threads);
+// counters (5): atomicAdd(int) of 1, atomicMax(int) of t, atomicAdd(float) of 0.5, atomicCAS claim (the
+// number of successful claims of a 0 -> 1 flag is 1), atomicAdd(unsigned long long) of t.
+cudaError_t Atomics(int* counters, float* fsum, unsigned long long* usum, int blocks, int threads);
+// out (grid * block elements): linear thread id of each thread of a 3-D grid of 3-D blocks, at its own
+// global position.
+cudaError_t Indexing(int* out, dim3 grid, dim3 block);
+// Dynamic shared memory of `bytes` (> 48 KiB needs the attribute): each thread writes its slots, then sums
+// the slots of the mirrored thread. out (threads).
+cudaError_t DynamicShared(float* out, int threads, size_t bytes, bool raise_limit);
+
+// planted.cu (emulator only): each kernel has the bug its name says.
+cudaError_t PlantedEarlyReturn(float* out);          // return before __syncthreads in some threads
+cudaError_t PlantedTwoBarriers(float* out);          // warps wait at different __syncthreads
+cudaError_t PlantedMaskExcludesCaller(int* out);     // __shfl_sync mask without the caller
+cudaError_t PlantedDeadlock(int* out);               // half a warp shuffles, the other half waits at a barrier
+cudaError_t PlantedMismatchedCollectives(int* out);  // half a warp shuffles, the other half ballots
+cudaError_t PlantedPartialWarpShuffle(int* out);     // 48 threads: full-mask shuffle reads nonexistent lanes
+cudaError_t PlantedTooManyThreads(float* out);       // 1025 threads per block
+cudaError_t PlantedTooMuchStaticShared(float* out);  // 52 KB of static shared memory
+cudaError_t PlantedSharedOverflow(float* out);       // writes one element past a shared array (ASan)
+cudaError_t PlantedMissingSync(float* out);          // reads shared memory written by other warps, no barrier (TSan)
+
+}  // namespace ms::kernels::testing
