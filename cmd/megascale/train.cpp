@@ -39,6 +39,7 @@ CLI::App* AddWorkerCommand(CLI::App& parent, RunFn* run) {
   sub->add_option("job", *path, "Resolved job spec written by the driver")->required();
   sub->add_flag("--no-progress", *no_progress, "Do not draw the progress line");
   sub->add_option("--dump-params", options->dump_params_dir, "Write final parameter shards to DIR");
+  sub->add_flag("--resume", options->resume, "Start from the newest valid checkpoint");
   *run = [path, options, no_progress]() -> int {
     options->progress = !*no_progress;
     Status s = runner::RunWorker(*path, *options);
@@ -49,14 +50,25 @@ CLI::App* AddWorkerCommand(CLI::App& parent, RunFn* run) {
 }
 
 CLI::App* AddResumeCommand(CLI::App& parent, RunFn* run) {
-  auto* sub = parent.add_subcommand("resume", "Resume a job from its newest valid checkpoint (not built yet)");
+  auto* sub = parent.add_subcommand(
+      "resume", "Carry on a job from the newest valid checkpoint in checkpoint.dir (any parallel layout of the model)");
   auto args = std::make_shared<JobSpecArgs>();
+  auto no_progress = std::make_shared<bool>(false);
+  auto options = std::make_shared<runner::TrainOptions>();
   args->Bind(sub);
-  *run = [args]() -> int {
-    return ReportError(
-        Unimplemented("resume needs checkpoints, which are not built yet (checkpoint issue); "
-                      "rerun `megascale train {}` instead",
-                      args->path));
+  sub->add_flag("--no-progress", *no_progress, "Do not draw the progress line on stdout");
+  sub->add_option("--dump-params", options->dump_params_dir,
+                  "Testing aid: each rank writes its final parameter shards (rank-N.f32 + rank-N.json) to DIR");
+  *run = [args, no_progress, options]() -> int {
+    auto spec = args->Load();
+    if (!spec.ok()) return ReportError(spec.status());
+    Status files = config::CheckDataFiles(*spec);
+    if (!files.ok()) return ReportError(files);
+    options->progress = !*no_progress;
+    options->resume = true;
+    Status s = runner::RunJob(*spec, *options);
+    if (!s.ok()) return ReportError(s);
+    return 0;
   };
   return sub;
 }

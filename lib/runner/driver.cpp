@@ -1,6 +1,7 @@
 // The driver (launch and supervise local ranks) and the worker entry point.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "runner/checkpointing.h"
 #include "runner/runner.h"
 
 extern char** environ;
@@ -92,6 +94,7 @@ Result<pid_t> SpawnWorker(const std::string& exe, const std::vector<std::string>
   pid_t pid = fork();
   if (pid < 0) return ErrnoError("fork of a worker", errno);
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a rank never outlives its driver
     execve(exe.c_str(), argv.data(), envp.data());
     std::fprintf(stderr, "error: cannot exec %s: %s\n", exe.c_str(), std::strerror(errno));
     _exit(127);
@@ -128,22 +131,27 @@ Status RunLocalRanks(const config::JobSpec& spec, const TrainOptions& options) {
   sa.sa_handler = OnDriverSignal;
   sigemptyset(&sa.sa_mask);
   g_driver_signal = 0;
+  struct sigaction old_usr1 {};
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGUSR1, &sa, &old_usr1);
   struct Restore {
     struct sigaction* i;
     struct sigaction* t;
+    struct sigaction* u;
     ~Restore() {
       sigaction(SIGINT, i, nullptr);
       sigaction(SIGTERM, t, nullptr);
+      sigaction(SIGUSR1, u, nullptr);
     }
-  } restore{&old_int, &old_term};
+  } restore{&old_int, &old_term, &old_usr1};
 
   LogInfo("launching {} local ranks ({} threads each), job id {}", world, threads, job_id);
   std::vector<Child> children;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> args = {exe, "worker", spec_path};
     if (!options.progress || r != 0) args.push_back("--no-progress");
+    if (options.resume) args.push_back("--resume");
     if (!options.dump_params_dir.empty()) {
       args.push_back("--dump-params");
       args.push_back(options.dump_params_dir);
@@ -165,9 +173,32 @@ Status RunLocalRanks(const config::JobSpec& spec, const TrainOptions& options) {
   int remaining = world;
   while (remaining > 0) {
     if (int sig = g_driver_signal.exchange(0)) {
-      LogWarn("driver got signal {}: stopping all {} ranks", sig, world);
-      StopChildren(children, 30.0);  // ranks stop after their current step
-      result = Aborted("job stopped by signal {}", sig);
+      if (sig == SIGUSR1) {
+        LogInfo("SIGUSR1: asking all {} ranks for a checkpoint", world);
+        for (auto& c : children) {
+          if (!c.done) kill(c.pid, SIGUSR1);
+        }
+        continue;
+      }
+      // Ranks finish their step (SIGTERM: and save a checkpoint), then exit.
+      LogWarn("driver got signal {} ({}): stopping all {} ranks", sig, strsignal(sig), world);
+      for (auto& c : children) {
+        if (!c.done) kill(c.pid, sig);
+      }
+      const double deadline = NowSeconds() + 120.0;
+      bool clean = true;
+      for (auto& c : children) {
+        while (!c.done && NowSeconds() < deadline) {
+          if (waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
+            c.done = true;
+            clean &= WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+        }
+      }
+      StopChildren(children, 5.0);  // whoever did not stop in time
+      if (!(sig == SIGTERM && clean)) result = Aborted("job stopped by signal {} ({})", sig, strsignal(sig));
       break;
     }
     int status = 0;
@@ -183,9 +214,25 @@ Status RunLocalRanks(const config::JobSpec& spec, const TrainOptions& options) {
       c.status = status;
       --remaining;
       if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        LogError("rank {} (pid {}) failed: {}; stopping the other ranks", c.rank, c.pid, DescribeExit(status));
+        // A rank that died makes its peers fail within milliseconds: give them a moment to be
+        // reaped too, then name the rank that died by a signal (the cause) before the others.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        for (auto& o : children) {
+          if (!o.done && waitpid(o.pid, &o.status, WNOHANG) == o.pid) o.done = true;
+        }
+        const Child* cause = &c;
+        for (const auto& o : children) {
+          if (o.done && WIFSIGNALED(o.status) && !WIFSIGNALED(cause->status)) cause = &o;
+        }
+        for (const auto& o : children) {
+          if (o.done && !(WIFEXITED(o.status) && WEXITSTATUS(o.status) == 0)) {
+            LogError("rank {} (pid {}) failed: {}", o.rank, o.pid, DescribeExit(o.status));
+          }
+        }
+        LogError("stopping the other ranks");
         StopChildren(children, 10.0);
-        result = Aborted("rank {} failed ({}); see {}/logs/rank-{}.log", c.rank, DescribeExit(status), run_dir, c.rank);
+        result = Aborted("rank {} failed ({}); see {}/logs/rank-{}.log", cause->rank, DescribeExit(cause->status),
+                         run_dir, cause->rank);
         remaining = 0;
       }
     }
@@ -256,6 +303,8 @@ Status RunWorker(const std::string& job_spec_path, const TrainOptions& options) 
     rt.embedding =
         make(g.embedding, fmt::format("embedding[{}]", grid.GroupIndex(bootstrap::GroupKind::kEmbedding, me.rank)));
   }
+  MS_ASSIGN_OR_RETURN(auto ckpt_store, holder->second->Clone());
+  rt.coordinator = MakeStoreCoordinator(std::move(ckpt_store));
   rt.keepalive = holder;
   return Train(spec, options, rt).status();
 }

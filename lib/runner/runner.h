@@ -16,7 +16,12 @@
 // Run directory (log.run_dir): job.yaml (the resolved spec), metrics.jsonl (rank 0: one JSON
 // object per step and per evaluation), train.log (rank 0's log), logs/rank-N.log (world > 1),
 // trace/rank-N.json (log.trace: true; open in Perfetto or chrome://tracing).
-// SIGINT/SIGTERM stop the loop after the current step; Train then returns Aborted.
+// Checkpoints (checkpoint.dir, default <run_dir>/checkpoints): every checkpoint.interval steps,
+// on SIGUSR1, and on SIGTERM (Slurm's warning before a time limit or preemption: the job saves
+// and exits with status 0). All ranks agree on the step through a tiny all-reduce of the
+// signal flags after every step. SIGINT stops after the current step without saving (Aborted).
+// checkpoint.resume: auto (or `megascale resume`) starts from the newest valid checkpoint, in any
+// parallel layout of the same model.
 #pragma once
 
 #include <memory>
@@ -28,6 +33,9 @@
 
 namespace ms::model {
 class Gpt;
+}
+namespace ms::checkpoint {
+class Coordinator;
 }
 
 namespace ms::runner {
@@ -46,6 +54,7 @@ struct TrainSummary {
 struct TrainOptions {
   bool progress = true;         // show the progress line on stdout (rank 0 only)
   std::string dump_params_dir;  // testing aid: each rank writes its final parameter shards here
+  bool resume = false;          // `megascale resume`: start from the newest valid checkpoint (error if none)
 };
 
 // Where this rank sits and how it talks to the others.
@@ -54,7 +63,8 @@ struct Runtime {
   int local_world = 1;  // ranks on this host
   int tp_rank = 0, pp_rank = 0, dp_rank = 0;
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, world_comm;  // embedding: null if none
-  std::shared_ptr<void> keepalive;  // owns what the communicators use (process groups, store)
+  std::shared_ptr<void> keepalive;                       // owns what the communicators use (process groups, store)
+  std::shared_ptr<checkpoint::Coordinator> coordinator;  // checkpoint durability across ranks (null: one rank)
 };
 // The runtime of a single-rank job: every group is this rank alone.
 std::unique_ptr<Runtime> SingleRankRuntime();

@@ -15,46 +15,45 @@
 #include "model/model.h"
 #include "optim/optim.h"
 #include "parallel/parallel.h"
+#include "runner/checkpointing.h"
 #include "runner/runner.h"
 
 namespace ms::runner {
 namespace {
 
-std::atomic<int> g_stop_signal{0};
+// Signal flags: 1 = SIGINT (stop), 2 = SIGTERM (save and stop), 4 = SIGUSR1 (save).
+std::atomic<int> g_signal_flags{0};
 extern "C" void OnStopSignal(int sig) {
-  g_stop_signal.store(sig);
+  g_signal_flags.fetch_or(sig == SIGINT ? 1 : sig == SIGTERM ? 2 : 4);
 }
 
-// Installs SIGINT/SIGTERM handlers for the lifetime of the object, restoring the old ones.
+// Installs SIGINT/SIGTERM/SIGUSR1 handlers for the lifetime of the object, restoring the old ones.
 class StopSignals {
  public:
   StopSignals() {
-    g_stop_signal = 0;
+    g_signal_flags = 0;
     struct sigaction sa {};
     sa.sa_handler = OnStopSignal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGUSR1, &sa, &old_usr1_);
   }
   ~StopSignals() {
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGUSR1, &old_usr1_, nullptr);
   }
 
  private:
   struct sigaction old_int_ {
-  }, old_term_{};
+  }, old_term_{}, old_usr1_{};
 };
 
 Status CheckSupported(const config::JobSpec& spec) {
   if (spec.runtime.backend == config::Backend::kCuda) {
     return Unimplemented("{}: runtime.backend: cuda is not built yet (CUDA backend issue); use backend: cpu or auto",
                          spec.source);
-  }
-  if (spec.checkpoint.interval > 0 || spec.checkpoint.resume == "auto") {
-    return Unimplemented(
-        "{}: checkpoints are not built yet (checkpoint issue); set checkpoint.interval: 0 and checkpoint.resume: none",
-        spec.source);
   }
   return Status::Ok();
 }
@@ -265,6 +264,31 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   }
   MS_ASSIGN_OR_RETURN(auto sampler, data::Sampler::Create(&ds, T, spec.data.valid_fraction, spec.train.seed));
 
+  // Resuming: rank 0 finds the newest valid checkpoint (verifying checksums), everyone agrees.
+  std::vector<int64_t> found{-1};
+  if (options.resume || spec.checkpoint.resume == "auto") {
+    std::string why;
+    if (rank0) {
+      auto latest = checkpoint::FindLatestValid(spec.checkpoint.dir, checkpoint::Verify::kFull);
+      if (latest.ok()) {
+        MS_RETURN_IF_ERROR(CheckCompatible(*latest, spec));
+        found[0] = latest->step();
+      } else {
+        why = latest.status().message();
+      }
+    }
+    if (rt.world > 1) {
+      MS_RETURN_IF_ERROR(rt.world_comm->AllReduce(found.data(), 1, comm::ReduceOp::kMax)->Wait());
+    }
+    if (found[0] < 0) {
+      if (options.resume) {
+        return NotFound("nothing to resume in checkpoint.dir={}: {}; start the job with `megascale train`",
+                        spec.checkpoint.dir, rank0 ? why : "no valid checkpoint");
+      }
+      if (rank0) LogInfo("checkpoint.resume: auto: no checkpoint in {} yet, starting from step 1", spec.checkpoint.dir);
+    }
+  }
+
   // Run directory.
   const std::string& run_dir = spec.log.run_dir;
   MS_RETURN_IF_ERROR_CTX(MakeDirs(run_dir), "creating run directory log.run_dir={}", run_dir);
@@ -278,11 +302,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   struct CloseLog {
     ~CloseLog() { SetLogFile("").IgnoreError(); }
   } close_log;
-  std::optional<metrics::JsonlWriter> jsonl;
-  if (rank0) {
-    MS_ASSIGN_OR_RETURN(auto w, metrics::JsonlWriter::Open(run_dir + "/metrics.jsonl", /*append=*/false));
-    jsonl.emplace(std::move(w));
-  }
+
   metrics::Trace trace(rt.rank);
   trace.set_enabled(spec.log.trace);
 
@@ -370,6 +390,37 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     return v[0] / par.dp;
   };
 
+  // Checkpoints: the writer, and the restore of the newest valid one when resuming.
+  checkpoint::CheckpointerOptions co;
+  co.dir = spec.checkpoint.dir;
+  co.rank = rt.rank;
+  co.layout = {par.tp, par.pp, par.dp};
+  co.keep = spec.checkpoint.keep;
+  co.policy = checkpoint::OverlapPolicy::kWait;
+  std::shared_ptr<checkpoint::Coordinator> coordinator = rt.coordinator;
+  if (!coordinator) coordinator = std::make_shared<checkpoint::InProcessCoordinator>();
+  MS_ASSIGN_OR_RETURN(auto checkpointer, checkpoint::AsyncCheckpointer::Create(co, coordinator.get()));
+  int64_t start_step = 1;
+  if (found[0] >= 0) {
+    const double tr = NowSeconds();
+    MS_ASSIGN_OR_RETURN(auto ckpt, checkpoint::Checkpoint::Open(
+                                       fmt::format("{}/{}", spec.checkpoint.dir, checkpoint::StepDirName(found[0])),
+                                       checkpoint::Verify::kLazy));
+    MS_RETURN_IF_ERROR(RestoreRank(ckpt, *gpt, *opt, rt));
+    start_step = found[0] + 1;
+    if (rank0) {
+      LogInfo("resumed from {} (step {}, saved under layout {}, now tp{}.pp{}.dp{}) in {:.2f} s", ckpt.dir(), found[0],
+              MetadataValue(ckpt.metadata(0), "layout"), par.tp, par.pp, par.dp, NowSeconds() - tr);
+    }
+  }
+
+  // A resumed run appends to the metrics of the run it continues.
+  std::optional<metrics::JsonlWriter> jsonl;
+  if (rank0) {
+    MS_ASSIGN_OR_RETURN(auto w, metrics::JsonlWriter::Open(run_dir + "/metrics.jsonl", /*append=*/start_step > 1));
+    jsonl.emplace(std::move(w));
+  }
+
   StopSignals signals;
   metrics::Progress progress(stdout, spec.train.steps, spec.log.interval);
   const bool show = options.progress && rank0;
@@ -378,8 +429,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   const double t_start = NowSeconds();
   double ema_step = 0;
   const float dloss = 1.0f / (static_cast<float>(spec.train.global_batch) * T);
-  for (int64_t step = 1; step <= spec.train.steps; ++step) {
-    if (g_stop_signal.load()) break;
+  int stop_flags = 0;
+  for (int64_t step = start_step; step <= spec.train.steps; ++step) {
     const double t0 = NowSeconds();
     double data_s = 0, loss_sum = 0;
     pipe.reset_wait();
@@ -472,7 +523,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     const double flops = flops_per_seq * spec.train.global_batch / dt;
     const double mfu = peak > 0 ? flops / (peak * rt.world) : 0;
     const double comm_exposed = dpe->stats().dp_wait_s + tp_timed.wait_s();
-    if (step == 1) summary.first_loss = loss;
+    if (step == start_step) summary.first_loss = loss;
     summary.final_loss = loss;
     summary.steps_done = step;
     summary.tokens_per_second = tokens / dt;
@@ -507,8 +558,33 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         }
       }
     }
+    // Signals: every rank must act on the same step, so agree on the flags first.
+    std::vector<int64_t> flags{g_signal_flags.exchange(0)};
+    if (rt.world > 1) {
+      MS_RETURN_IF_ERROR(rt.world_comm->AllReduce(flags.data(), 1, comm::ReduceOp::kMax)->Wait());
+    }
+    stop_flags |= static_cast<int>(flags[0]);
+    const bool want_save =
+        (spec.checkpoint.interval > 0 && step % spec.checkpoint.interval == 0) || (flags[0] & (2 | 4)) != 0;
+    if (want_save) {
+      MS_RETURN_IF_ERROR(dpe->WaitAllParams());
+      MS_ASSIGN_OR_RETURN(auto info,
+                          checkpointer->Snapshot(step, RankPieces(*gpt, *opt, rt.dp_rank), MakeMetadata(spec, step)));
+      trace.Span(fmt::format("checkpoint snapshot {}", step), "compute", NowSeconds() - info.blocked_seconds,
+                 NowSeconds());
+      if (rank0) {
+        metrics::JsonObject ev;
+        ev.Add("phase", "checkpoint").Add("step", step).Add("blocked_s", info.blocked_seconds);
+        ev.Add("bytes", info.bytes).Add("skipped", info.skipped ? 1 : 0);
+        MS_RETURN_IF_ERROR(jsonl->Write(ev));
+        LogFileOnly(fmt::format("checkpoint step {}: snapshot blocked training {:.3f} s ({} bytes on rank 0)", step,
+                                info.blocked_seconds, info.bytes));
+      }
+    }
+    if (stop_flags & (1 | 2)) break;
   }
   MS_RETURN_IF_ERROR(dpe->WaitAllParams());
+  MS_RETURN_IF_ERROR_CTX(checkpointer->Wait(), "writing the last checkpoint");
   if (show) progress.Finish();
   summary.seconds = NowSeconds() - t_start;
   if (spec.log.trace) {
@@ -518,9 +594,16 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   if (!options.dump_params_dir.empty()) {
     MS_RETURN_IF_ERROR(DumpParams(*gpt, options.dump_params_dir, rt.rank));
   }
-  if (int sig = g_stop_signal.load()) {
-    LogWarn("stopped by signal {} after step {}", sig, summary.steps_done);
-    return Aborted("training stopped by signal {} after step {} of {}", sig, summary.steps_done, spec.train.steps);
+  if (stop_flags & 2) {
+    if (rank0) {
+      LogInfo("SIGTERM: stopped after step {} with checkpoint {}/{}; continue with `megascale resume`",
+              summary.steps_done, spec.checkpoint.dir, checkpoint::StepDirName(summary.steps_done));
+    }
+    return summary;
+  }
+  if (stop_flags & 1) {
+    LogWarn("stopped by SIGINT after step {}", summary.steps_done);
+    return Aborted("training stopped by SIGINT after step {} of {}", summary.steps_done, spec.train.steps);
   }
   if (rank0) {
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,

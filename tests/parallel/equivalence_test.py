@@ -177,12 +177,14 @@ def main():
         p.kill()
         check("killed rank fails the job", False, "workers never started")
     else:
+        env = open(f"/proc/{victim}/environ", "rb").read().split(b"\0")
+        victim_rank = next(int(e.split(b"=")[1]) for e in env if e.startswith(b"MEGASCALE_RANK="))
         t0 = time.time()
         os.kill(victim, signal.SIGKILL)
         try:
             _, err = p.communicate(timeout=60)
             took = time.time() - t0
-            check("killed rank fails the job", p.returncode != 0 and "failed" in err and took < 30,
+            check("killed rank fails the job", p.returncode != 0 and f"rank {victim_rank} failed (signal 9" in err and took < 30,
                   f"exit {p.returncode} after {took:.1f} s: {err.strip().splitlines()[-1] if err.strip() else ''}")
         except subprocess.TimeoutExpired:
             p.kill()

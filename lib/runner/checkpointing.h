@@ -1,0 +1,40 @@
+// Internal to the runner: what a rank saves in a checkpoint and how it restores it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+#include "model/model.h"
+#include "optim/optim.h"
+#include "runner/runner.h"
+
+namespace ms::bootstrap {
+class Store;
+}
+
+namespace ms::runner {
+
+// A Coordinator over the job's Redis store: key ckpt/<step>/<rank> holds the rank's FileInfo
+// (or "!error ..."); rank 0 waits for all of them. Thread-safe (one store connection, locked).
+std::shared_ptr<checkpoint::Coordinator> MakeStoreCoordinator(std::unique_ptr<bootstrap::Store> store);
+
+// The model description a checkpoint must match to be loaded into `spec`'s model.
+std::string ModelSignature(const config::ModelSpec& m);
+// Metadata blob of a rank: "key=value" lines (step, consumed_samples, seed, model, layout).
+std::string MakeMetadata(const config::JobSpec& spec, int64_t step);
+Result<int64_t> MetadataStep(const std::string& metadata);
+// One value of a metadata blob ("" when absent).
+std::string MetadataValue(const std::string& metadata, const std::string& key);
+Status CheckCompatible(const checkpoint::Checkpoint& ckpt, const config::JobSpec& spec);
+
+// The pieces this rank saves: its parameter shards (data-parallel rank 0 only; replicated
+// tensors from tensor-parallel rank 0; never the tied replica) and the optimizer state of the
+// segments it counts.
+std::vector<checkpoint::PieceRef> RankPieces(const model::Gpt& gpt, optim::Optimizer& opt, int dp_rank);
+// Restores parameters (read by data-parallel rank 0, broadcast over dp) and optimizer state.
+Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::Optimizer& opt, Runtime& rt);
+
+}  // namespace ms::runner
