@@ -414,33 +414,6 @@ Result<ModeReport> RunReal(const InitTestOptions& opt, const ParallelGrid& grid,
   return Aggregate(name, phases, {"allreduce_check"});
 }
 
-std::string JsonEscape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<int>(c));
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  return out;
-}
-
 std::string PhaseJson(const PhaseReport& p) {
   return fmt::format(R"({{"phase": "{}", "seconds": {:.6f}, "mean_rank_ms": {:.3f}, "store_ops": {}, "bytes": {}}})",
                      JsonEscape(p.name), p.seconds, p.mean_rank_ms, p.ops, p.bytes);

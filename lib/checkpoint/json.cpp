@@ -259,31 +259,7 @@ Result<Json> ParseJson(std::string_view text) {
 
 void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          *out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
+  out->append(JsonEscape(s));
   out->push_back('"');
 }
 

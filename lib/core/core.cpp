@@ -247,6 +247,39 @@ Status MakeDirs(const std::string& path) {
   return Status::Ok();
 }
 
+// ---- text ----
+std::string JsonEscape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20) {
+          out += fmt::format("\\u{:04x}", c);
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
 // ---- tensors ----
 size_t DTypeSize(DType dtype) {
   switch (dtype) {

@@ -185,6 +185,11 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents);
 // mkdir -p.
 Status MakeDirs(const std::string& path);
 
+// ---- text ----------------------------------------------------------------------------
+
+// The body of a JSON string literal for `s` (quotes, backslashes and control characters escaped).
+std::string JsonEscape(std::string_view s);
+
 // ---- tensors -------------------------------------------------------------------------
 
 enum class DType { kF32, kBF16, kI32 };

@@ -26,37 +26,6 @@ double MeasureGemmPeakFlops(int n) {
   return best;
 }
 
-std::string JsonEscape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20)
-          out += fmt::format("\\u{:04x}", c);
-        else
-          out += ch;
-    }
-  }
-  return out;
-}
-
 void JsonObject::Key(std::string_view key) {
   if (!body_.empty()) body_ += ", ";
   body_.push_back('"');

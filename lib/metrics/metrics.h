@@ -33,7 +33,6 @@ class JsonObject {
   void Key(std::string_view key);
   std::string body_;
 };
-std::string JsonEscape(std::string_view s);
 
 // Appends one JSON object per line, flushed after each line (a crash loses at most the line
 // being written). Not thread-safe.
