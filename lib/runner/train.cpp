@@ -397,6 +397,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   co.layout = {par.tp, par.pp, par.dp};
   co.keep = spec.checkpoint.keep;
   co.policy = checkpoint::OverlapPolicy::kWait;
+  if (spec.checkpoint.interval > 0) {
+    // Allocate (and fault in) the snapshot memory now, so the first checkpoint blocks as little as the rest.
+    for (const auto& piece : RankPieces(*gpt, *opt, rt.dp_rank)) co.reserve_bytes += (piece.end - piece.begin) * 4;
+  }
   std::shared_ptr<checkpoint::Coordinator> coordinator = rt.coordinator;
   if (!coordinator) coordinator = std::make_shared<checkpoint::InProcessCoordinator>();
   MS_ASSIGN_OR_RETURN(auto checkpointer, checkpoint::AsyncCheckpointer::Create(co, coordinator.get()));
