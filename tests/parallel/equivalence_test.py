@@ -159,6 +159,30 @@ def main():
                 during = sum(r["dp_launched_during_backward"] for r in rows)
                 check(f"{block}/{optimizer} {name} reductions start during backward", during > len(rows),
                       f"{during} collectives launched during backward over {len(rows)} steps")
+    # The timeline: a bucket's reduction in flight while later layers' backward still runs, and
+    # pipeline sends posted before the next compute.
+    spec = os.path.join(WORK, "trace.yaml")
+    open(spec, "w").write(spec_text(data, "parallel", "adamw").replace("steps: 10", "steps: 2"))
+    run_dir = os.path.join(WORK, "trace")
+    r = subprocess.run([BIN, "train", spec, "--no-progress", "--set", f"log.run_dir={run_dir}", "--set",
+                        "log.trace=true", "--set", "parallel.dp=2", "--set", "parallel.pp=2", "--set",
+                        "parallel.zero=1"], capture_output=True, text=True, timeout=300)
+    ok = r.returncode == 0
+    detail = r.stderr[-500:]
+    if ok:
+        events = json.load(open(os.path.join(run_dir, "trace", "rank-0.json")))
+        spans = [e for e in events if e.get("ph") == "X"]
+        rs = [e for e in spans if e["name"].startswith("reduce-scatter bucket")]
+        bwd = [e for e in spans if e["name"].startswith("bwd ")]
+        sends = [e for e in spans if e["name"].startswith("send ")]
+        fwd = [e for e in spans if e["name"].startswith("fwd ")]
+        overlap = any(b["ts"] > x["ts"] and b["ts"] < x["ts"] + x["dur"] for x in rs for b in bwd)
+        early = any(f["ts"] > s["ts"] and f["ts"] < s["ts"] + s["dur"] for s in sends for f in fwd + bwd)
+        ok = overlap and early and len(rs) > 0
+        detail = (f"{len(spans)} spans; reduce-scatter in flight during a later backward layer: {overlap}; "
+                  f"compute running while a send is in flight: {early}")
+    check("trace shows overlap (dp reduce-scatter during backward, pp send during compute)", ok, detail)
+
     # A rank killed mid-run makes the job fail promptly with the rank named.
     spec = os.path.join(WORK, "kill.yaml")
     open(spec, "w").write(spec_text(data, "parallel", "adamw").replace("steps: 10", "steps: 100000"))

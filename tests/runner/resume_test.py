@@ -143,6 +143,13 @@ def main():
     check("damaged newest checkpoint: older one used, warning names the damaged one",
           r.returncode == 0 and used_older and os.path.exists(newest), r.stderr.strip().splitlines()[0][:300])
 
+    # A checkpoint of another model: a clear error naming both.
+    d = os.path.join(WORK, "othermodel")
+    shutil.copytree(os.path.join(WORK, "adamw-1.1.1-full", "checkpoints"), os.path.join(d, "checkpoints"))
+    r = run(["resume", job, "--no-progress", "--set", f"log.run_dir={d}", "--set", "model.hidden=64"])
+    check("checkpoint of a different model is refused", r.returncode == 1 and "different model" in r.stderr
+          and "hidden=32" in r.stderr and "hidden=64" in r.stderr, r.stderr.strip()[-300:])
+
     # Nothing to resume: a clear error.
     r = run(["resume", job, "--no-progress", "--set", f"log.run_dir={os.path.join(WORK, 'empty')}"])
     check("resume without a checkpoint fails clearly", r.returncode == 1 and "nothing to resume" in r.stderr,
