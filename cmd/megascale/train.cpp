@@ -1,4 +1,5 @@
-// megascale train job.yaml: validate the job spec, then train.
+// megascale train / resume job.yaml: validate the job spec, then run the job (driver + ranks);
+// and the hidden `worker` subcommand each rank runs.
 #include <memory>
 
 #include "cmd/megascale/commands.h"
@@ -6,10 +7,11 @@
 #include "runner/runner.h"
 
 namespace ms::cmd {
+namespace {
 
-CLI::App* AddTrainCommand(CLI::App& parent, RunFn* run) {
-  auto* sub = parent.add_subcommand(
-      "train", "Train the model of a job spec: launches tp*pp*dp local ranks (CPU backend) and supervises them");
+// Binds the flags `train` and `resume` share; `resume` sets options.resume.
+CLI::App* AddJobCommand(CLI::App& parent, RunFn* run, const char* name, const char* help, bool resume) {
+  auto* sub = parent.add_subcommand(name, help);
   auto args = std::make_shared<JobSpecArgs>();
   auto options = std::make_shared<runner::TrainOptions>();
   auto no_progress = std::make_shared<bool>(false);
@@ -17,17 +19,33 @@ CLI::App* AddTrainCommand(CLI::App& parent, RunFn* run) {
   sub->add_flag("--no-progress", *no_progress, "Do not draw the progress line on stdout");
   sub->add_option("--dump-params", options->dump_params_dir,
                   "Testing aid: each rank writes its final parameter shards (rank-N.f32 + rank-N.json) to DIR");
-  *run = [args, options, no_progress]() -> int {
+  *run = [args, options, no_progress, resume]() -> int {
     auto spec = args->Load();
     if (!spec.ok()) return ReportError(spec.status());
     Status files = config::CheckDataFiles(*spec);
     if (!files.ok()) return ReportError(files);
     options->progress = !*no_progress;
+    options->resume = resume;
     Status s = runner::RunJob(*spec, *options);
     if (!s.ok()) return ReportError(s);
     return 0;
   };
   return sub;
+}
+
+}  // namespace
+
+CLI::App* AddTrainCommand(CLI::App& parent, RunFn* run) {
+  return AddJobCommand(parent, run, "train",
+                       "Train the model of a job spec: launches tp*pp*dp local ranks (CPU backend) and supervises them",
+                       /*resume=*/false);
+}
+
+CLI::App* AddResumeCommand(CLI::App& parent, RunFn* run) {
+  return AddJobCommand(
+      parent, run, "resume",
+      "Carry on a job from the newest valid checkpoint in checkpoint.dir (any parallel layout of the model)",
+      /*resume=*/true);
 }
 
 CLI::App* AddWorkerCommand(CLI::App& parent, RunFn* run) {
@@ -43,30 +61,6 @@ CLI::App* AddWorkerCommand(CLI::App& parent, RunFn* run) {
   *run = [path, options, no_progress]() -> int {
     options->progress = !*no_progress;
     Status s = runner::RunWorker(*path, *options);
-    if (!s.ok()) return ReportError(s);
-    return 0;
-  };
-  return sub;
-}
-
-CLI::App* AddResumeCommand(CLI::App& parent, RunFn* run) {
-  auto* sub = parent.add_subcommand(
-      "resume", "Carry on a job from the newest valid checkpoint in checkpoint.dir (any parallel layout of the model)");
-  auto args = std::make_shared<JobSpecArgs>();
-  auto no_progress = std::make_shared<bool>(false);
-  auto options = std::make_shared<runner::TrainOptions>();
-  args->Bind(sub);
-  sub->add_flag("--no-progress", *no_progress, "Do not draw the progress line on stdout");
-  sub->add_option("--dump-params", options->dump_params_dir,
-                  "Testing aid: each rank writes its final parameter shards (rank-N.f32 + rank-N.json) to DIR");
-  *run = [args, no_progress, options]() -> int {
-    auto spec = args->Load();
-    if (!spec.ok()) return ReportError(spec.status());
-    Status files = config::CheckDataFiles(*spec);
-    if (!files.ok()) return ReportError(files);
-    options->progress = !*no_progress;
-    options->resume = true;
-    Status s = runner::RunJob(*spec, *options);
     if (!s.ok()) return ReportError(s);
     return 0;
   };
