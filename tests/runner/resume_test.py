@@ -164,10 +164,19 @@ def main():
     while time.time() < deadline and not (os.path.exists(os.path.join(d, "metrics.jsonl")) and
                                           os.path.getsize(os.path.join(d, "metrics.jsonl")) > 200):
         time.sleep(0.05)
+    # SIGUSR1 first: a checkpoint on demand while training goes on.
+    p.send_signal(signal.SIGUSR1)
+    deadline = time.time() + 60
+    while time.time() < deadline and not glob.glob(os.path.join(d, "checkpoints", "step-*", "manifest.json")):
+        time.sleep(0.05)
+    on_demand = glob.glob(os.path.join(d, "checkpoints", "step-*", "manifest.json"))
+    check("SIGUSR1: a checkpoint on demand, training goes on", len(on_demand) == 1 and p.poll() is None,
+          f"{len(on_demand)} checkpoint(s), job {'running' if p.poll() is None else 'exited'}")
+    time.sleep(0.3)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     ckpts = glob.glob(os.path.join(d, "checkpoints", "step-*", "manifest.json"))
-    check("SIGTERM: checkpoint written and exit 0", p.returncode == 0 and len(ckpts) == 1,
+    check("SIGTERM: checkpoint written and exit 0", p.returncode == 0 and len(ckpts) == 2,
           f"exit {p.returncode}, {len(ckpts)} checkpoint(s)" + ("" if p.returncode == 0 else err[-800:]))
 
     # Export to safetensors, read back by hand (numpy) and by PyTorch when present.
