@@ -176,7 +176,8 @@ TEST_CASE("tiny.yaml is the demo it claims to be") {
   CHECK(spec.optimizer.grad_clip == 1.0f);
   CHECK(spec.log.run_dir == "runs/tiny");
   CHECK(spec.log.interval == 10);
-  CHECK(spec.train.micro_batch == 16);
+  CHECK(spec.parallel.dp == 2);
+  CHECK(spec.train.micro_batch == 8);
   CHECK(spec.parallel.micro_batches == 1);
 
   auto g = LoadJobSpec(kSourceDir + "/configs/gpt2-small.yaml");
