@@ -114,6 +114,7 @@ Status RunLocalRanks(const config::JobSpec& spec, const TrainOptions& options) {
   if (url.empty()) {
     bootstrap::EmbeddedRedisOptions ro;
     ro.max_clients = std::max(1000, 4 * world);
+    ro.temp_parent = run_dir;  // its pid file and log live (and, after a crash, stay) in the run directory
     MS_ASSIGN_OR_RETURN(auto r, bootstrap::EmbeddedRedis::Start(ro));
     redis.emplace(std::move(r));
     url = redis->url();
