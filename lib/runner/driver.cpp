@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -114,7 +116,11 @@ Status RunLocalRanks(const config::JobSpec& spec, const TrainOptions& options) {
   if (url.empty()) {
     bootstrap::EmbeddedRedisOptions ro;
     ro.max_clients = std::max(1000, 4 * world);
-    ro.temp_parent = run_dir;  // its pid file and log live (and, after a crash, stay) in the run directory
+    // Its pid file and log live (and, after a crash, stay) in the run directory; redis-server
+    // changes into its directory, so the path must be absolute.
+    char abs_dir[PATH_MAX];
+    if (realpath(run_dir.c_str(), abs_dir) == nullptr) return ErrnoError(fmt::format("resolving {}", run_dir), errno);
+    ro.temp_parent = abs_dir;
     MS_ASSIGN_OR_RETURN(auto r, bootstrap::EmbeddedRedis::Start(ro));
     redis.emplace(std::move(r));
     url = redis->url();

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 
-BIN, SRC, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+BIN, SRC, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 results = []
 
 
@@ -149,6 +149,20 @@ def short_training_run_loss_falls():
     assert rc == 0, err
     again = [json.loads(l)["loss"] for l in open(os.path.join(run_dir + "-again", "metrics.jsonl")) if '"train"' in l]
     assert again == [r["loss"] for r in train], "training is not deterministic"
+
+
+@case
+def two_ranks_with_a_relative_run_directory():
+    spec = os.path.join(WORK, "rel.yaml")
+    write_spec(spec, DATA, "placeholder")
+    rc, out, err = run("train", spec, "--set", "parallel.dp=2", "--set", "train.steps=3", "--set",
+                       "optimizer.warmup_steps=1", "--set", "train.eval_interval=0", "--set", "log.run_dir=rel/run",
+                       "--set", "runtime.threads=1", cwd=WORK)
+    assert rc == 0, err
+    run_dir = os.path.join(WORK, "rel", "run")
+    assert os.path.exists(os.path.join(run_dir, "logs", "rank-1.log")), "per-rank logs missing"
+    assert not glob.glob(os.path.join(run_dir, "megascale-redis-*")), "embedded redis directory left behind"
+    assert "started redis-server" in err, "no embedded redis-server"
 
 
 failed = [n for n, e in results if e]
