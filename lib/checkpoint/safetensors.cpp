@@ -67,17 +67,7 @@ Status ExportSafetensors(const Checkpoint& checkpoint, const std::string& out_pa
     checkpoint.DropCache();  // one tensor in memory at a time
     if (!s.ok()) return fail(s);
   }
-  if (::fsync(fd) != 0) return fail(ErrnoError(fmt::format("fsync of {}", tmp), errno));
-  if (::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError(fmt::format("closing {}", tmp), err);
-  }
-  if (::rename(tmp.c_str(), out_path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError(fmt::format("renaming {} to {}", tmp, out_path), err);
-  }
+  MS_RETURN_IF_ERROR_CTX(internal::CommitTempFile(fd, tmp, out_path), "exporting {} to {}", checkpoint.dir(), out_path);
   auto slash = out_path.rfind('/');
   return internal::FsyncPath(slash == std::string::npos ? "." : slash == 0 ? "/" : out_path.substr(0, slash));
 }
