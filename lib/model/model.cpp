@@ -20,23 +20,6 @@ uint64_t NameHash(const std::string& s) {  // FNV-1a: a tensor's RNG stream, wha
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
   return h;
 }
-// y[R, C] += b[C] on every row.
-void AddRowBias(float* y, const float* b, int64_t R, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) ops::AddInPlace(y + r * C, b, C);
-}
-// db[C] += column sums of dy[R, C], rows summed in order (deterministic).
-void BiasGrad(float* db, const float* dy, int64_t R, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < C; ++c) {
-    float s = 0;
-    for (int64_t r = 0; r < R; ++r) s += dy[r * C + c];
-    db[c] += s;
-  }
-}
-void Zero(float* p, int64_t n) {
-  std::memset(p, 0, sizeof(float) * n);
-}
 }  // namespace
 
 std::vector<std::string> AllTensorNames(const config::ModelSpec& spec) {
@@ -97,16 +80,18 @@ void ExtractShard(const float* global, float* local, const std::vector<int64_t>&
 }
 
 // Activations of one micro-batch in one chunk (R = rows_, N = B*T).
+// All device memory (host memory on the CPU backend); only inputs_host / targets_host live on the host.
 struct Gpt::Acts {
-  std::vector<int32_t> inputs, targets;  // [N]; inputs as local vocab ids under tp (-1: another rank's row)
-  std::vector<float> res;                // (layers+1) x [R, C]
+  std::vector<int32_t> inputs_host, targets_host;  // [N]
+  DeviceArray<int32_t> inputs, targets;  // [N]; inputs as local vocab ids under tp (-1: another rank's row)
+  DeviceArray<float> res;                // (layers+1) x [R, C]
   struct Layer {
-    std::vector<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
-    std::vector<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
+    DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
+    DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
   };
   std::vector<Layer> layers;
-  std::vector<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;
-  std::vector<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
+  DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;
+  DeviceArray<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
   bool forward_done = false;
 };
 
@@ -143,7 +128,8 @@ const ParamInfo* Gpt::FindParam(const std::string& name) const {
 }
 
 Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const ShardSpec& shard, int micro_batch,
-                                         uint64_t seed, device::Device* device, ModelComms comms) {
+                                         uint64_t seed, device::Device* device, ModelComms comms,
+                                         ops::Backend* backend) {
   const int tp = shard.tp_size, pp = shard.pp_size, v = shard.virtual_stages;
   if (spec.ffn_hidden <= 0 || spec.hidden % spec.heads != 0 || micro_batch < 1) {
     return InvalidArgument("model spec not resolved: ffn_hidden={}, hidden={}, heads={}, micro_batch={}",
@@ -164,7 +150,6 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   if (shard.sequence_parallel && N % tp) {
     return InvalidArgument("sequence parallelism needs micro_batch*seq_len = {} divisible by tp={}", N, tp);
   }
-  if (!device->is_host()) return Unimplemented("the GPT runs on host memory only in this build");
   std::unique_ptr<Gpt> g(new Gpt());
   g->spec_ = spec;
   g->shard_ = shard;
@@ -176,6 +161,14 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   g->Fl_ = spec.ffn_hidden / tp;
   g->Vl_ = spec.vocab / tp;
   g->device_ = device;
+  if (backend) {
+    if (backend->device() != device) return InvalidArgument("the ops backend ({}) works on another device", backend->name());
+    g->be_ = backend;
+  } else {
+    if (!device->is_host()) return InvalidArgument("device {} needs an ops backend", device->name());
+    g->own_be_ = ops::MakeCpuBackend(device);
+    g->be_ = g->own_be_.get();
+  }
   const int64_t C = spec.hidden, F = spec.ffn_hidden, V = spec.vocab, T = spec.seq_len;
   const bool seq = spec.block == config::BlockKind::kSequential;
   const int G = pp * v, per_chunk = spec.layers / G;
@@ -232,17 +225,20 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   MS_ASSIGN_OR_RETURN(g->params_buf_, device::Buffer::Allocate(device, std::max<int64_t>(g->num_params_, 1)));
   MS_ASSIGN_OR_RETURN(g->grads_buf_, device::Buffer::Allocate(device, std::max<int64_t>(g->num_params_, 1)));
   MS_RETURN_IF_ERROR(g->Init(seed));
+  MS_RETURN_IF_ERROR(g->ZeroGrad());
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
   // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; dlogits [N,Vl]; dl, vstats [N] x 4.
-  g->scratch_.assign(3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + N * g->Vl_ + 4 * N, 0.0f);
+  MS_RETURN_IF_ERROR(g->scratch_.Allocate(
+      g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + N * g->Vl_ + 4 * N));
   return g;
 }
 
 Status Gpt::Init(uint64_t seed) {
   const double std_base = spec_.init_std;
   const double std_proj = spec_.init_std / std::sqrt(2.0 * spec_.layers);  // GPT-2 residual scaling
-  std::vector<float> global;
+  std::vector<float> global, local;
+  MS_RETURN_IF_ERROR(be_->Zero(param_data(), sizeof(float) * num_params_));  // the alignment gaps too
   for (const ParamInfo& p : params_) {
     const int64_t n = Numel(p.global_shape);
     global.assign(n, 0.0f);
@@ -257,14 +253,15 @@ Status Gpt::Init(uint64_t seed) {
       double std = (ends_with("attn.proj.weight") || ends_with("mlp.proj.weight")) ? std_proj : std_base;
       for (auto& x : global) x = static_cast<float>(rng.NextNormal() * std);
     }
-    ExtractShard(global.data(), param_data() + p.offset, p.global_shape, p.shard, shard_.tp_size, shard_.tp_rank);
+    local.assign(p.numel, 0.0f);
+    ExtractShard(global.data(), local.data(), p.global_shape, p.shard, shard_.tp_size, shard_.tp_rank);
+    MS_RETURN_IF_ERROR(be_->CopyFromHost(param_data() + p.offset, local.data(), sizeof(float) * p.numel));
   }
-  ZeroGrad();
-  return Status::Ok();
+  return be_->Synchronize();
 }
 
-void Gpt::ZeroGrad() {
-  Zero(grad_data(), num_params_);
+Status Gpt::ZeroGrad() {
+  return be_->Zero(grad_data(), sizeof(float) * num_params_).WithContext("zeroing the gradients");
 }
 
 Gpt::LayerW Gpt::Layer(int l) const {
@@ -286,48 +283,51 @@ Gpt::LayerW Gpt::Layer(int l) const {
   return w;
 }
 
-Gpt::Acts& Gpt::SlotActs(int chunk, int slot) {
+Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
   auto& ptr = acts_[{chunk, slot}];
-  if (!ptr) {
-    ptr = std::make_unique<Acts>();
-    Acts& a = *ptr;
-    const int64_t C = spec_.hidden, N = N_, R = rows_, HlD = Hl_ * (C / spec_.heads);
-    const bool seq = spec_.block == config::BlockKind::kSequential, sp = shard_.sequence_parallel && shard_.tp_size > 1;
-    const Chunk& ch = chunks_[chunk];
-    a.inputs.assign(N, 0);
-    a.targets.assign(N, 0);
-    a.res.assign((ch.num_layers + 1) * R * C, 0.0f);
-    a.layers.resize(ch.num_layers);
-    for (auto& y : a.layers) {
-      y.ln1.resize(R * C);
-      y.ln1_mean.resize(R);
-      y.ln1_rstd.resize(R);
-      if (sp) y.ln1_full.resize(N * C);
-      y.qkv.resize(N * 3 * HlD);
-      y.atty.resize(N * HlD);
-      y.lse.resize(B_ * Hl_ * spec_.seq_len);
-      y.fch.resize(N * Fl_);
-      y.fch_gelu.resize(N * Fl_);
-      if (seq) {
-        y.mid.resize(R * C);
-        y.ln2.resize(R * C);
-        y.ln2_mean.resize(R);
-        y.ln2_rstd.resize(R);
-        if (sp) y.ln2_full.resize(N * C);
-      }
+  if (ptr) return ptr.get();
+  auto acts = std::make_unique<Acts>();
+  Acts& a = *acts;
+  const int64_t C = spec_.hidden, N = N_, R = rows_, HlD = Hl_ * (C / spec_.heads);
+  const bool seq = spec_.block == config::BlockKind::kSequential, sp = shard_.sequence_parallel && shard_.tp_size > 1;
+  const Chunk& ch = chunks_[chunk];
+  ops::Backend* be = be_;
+  a.inputs_host.assign(N, 0);
+  a.targets_host.assign(N, 0);
+  MS_RETURN_IF_ERROR(a.inputs.Allocate(be, N));
+  MS_RETURN_IF_ERROR(a.targets.Allocate(be, N));
+  MS_RETURN_IF_ERROR(a.res.Allocate(be, (ch.num_layers + 1) * R * C));
+  a.layers.resize(ch.num_layers);
+  for (auto& y : a.layers) {
+    MS_RETURN_IF_ERROR(y.ln1.Allocate(be, R * C));
+    MS_RETURN_IF_ERROR(y.ln1_mean.Allocate(be, R));
+    MS_RETURN_IF_ERROR(y.ln1_rstd.Allocate(be, R));
+    if (sp) MS_RETURN_IF_ERROR(y.ln1_full.Allocate(be, N * C));
+    MS_RETURN_IF_ERROR(y.qkv.Allocate(be, N * 3 * HlD));
+    MS_RETURN_IF_ERROR(y.atty.Allocate(be, N * HlD));
+    MS_RETURN_IF_ERROR(y.lse.Allocate(be, B_ * Hl_ * spec_.seq_len));
+    MS_RETURN_IF_ERROR(y.fch.Allocate(be, N * Fl_));
+    MS_RETURN_IF_ERROR(y.fch_gelu.Allocate(be, N * Fl_));
+    if (seq) {
+      MS_RETURN_IF_ERROR(y.mid.Allocate(be, R * C));
+      MS_RETURN_IF_ERROR(y.ln2.Allocate(be, R * C));
+      MS_RETURN_IF_ERROR(y.ln2_mean.Allocate(be, R));
+      MS_RETURN_IF_ERROR(y.ln2_rstd.Allocate(be, R));
+      if (sp) MS_RETURN_IF_ERROR(y.ln2_full.Allocate(be, N * C));
     }
-    if (ch.head) {
-      a.lnf.resize(R * C);
-      a.lnf_mean.resize(R);
-      a.lnf_rstd.resize(R);
-      if (sp) a.lnf_full.resize(N * C);
-      a.logits.resize(N * Vl_);
-      a.ce_lse.resize(N);
-      a.losses.resize(N);
-    }
-    if (!ch.embedding) a.dx_in.resize(R * C);
   }
-  return *ptr;
+  if (ch.head) {
+    MS_RETURN_IF_ERROR(a.lnf.Allocate(be, R * C));
+    MS_RETURN_IF_ERROR(a.lnf_mean.Allocate(be, R));
+    MS_RETURN_IF_ERROR(a.lnf_rstd.Allocate(be, R));
+    if (sp) MS_RETURN_IF_ERROR(a.lnf_full.Allocate(be, N * C));
+    MS_RETURN_IF_ERROR(a.logits.Allocate(be, N * Vl_));
+    MS_RETURN_IF_ERROR(a.ce_lse.Allocate(be, N));
+    MS_RETURN_IF_ERROR(a.losses.Allocate(be, N));
+  }
+  if (!ch.embedding) MS_RETURN_IF_ERROR(a.dx_in.Allocate(be, R * C));
+  ptr = std::move(acts);
+  return ptr.get();
 }
 
 const float* Gpt::ChunkOutput(int chunk, int slot) const {
@@ -338,14 +338,21 @@ const float* Gpt::InputGrad(int chunk, int slot) const {
   return acts_.at({chunk, slot})->dx_in.data();
 }
 
+Status Gpt::TpCollectiveReady() {
+  // The communicator works on its own stream (NCCL) or the host (Gloo): what the backend enqueued must be done.
+  return be_->Synchronize().WithContext("waiting for the ops before a tensor-parallel collective");
+}
 Status Gpt::TpAllReduce(float* x, int64_t n) {
   if (shard_.tp_size == 1) return Status::Ok();
+  MS_RETURN_IF_ERROR(TpCollectiveReady());
   return comms_.tp->AllReduce(x, n, comm::ReduceOp::kSum)->Wait().WithContext("tensor-parallel all-reduce");
 }
 Status Gpt::TpAllGatherRows(const float* local, float* full) {
+  MS_RETURN_IF_ERROR(TpCollectiveReady());
   return comms_.tp->AllGather(local, full, rows_ * spec_.hidden)->Wait().WithContext("sequence-parallel all-gather");
 }
 Status Gpt::TpReduceScatterRows(const float* full, float* local) {
+  MS_RETURN_IF_ERROR(TpCollectiveReady());
   return comms_.tp->ReduceScatter(full, local, rows_ * spec_.hidden)
       ->Wait()
       .WithContext("sequence-parallel reduce-scatter");
@@ -360,7 +367,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
   const int64_t D = C / spec_.heads, HlD = Hl_ * D, Fl = Fl_;
   const bool seq = spec_.block == config::BlockKind::kSequential;
   const bool tp = shard_.tp_size > 1, sp = shard_.sequence_parallel && tp;
-  Acts& a = SlotActs(chunk, slot);
+  MS_ASSIGN_OR_RETURN(Acts * acts, SlotActs(chunk, slot));
+  Acts& a = *acts;
   float* s = scratch_.data();
   float* partR = s + R * C;
   float* part = s + 3 * R * C;
@@ -377,34 +385,35 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         return InvalidArgument("token id {} at position {} is outside the vocabulary [0, {})", inputs[i], i, V);
       }
       const int64_t local = inputs[i] - vstart;
-      a.inputs[i] = (local >= 0 && local < Vl_) ? static_cast<int32_t>(local) : -1;
+      a.inputs_host[i] = (local >= 0 && local < Vl_) ? static_cast<int32_t>(local) : -1;
     }
+    MS_RETURN_IF_ERROR(be_->CopyFromHost(a.inputs.data(), a.inputs_host.data(), sizeof(int32_t) * N));
     float* x0 = a.res.data();
     if (!tp) {
-      ops::EmbeddingForward(x0, a.inputs.data(), P(FindParam("embed.wte")), N, C);
+      MS_RETURN_IF_ERROR(be_->EmbeddingForward(x0, a.inputs.data(), P(FindParam("embed.wte")), N, C));
     } else {
-      ops::EmbeddingForward(e_full, a.inputs.data(), P(FindParam("embed.wte")), N, C);  // other ranks' rows: 0
+      MS_RETURN_IF_ERROR(be_->EmbeddingForward(e_full, a.inputs.data(), P(FindParam("embed.wte")), N, C));  // other ranks' rows: 0
       if (sp) {
         MS_RETURN_IF_ERROR(TpReduceScatterRows(e_full, x0));
       } else {
         MS_RETURN_IF_ERROR(TpAllReduce(e_full, N * C));
-        std::memcpy(x0, e_full, sizeof(float) * N * C);
+        MS_RETURN_IF_ERROR(be_->Copy(x0, e_full, sizeof(float) * N * C));
       }
     }
     const float* wpe = P(FindParam("embed.wpe"));
     const int64_t row0 = sp ? shard_.tp_rank * R : 0;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < R; ++r) ops::AddInPlace(x0 + r * C, wpe + ((row0 + r) % T) * C, C);
+    MS_RETURN_IF_ERROR(be_->AddPositions(x0, wpe, R, C, T, row0));
   } else {
     if (!x_in) return InvalidArgument("chunk {} needs the previous stage's activations", ch.global);
-    std::memcpy(a.res.data(), x_in, sizeof(float) * R * C);
+    MS_RETURN_IF_ERROR(be_->Copy(a.res.data(), x_in, sizeof(float) * R * C));
   }
   if (ch.head) {
     if (!targets) return InvalidArgument("the head chunk needs targets");
     for (int64_t i = 0; i < N; ++i) {
       if (targets[i] >= V) return InvalidArgument("target id {} at position {} is >= vocab {}", targets[i], i, V);
     }
-    std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
+    std::memcpy(a.targets_host.data(), targets, sizeof(int32_t) * N);
+    MS_RETURN_IF_ERROR(be_->CopyFromHost(a.targets.data(), targets, sizeof(int32_t) * N));
   }
 
   auto reduce_part = [&](float* full) -> Result<float*> {  // partial [N,C] -> summed [R,C]
@@ -422,42 +431,38 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     auto& y = a.layers[i];
     const float* x = a.res.data() + i * R * C;
     float* out = a.res.data() + (i + 1) * R * C;
-    ops::LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w), P(w.ln1b), R, C,
-                          spec_.norm_eps);
+    MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w), P(w.ln1b), R, C,
+                          spec_.norm_eps));
     const float* ln1in = y.ln1.data();
     if (sp) {
       MS_RETURN_IF_ERROR(TpAllGatherRows(y.ln1.data(), y.ln1_full.data()));
       ln1in = y.ln1_full.data();
     }
-    ops::MatmulForward(y.qkv.data(), ln1in, P(w.qkvw), P(w.qkvb), N, C, 3 * HlD);
-    ops::AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window);
-    ops::MatmulForward(part, y.atty.data(), P(w.projw), nullptr, N, HlD, C);
+    MS_RETURN_IF_ERROR(be_->MatmulForward(y.qkv.data(), ln1in, P(w.qkvw), P(w.qkvb), N, C, 3 * HlD));
+    MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
+    MS_RETURN_IF_ERROR(be_->MatmulForward(part, y.atty.data(), P(w.projw), nullptr, N, HlD, C));
     if (seq) {
       MS_ASSIGN_OR_RETURN(float* attn_out, reduce_part(part));
-      ops::Add(y.mid.data(), x, attn_out, R * C);
-      AddRowBias(y.mid.data(), P(w.projb), R, C);
-      ops::LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(), P(w.ln2w), P(w.ln2b), R,
-                            C, spec_.norm_eps);
+      MS_RETURN_IF_ERROR(be_->ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
+      MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(), P(w.ln2w), P(w.ln2b), R,
+                            C, spec_.norm_eps));
       const float* ln2in = y.ln2.data();
       if (sp) {
         MS_RETURN_IF_ERROR(TpAllGatherRows(y.ln2.data(), y.ln2_full.data()));
         ln2in = y.ln2_full.data();
       }
-      ops::MatmulForward(y.fch.data(), ln2in, P(w.fcw), P(w.fcb), N, C, Fl);
-      ops::GeluForward(y.fch_gelu.data(), y.fch.data(), N * Fl);
-      ops::MatmulForward(part, y.fch_gelu.data(), P(w.mprojw), nullptr, N, Fl, C);
+      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data(), ln2in, P(w.fcw), P(w.fcb), N, C, Fl));
+      MS_RETURN_IF_ERROR(be_->GeluForward(y.fch_gelu.data(), y.fch.data(), N * Fl));
+      MS_RETURN_IF_ERROR(be_->MatmulForward(part, y.fch_gelu.data(), P(w.mprojw), nullptr, N, Fl, C));
       MS_ASSIGN_OR_RETURN(float* mlp_out, reduce_part(part));
-      ops::Add(out, y.mid.data(), mlp_out, R * C);
-      AddRowBias(out, P(w.mprojb), R, C);
+      MS_RETURN_IF_ERROR(be_->ResidualAdd(out, y.mid.data(), mlp_out, P(w.mprojb), nullptr, R, C));
     } else {
-      ops::MatmulForward(y.fch.data(), ln1in, P(w.fcw), P(w.fcb), N, C, Fl);
-      ops::GeluForward(y.fch_gelu.data(), y.fch.data(), N * Fl);
-      ops::MatmulForward(part2, y.fch_gelu.data(), P(w.mprojw), nullptr, N, Fl, C);
-      ops::AddInPlace(part, part2, N * C);  // attention + MLP partial sums: ONE reduction below
+      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data(), ln1in, P(w.fcw), P(w.fcb), N, C, Fl));
+      MS_RETURN_IF_ERROR(be_->GeluForward(y.fch_gelu.data(), y.fch.data(), N * Fl));
+      MS_RETURN_IF_ERROR(be_->MatmulForward(part2, y.fch_gelu.data(), P(w.mprojw), nullptr, N, Fl, C));
+      MS_RETURN_IF_ERROR(be_->AddInPlace(part, part2, N * C));  // attention + MLP partial sums: ONE reduction below
       MS_ASSIGN_OR_RETURN(float* both, reduce_part(part));
-      ops::Add(out, x, both, R * C);
-      AddRowBias(out, P(w.projb), R, C);
-      AddRowBias(out, P(w.mprojb), R, C);
+      MS_RETURN_IF_ERROR(be_->ResidualAdd(out, x, both, P(w.projb), P(w.mprojb), R, C));
     }
   }
   a.forward_done = true;
@@ -470,51 +475,37 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   const int64_t C = spec_.hidden, N = N_, R = rows_, Vl = Vl_;
   const bool tp = shard_.tp_size > 1, sp = shard_.sequence_parallel && tp;
   auto P = [&](const char* name) { return param_data() + FindParam(name)->offset; };
-  ops::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, P("final_norm.weight"),
-                        P("final_norm.bias"), R, C, spec_.norm_eps);
+  MS_RETURN_IF_ERROR(be_->LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, P("final_norm.weight"),
+                        P("final_norm.bias"), R, C, spec_.norm_eps));
   const float* lnfin = a.lnf.data();
   if (sp) {
     MS_RETURN_IF_ERROR(TpAllGatherRows(a.lnf.data(), a.lnf_full.data()));
     lnfin = a.lnf_full.data();
   }
   const float* head = P(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight");
-  ops::MatmulForward(a.logits.data(), lnfin, head, nullptr, N, C, Vl);
+  MS_RETURN_IF_ERROR(be_->MatmulForward(a.logits.data(), lnfin, head, nullptr, N, C, Vl));
   if (!tp) {
-    ops::CrossEntropyForward(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), N, Vl);
+    MS_RETURN_IF_ERROR(be_->CrossEntropyForward(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), N, Vl));
   } else {
     // Vocab-parallel cross-entropy: global max, sum of exponentials and target logit by all-reduce.
     float* stats = scratch_.data() + scratch_.size() - 3 * N;  // max | sumexp | target logit
     float *mx = stats, *se = stats + N, *tl = stats + 2 * N;
     const int64_t vstart = shard_.tp_rank * Vl;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = a.logits.data() + i * Vl;
-      float m = row[0];
-      for (int64_t j = 1; j < Vl; ++j) m = std::max(m, row[j]);
-      mx[i] = m;
-    }
+    MS_RETURN_IF_ERROR(be_->VocabParallelRowMax(mx, a.logits.data(), N, Vl));
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
     MS_RETURN_IF_ERROR(
         comms_.tp->AllReduce(mx, N, comm::ReduceOp::kMax)->Wait().WithContext("vocab-parallel loss: max"));
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = a.logits.data() + i * Vl;
-      double sum = 0;
-      for (int64_t j = 0; j < Vl; ++j) sum += std::exp(static_cast<double>(row[j]) - mx[i]);
-      se[i] = static_cast<float>(sum);
-      const int64_t t = a.targets[i] - vstart;
-      tl[i] = (a.targets[i] >= 0 && t >= 0 && t < Vl) ? row[t] : 0.0f;
-    }
+    MS_RETURN_IF_ERROR(be_->VocabParallelSumExpTarget(se, tl, a.logits.data(), mx, a.targets.data(), vstart, N, Vl));
     MS_RETURN_IF_ERROR(TpAllReduce(se, 2 * N));  // sumexp and target logit together
-    for (int64_t i = 0; i < N; ++i) {
-      a.ce_lse[i] = mx[i] + std::log(se[i]);
-      a.losses[i] = a.targets[i] >= 0 ? a.ce_lse[i] - tl[i] : 0.0f;
-    }
+    MS_RETURN_IF_ERROR(be_->VocabParallelFinish(a.losses.data(), a.ce_lse.data(), mx, se, tl, a.targets.data(), N));
   }
+  std::vector<float> losses(N);
+  MS_RETURN_IF_ERROR(be_->CopyToHost(losses.data(), a.losses.data(), sizeof(float) * N));
   double sum = 0;
   int64_t counted = 0;
   for (int64_t i = 0; i < N; ++i) {
-    if (a.targets[i] >= 0) {
-      sum += a.losses[i];
+    if (a.targets_host[i] >= 0) {
+      sum += losses[i];
       ++counted;
     }
   }
@@ -532,29 +523,19 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   const int64_t HlD = Hl_ * (C / spec_.heads);
   float* dlogits = s + 3 * R * C + 5 * N * C + 4 * N * HlD + 2 * N * Fl_;
   float* dl = dlogits + N * Vl;
-  for (int64_t i = 0; i < N; ++i) dl[i] = dloss;
   if (!tp) {
-    ops::CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl);
+    const std::vector<float> dl_host(N, dloss);
+    MS_RETURN_IF_ERROR(be_->CopyFromHost(dl, dl_host.data(), sizeof(float) * N));
+    MS_RETURN_IF_ERROR(be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl));
   } else {
-    const int64_t vstart = shard_.tp_rank * Vl;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      float* d = dlogits + i * Vl;
-      const float* row = a.logits.data() + i * Vl;
-      if (a.targets[i] < 0) {
-        Zero(d, Vl);
-        continue;
-      }
-      for (int64_t j = 0; j < Vl; ++j) d[j] = std::exp(row[j] - a.ce_lse[i]) * dl[i];
-      const int64_t t = a.targets[i] - vstart;
-      if (t >= 0 && t < Vl) d[t] -= dl[i];
-    }
+    MS_RETURN_IF_ERROR(be_->VocabParallelBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dloss,
+                                                  shard_.tp_rank * Vl, N, Vl));
   }
   const char* head = spec_.tied_embeddings ? "embed.wte" : "lm_head.weight";
   const float* lnfin = sp ? a.lnf_full.data() : a.lnf.data();
   float* dlnf = tp ? dln_full : dln;
-  Zero(dlnf, N * C);
-  ops::MatmulBackward(dlnf, G(head), nullptr, dlogits, lnfin, P(head), N, C, Vl);
+  MS_RETURN_IF_ERROR(be_->Zero(dlnf, sizeof(float) * (N * C)));
+  MS_RETURN_IF_ERROR(be_->MatmulBackward(dlnf, G(head), nullptr, dlogits, lnfin, P(head), N, C, Vl));
   if (sp) {
     MS_RETURN_IF_ERROR(TpReduceScatterRows(dln_full, dln));
     dlnf = dln;
@@ -563,9 +544,9 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   }
   const Chunk& ch = chunks_[static_cast<size_t>(num_chunks() - 1)];
   const float* x = a.res.data() + ch.num_layers * R * C;
-  Zero(dres, R * C);
-  ops::LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x, P("final_norm.weight"),
-                         a.lnf_mean.data(), a.lnf_rstd.data(), R, C);
+  MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
+  MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x, P("final_norm.weight"),
+                         a.lnf_mean.data(), a.lnf_rstd.data(), R, C));
   return Status::Ok();
 }
 
@@ -603,7 +584,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     done(spec_.layers);
   } else {
     if (!dout) return InvalidArgument("chunk {} needs the gradient of its output", ch.global);
-    std::memcpy(dres, dout, sizeof(float) * R * C);
+    MS_RETURN_IF_ERROR(be_->Copy(dres, dout, sizeof(float) * R * C));
   }
   // dres [R,C] -> the full-row gradient the column/row GEMMs see.
   auto full_rows = [&]() -> Result<float*> {
@@ -629,76 +610,70 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
     if (seq) {
       const float* ln2in = sp ? y.ln2_full.data() : y.ln2.data();
-      BiasGrad(G(w.mprojb), dres, R, C);
+      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
       MS_ASSIGN_OR_RETURN(float* dy, full_rows());
-      Zero(dfch_gelu, N * Fl);
-      ops::MatmulBackward(dfch_gelu, G(w.mprojw), nullptr, dy, y.fch_gelu.data(), P(w.mprojw), N, Fl, C);
-      ops::GeluBackward(dfch, y.fch.data(), dfch_gelu, N * Fl);
-      Zero(dln_full, N * C);
-      ops::MatmulBackward(dln_full, G(w.fcw), G(w.fcb), dfch, ln2in, P(w.fcw), N, C, Fl);
+      MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu, G(w.mprojw), nullptr, dy, y.fch_gelu.data(), P(w.mprojw), N, Fl, C));
+      MS_RETURN_IF_ERROR(be_->GeluBackward(dfch, y.fch.data(), dfch_gelu, N * Fl));
+      MS_RETURN_IF_ERROR(be_->Zero(dln_full, sizeof(float) * (N * C)));
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.fcw), G(w.fcb), dfch, ln2in, P(w.fcw), N, C, Fl));
       MS_ASSIGN_OR_RETURN(float* dln2, reduce_dln());
-      ops::LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w), y.ln2_mean.data(),
-                             y.ln2_rstd.data(), R, C);  // dres is now dL/d(mid)
-      BiasGrad(G(w.projb), dres, R, C);
+      MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w), y.ln2_mean.data(),
+                             y.ln2_rstd.data(), R, C));  // dres is now dL/d(mid)
+      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_ASSIGN_OR_RETURN(float* dy2, full_rows());
-      Zero(datty, N * HlD);
-      ops::MatmulBackward(datty, G(w.projw), nullptr, dy2, y.atty.data(), P(w.projw), N, HlD, C);
-      ops::AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window);
-      Zero(dln_full, N * C);
-      ops::MatmulBackward(dln_full, G(w.qkvw), G(w.qkvb), dqkv, ln1in, P(w.qkvw), N, C, 3 * HlD);
+      MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(datty, G(w.projw), nullptr, dy2, y.atty.data(), P(w.projw), N, HlD, C));
+      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
+      MS_RETURN_IF_ERROR(be_->Zero(dln_full, sizeof(float) * (N * C)));
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.qkvw), G(w.qkvb), dqkv, ln1in, P(w.qkvw), N, C, 3 * HlD));
     } else {
-      BiasGrad(G(w.mprojb), dres, R, C);
-      BiasGrad(G(w.projb), dres, R, C);
+      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
+      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_ASSIGN_OR_RETURN(float* dy, full_rows());
-      Zero(dfch_gelu, N * Fl);
-      ops::MatmulBackward(dfch_gelu, G(w.mprojw), nullptr, dy, y.fch_gelu.data(), P(w.mprojw), N, Fl, C);
-      ops::GeluBackward(dfch, y.fch.data(), dfch_gelu, N * Fl);
-      Zero(dln_full, N * C);
-      ops::MatmulBackward(dln_full, G(w.fcw), G(w.fcb), dfch, ln1in, P(w.fcw), N, C, Fl);
-      Zero(datty, N * HlD);
-      ops::MatmulBackward(datty, G(w.projw), nullptr, dy, y.atty.data(), P(w.projw), N, HlD, C);
-      ops::AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window);
+      MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu, G(w.mprojw), nullptr, dy, y.fch_gelu.data(), P(w.mprojw), N, Fl, C));
+      MS_RETURN_IF_ERROR(be_->GeluBackward(dfch, y.fch.data(), dfch_gelu, N * Fl));
+      MS_RETURN_IF_ERROR(be_->Zero(dln_full, sizeof(float) * (N * C)));
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.fcw), G(w.fcb), dfch, ln1in, P(w.fcw), N, C, Fl));
+      MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(datty, G(w.projw), nullptr, dy, y.atty.data(), P(w.projw), N, HlD, C));
+      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
       // Both branches' LayerNorm-input gradients add up in dln_full: ONE reduction below.
-      ops::MatmulBackward(dln_full, G(w.qkvw), G(w.qkvb), dqkv, ln1in, P(w.qkvw), N, C, 3 * HlD);
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.qkvw), G(w.qkvb), dqkv, ln1in, P(w.qkvw), N, C, 3 * HlD));
     }
     // The key bias shifts every score of a query by the same amount, which softmax ignores: its
     // gradient is exactly zero. Computed, it is rounding noise that Adam would amplify into
     // lr-sized random steps, different for every layout; keep it at its exact value.
-    std::memset(G(w.qkvb) + HlD, 0, sizeof(float) * HlD);
+    MS_RETURN_IF_ERROR(be_->Zero(G(w.qkvb) + HlD, sizeof(float) * HlD));
     MS_ASSIGN_OR_RETURN(float* dln1, reduce_dln());
-    ops::LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(), y.ln1_rstd.data(), R, C);
+    MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(), y.ln1_rstd.data(), R, C));
     done(l);
   }
   if (ch.embedding) {
     float* dwpe = G(FindParam("embed.wpe"));
     const int64_t row0 = sp ? shard_.tp_rank * R : 0;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < C; ++c) {
-      for (int64_t r = 0; r < R; ++r) dwpe[((row0 + r) % T) * C + c] += dres[r * C + c];
-    }
+    MS_RETURN_IF_ERROR(be_->PositionsBackward(dwpe, dres, R, C, T, row0));
     MS_ASSIGN_OR_RETURN(float* dx0, full_rows());
-    ops::EmbeddingBackward(G(FindParam("embed.wte")), a.inputs.data(), dx0, N, C);
+    MS_RETURN_IF_ERROR(be_->EmbeddingBackward(G(FindParam("embed.wte")), a.inputs.data(), dx0, N, C));
     done(-1);
   } else {
-    std::memcpy(a.dx_in.data(), dres, sizeof(float) * R * C);
+    MS_RETURN_IF_ERROR(be_->Copy(a.dx_in.data(), dres, sizeof(float) * R * C));
   }
   return Status::Ok();
 }
 
 Status Gpt::ReduceSequenceParallelGrads() {
   if (!(shard_.sequence_parallel && shard_.tp_size > 1)) return Status::Ok();
-  std::vector<float> packed;
-  for (const auto& p : params_) {
-    if (p.sp_partial) packed.insert(packed.end(), grad_data() + p.offset, grad_data() + p.offset + p.numel);
-  }
-  MS_RETURN_IF_ERROR(TpAllReduce(packed.data(), static_cast<int64_t>(packed.size())));
-  size_t at = 0;
+  // The sp_partial tensors are laid out last and contiguously (see Create): one all-reduce over the range.
+  int64_t first = num_params_, last = 0;
   for (const auto& p : params_) {
     if (!p.sp_partial) continue;
-    std::memcpy(grad_data() + p.offset, packed.data() + at, sizeof(float) * p.numel);
-    at += p.numel;
+    first = std::min(first, p.offset);
+    last = std::max(last, p.offset + p.numel);
   }
-  return Status::Ok();
+  if (last <= first) return Status::Ok();
+  return TpAllReduce(grad_data() + first, last - first);
 }
 
 }  // namespace ms::model

@@ -46,12 +46,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <algorithm>
 #include <vector>
 
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/core.h"
 #include "device/device.h"
+#include "ops/ops.h"
 
 namespace ms::model {
 
@@ -100,11 +103,33 @@ std::vector<std::string> AllTensorNames(const config::ModelSpec& spec);
 void ExtractShard(const float* global, float* local, const std::vector<int64_t>& global_shape, ShardKind kind,
                   int tp_size, int tp_rank);
 
+// n elements of T in memory of a backend's device, zeroed when allocated (moves only).
+template <typename T>
+class DeviceArray {
+ public:
+  Status Allocate(ops::Backend* backend, int64_t n) {
+    const DType dtype = sizeof(T) == 4 && !std::is_floating_point_v<T> ? DType::kI32 : DType::kF32;
+    MS_ASSIGN_OR_RETURN(buf_, device::Buffer::Allocate(backend->device(), static_cast<size_t>(std::max<int64_t>(n, 1)),
+                                                       dtype));
+    n_ = n;
+    return backend->Zero(buf_.data(), buf_.bytes());
+  }
+  T* data() const { return static_cast<T*>(buf_.data()); }
+  int64_t size() const { return n_; }
+
+ private:
+  device::Buffer buf_;
+  int64_t n_ = 0;
+};
+
 class Gpt {
  public:
-  // spec must be resolved (ffn_hidden set). micro_batch: sequences per forward call.
+  // spec must be resolved (ffn_hidden set). micro_batch: sequences per forward call. Parameters, gradients and
+  // activations live on `device`; ops run on `backend` (whose device must be `device`; null: the CPU backend, which
+  // needs a host device). The backend must outlive the model.
   static Result<std::unique_ptr<Gpt>> Create(const config::ModelSpec& spec, const ShardSpec& shard, int micro_batch,
-                                             uint64_t seed, device::Device* device, ModelComms comms = {});
+                                             uint64_t seed, device::Device* device, ModelComms comms = {},
+                                             ops::Backend* backend = nullptr);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -126,7 +151,8 @@ class Gpt {
   // Floats of the activation (or its gradient) crossing a pipeline boundary: rows x hidden.
   int64_t boundary_floats() const { return rows_ * spec_.hidden; }
 
-  void ZeroGrad();
+  Status ZeroGrad();
+  ops::Backend* backend() const { return be_; }
 
   // Forward of local chunk `chunk` for the micro-batch held in `slot`.
   //   embedding chunk: reads `inputs` [B, T]; otherwise `x_in` [rows, C] (the previous stage's output).
@@ -167,9 +193,10 @@ class Gpt {
   Gpt() = default;
   Status Init(uint64_t seed);
   void AddParam(const std::string& name, std::vector<int64_t> shape, ShardKind kind, bool decay, int layer, int chunk);
-  Acts& SlotActs(int chunk, int slot);
+  Result<Acts*> SlotActs(int chunk, int slot);
   LayerW Layer(int l) const;
   // Collective helpers over tp (no-ops at tp 1).
+  Status TpCollectiveReady();
   Status TpAllReduce(float* x, int64_t n);
   Status TpAllGatherRows(const float* local, float* full);      // [rows, C] -> [N, C]
   Status TpReduceScatterRows(const float* full, float* local);  // [N, C] partial -> [rows, C] summed
@@ -190,7 +217,9 @@ class Gpt {
   std::vector<Chunk> chunks_;
   device::Buffer params_buf_, grads_buf_;
   std::map<std::pair<int, int>, std::unique_ptr<Acts>> acts_;
-  std::vector<float> scratch_;
+  ops::Backend* be_ = nullptr;
+  std::unique_ptr<ops::Backend> own_be_;
+  DeviceArray<float> scratch_;
 };
 
 }  // namespace ms::model

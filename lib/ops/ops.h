@@ -20,7 +20,12 @@
 //     nested (serially by default).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+
+#include "core/core.h"
+#include "device/device.h"
 
 namespace ms::ops {
 
@@ -137,6 +142,112 @@ void LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio)
 // The trust ratio from the squared norms of the whole tensor (sums of SumSquares over its shards):
 // sqrt(param_sq / update_sq) when both are > 0, else 1.
 float LambTrustRatio(double param_sq, double update_sq);
+
+// ---- Backends: the same op set on one device ----------------------------------------------------
+//
+// The model, the optimizer and the data-parallel reducer call ops through a Backend, so that one model
+// code path runs on the host (CpuBackend: the functions above) and on a GPU (lib/cuda: fused kernels from
+// kernels/ and cuBLAS GEMMs with bf16 inputs and fp32 accumulation, on one CUDA stream).
+//
+// Contract: every pointer is memory of device() (host memory for the CPU backend), with the layouts and the
+// WRITES / ACCUMULATES rules of the free functions of the same name. Work is enqueued in call order on the
+// backend's stream; a call may return before its work has run (GPU), so the host reads results only after
+// CopyToHost (which waits) or Synchronize(). Errors (a failed launch, a CUDA error) come back as a Status
+// naming the op; the CPU backend never fails. Not thread safe: one thread drives a Backend.
+struct AdamWTensor {  // one tensor (or shard) of a multi-tensor optimizer step
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  AdamParams hp;
+};
+struct LambTensor {  // LambDirection arguments of one tensor (or shard)
+  float* u;
+  const float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  AdamParams hp;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;  // "cpu", "cuda", "cuda (emulated)"
+  virtual device::Device* device() = 0;
+  // Floating-point contract of the GEMMs: false = fp32 inputs (CPU), true = bf16 inputs, fp32 accumulation.
+  virtual bool bf16_gemm() const = 0;
+
+  // Memory helpers (device pointers; host pointers where named).
+  virtual Status Zero(void* dst, size_t bytes) = 0;
+  virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;                // device -> device
+  virtual Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;   // host -> device
+  virtual Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;     // device -> host; waits
+  virtual Status Synchronize() = 0;                                                  // all work done
+
+  virtual Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                               int64_t OC) = 0;
+  virtual Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                                const float* w, int64_t N, int64_t IC, int64_t OC) = 0;
+  virtual Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                                  const float* b, int64_t N, int64_t C, float eps) = 0;
+  virtual Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                                   const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+  virtual Status GeluForward(float* out, const float* x, int64_t n) = 0;
+  virtual Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) = 0;
+  virtual Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
+                                  int64_t D, int64_t window) = 0;
+  virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) = 0;
+  virtual Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                                     int64_t N, int64_t V) = 0;
+  virtual Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                                      const float* dloss, int64_t N, int64_t V) = 0;
+  // Vocab-parallel cross-entropy pieces; logits (N, V) are this rank's vocab columns [vstart, vstart + V).
+  //   RowMax:       mx (N) WRITES the row maxima.
+  //   SumExpTarget: se (N) WRITES sum_j exp(logits - mx) (mx already reduced across ranks), tl (N) the target
+  //                 logit when the target is in this rank's columns, else 0.
+  //   Finish:       lse = mx + log(se), losses = lse - tl (0 for targets < 0), both (N) WRITTEN (se, tl reduced).
+  //   Backward:     dlogits (N, V) WRITES (exp(logits - lse) - onehot_local(target)) * dloss (scalar); 0 rows
+  //                 for targets < 0.
+  virtual Status VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V) = 0;
+  virtual Status VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx,
+                                           const int32_t* targets, int64_t vstart, int64_t N, int64_t V) = 0;
+  virtual Status VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
+                                     const int32_t* targets, int64_t N) = 0;
+  virtual Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                                       float dloss, int64_t vstart, int64_t N, int64_t V) = 0;
+  virtual Status EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) = 0;
+  virtual Status EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C) = 0;
+
+  virtual Status AddInPlace(float* y, const float* x, int64_t n) = 0;
+  virtual Status Add(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual Status Scale(float* x, float a, int64_t n) = 0;
+  // y (R, C) += b (C) on every row.
+  virtual Status AddRowBias(float* y, const float* b, int64_t R, int64_t C) = 0;
+  // out (R, C) = x + part + bias[c] (+ bias2[c] when not null): the residual add fused with the row-parallel
+  // biases (out may equal x or part).
+  virtual Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2,
+                             int64_t R, int64_t C) = 0;
+  // db (C) += column sums of dy (R, C), rows in order.
+  virtual Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) = 0;
+  // x (R, C) += wpe[((row0 + r) % T)] for each row r: learned positions.
+  virtual Status AddPositions(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0) = 0;
+  // dwpe[((row0 + r) % T)] += dx[r] (ACCUMULATES), rows in order.
+  virtual Status PositionsBackward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t T, int64_t row0) = 0;
+  // Sums of squares of several vectors, each in double as ops::SumSquares; WRITES out[i] (host memory).
+  virtual Status SumSquares(const float* const* xs, const int64_t* ns, int count, double* out) = 0;
+
+  // Multi-tensor optimizer steps (one launch per group of tensors on the GPU).
+  virtual Status AdamW(const AdamWTensor* tensors, int count, int64_t step) = 0;
+  virtual Status LambDirection(const LambTensor* tensors, int count, int64_t step) = 0;
+  virtual Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio) = 0;
+};
+
+// The host backend over `device` (a host device: device->is_host()).
+std::unique_ptr<Backend> MakeCpuBackend(device::Device* device);
 
 // ---- Reference implementations: same contracts, plain loops ---------------------------------------
 namespace ref {

@@ -36,8 +36,16 @@ std::vector<SegmentData> WholeTensorData(const std::vector<model::ParamInfo>& pa
 Result<std::unique_ptr<Optimizer>> Optimizer::Create(const config::OptimizerSpec& spec,
                                                      const std::vector<model::ParamInfo>& params,
                                                      std::vector<Segment> segments,
-                                                     const std::vector<std::string>& all_tensor_names) {
+                                                     const std::vector<std::string>& all_tensor_names,
+                                                     ops::Backend* backend) {
   std::unique_ptr<Optimizer> o(new Optimizer());
+  if (backend) {
+    o->be_ = backend;
+  } else {
+    o->own_device_ = device::MakeCpuDevice();
+    o->own_be_ = ops::MakeCpuBackend(o->own_device_.get());
+    o->be_ = o->own_be_.get();
+  }
   std::map<std::string, int> ids;
   for (size_t i = 0; i < all_tensor_names.size(); ++i) ids[all_tensor_names[i]] = static_cast<int>(i);
   int64_t total = 0;
@@ -59,9 +67,11 @@ Result<std::unique_ptr<Optimizer>> Optimizer::Create(const config::OptimizerSpec
   o->params_ = params;
   o->segments_ = std::move(segments);
   o->num_tensors_ = static_cast<int>(all_tensor_names.size());
-  o->m_.assign(total, 0.0f);
-  o->v_.assign(total, 0.0f);
-  if (spec.kind == config::OptimizerKind::kLamb) o->u_.assign(total, 0.0f);
+  MS_RETURN_IF_ERROR_CTX(o->m_.Allocate(o->be_, total), "optimizer state exp_avg");
+  MS_RETURN_IF_ERROR_CTX(o->v_.Allocate(o->be_, total), "optimizer state exp_avg_sq");
+  if (spec.kind == config::OptimizerKind::kLamb) {
+    MS_RETURN_IF_ERROR_CTX(o->u_.Allocate(o->be_, total), "LAMB update buffer");
+  }
   return o;
 }
 
@@ -69,18 +79,28 @@ Result<double> Optimizer::Step(const std::vector<SegmentData>& data, int64_t ste
   if (data.size() != segments_.size()) {
     return Internal("optimizer step got {} segments, expected {}", data.size(), segments_.size());
   }
-  std::vector<double> sq(1, 0.0);
+  // Squared norms of the gradient segments, in segment order (each in double, as ops::SumSquares).
+  std::vector<const float*> xs;
+  std::vector<int64_t> ns;
   for (size_t i = 0; i < segments_.size(); ++i) {
-    if (segments_[i].count) sq[0] += ops::SumSquares(data[i].grad, segments_[i].len);
+    if (!segments_[i].count) continue;
+    xs.push_back(data[i].grad);
+    ns.push_back(segments_[i].len);
   }
+  std::vector<double> parts(xs.size());
+  MS_RETURN_IF_ERROR_CTX(be_->SumSquares(xs.data(), ns.data(), static_cast<int>(xs.size()), parts.data()),
+                         "gradient norm");
+  std::vector<double> sq(1, 0.0);
+  for (double v : parts) sq[0] += v;
   MS_RETURN_IF_ERROR_CTX(reduce(&sq), "reducing the gradient norm");
   const double norm = std::sqrt(sq[0]);
   if (!std::isfinite(norm)) return DataLoss("gradient norm is {} at step {}; parameters left unchanged", norm, step);
   if (spec_.grad_clip > 0) {
     const double coef = spec_.grad_clip / (norm + 1e-6);
     if (coef < 1.0) {
-      for (size_t i = 0; i < segments_.size(); ++i)
-        ops::Scale(data[i].grad, static_cast<float>(coef), segments_[i].len);
+      for (size_t i = 0; i < segments_.size(); ++i) {
+        MS_RETURN_IF_ERROR(be_->Scale(data[i].grad, static_cast<float>(coef), segments_[i].len));
+      }
     }
   }
   auto hparams = [&](size_t i) {
@@ -89,29 +109,47 @@ Result<double> Optimizer::Step(const std::vector<SegmentData>& data, int64_t ste
                            p.weight_decay ? spec_.weight_decay : 0.0f};
   };
   if (spec_.kind == config::OptimizerKind::kAdamW) {
+    std::vector<ops::AdamWTensor> list;
     for (size_t i = 0; i < segments_.size(); ++i) {
       const int64_t o = state_offsets_[i];
-      ops::AdamWStep(data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len, hparams(i), step);
+      list.push_back({data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len, hparams(i)});
     }
+    MS_RETURN_IF_ERROR_CTX(be_->AdamW(list.data(), static_cast<int>(list.size()), step), "AdamW step");
     return norm;
   }
   // LAMB: directions, then per-tensor ||p||^2 and ||u||^2 summed over every shard of the tensor.
-  std::vector<double> norms(2 * num_tensors_, 0.0);
+  std::vector<ops::LambTensor> list;
   for (size_t i = 0; i < segments_.size(); ++i) {
     const int64_t o = state_offsets_[i];
-    ops::LambDirection(u_.data() + o, data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len,
-                       hparams(i), step);
-    if (segments_[i].count) {
-      norms[2 * tensor_id_[i]] += ops::SumSquares(data[i].param, segments_[i].len);
-      norms[2 * tensor_id_[i] + 1] += ops::SumSquares(u_.data() + o, segments_[i].len);
-    }
+    list.push_back(
+        {u_.data() + o, data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len, hparams(i)});
+  }
+  MS_RETURN_IF_ERROR_CTX(be_->LambDirection(list.data(), static_cast<int>(list.size()), step), "LAMB direction");
+  xs.clear();
+  ns.clear();
+  std::vector<size_t> counted;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    if (!segments_[i].count) continue;
+    counted.push_back(i);
+    xs.push_back(data[i].param);
+    xs.push_back(u_.data() + state_offsets_[i]);
+    ns.push_back(segments_[i].len);
+    ns.push_back(segments_[i].len);
+  }
+  parts.assign(xs.size(), 0.0);
+  MS_RETURN_IF_ERROR_CTX(be_->SumSquares(xs.data(), ns.data(), static_cast<int>(xs.size()), parts.data()),
+                         "LAMB tensor norms");
+  std::vector<double> norms(2 * num_tensors_, 0.0);
+  for (size_t k = 0; k < counted.size(); ++k) {
+    norms[2 * tensor_id_[counted[k]]] += parts[2 * k];
+    norms[2 * tensor_id_[counted[k]] + 1] += parts[2 * k + 1];
   }
   MS_RETURN_IF_ERROR_CTX(reduce(&norms), "reducing LAMB tensor norms");
   for (size_t i = 0; i < segments_.size(); ++i) {
     const double wn = std::sqrt(norms[2 * tensor_id_[i]]), un = std::sqrt(norms[2 * tensor_id_[i] + 1]);
     const double trust = (wn > 0 && un > 0) ? wn / un : 1.0;
-    ops::LambApply(data[i].param, u_.data() + state_offsets_[i], segments_[i].len, static_cast<float>(lr),
-                   static_cast<float>(trust));
+    MS_RETURN_IF_ERROR(be_->LambApply(data[i].param, u_.data() + state_offsets_[i], segments_[i].len,
+                                      static_cast<float>(lr), static_cast<float>(trust)));
   }
   return norm;
 }

@@ -58,11 +58,14 @@ std::vector<SegmentData> WholeTensorData(const std::vector<model::ParamInfo>& pa
 
 class Optimizer {
  public:
-  // all_tensor_names: model::AllTensorNames(spec), the index space of per-tensor norms.
+  // all_tensor_names: model::AllTensorNames(spec), the index space of per-tensor norms. The state (exp_avg,
+  // exp_avg_sq, LAMB's update) lives on the backend's device and every update runs on the backend as
+  // multi-tensor steps; null: the CPU backend on host memory. The backend must outlive the optimizer.
   static Result<std::unique_ptr<Optimizer>> Create(const config::OptimizerSpec& spec,
                                                    const std::vector<model::ParamInfo>& params,
                                                    std::vector<Segment> segments,
-                                                   const std::vector<std::string>& all_tensor_names);
+                                                   const std::vector<std::string>& all_tensor_names,
+                                                   ops::Backend* backend = nullptr);
   // Clips (when grad_clip > 0) and applies one update with learning rate `lr` (step is 1-based)
   // to every segment; data[i] locates segment i. Returns the global gradient norm before
   // clipping. A non-finite norm is DataLoss ("gradient norm is nan at step N") and changes nothing.
@@ -70,8 +73,9 @@ class Optimizer {
 
   const std::vector<Segment>& segments() const { return segments_; }
   // State for checkpoints: exp_avg and exp_avg_sq of segment i start at state_offset(i).
-  std::vector<float>& exp_avg() { return m_; }
-  std::vector<float>& exp_avg_sq() { return v_; }
+  // (memory of the backend's device).
+  model::DeviceArray<float>& exp_avg() { return m_; }
+  model::DeviceArray<float>& exp_avg_sq() { return v_; }
   int64_t state_offset(size_t i) const { return state_offsets_[i]; }
 
  private:
@@ -82,7 +86,10 @@ class Optimizer {
   std::vector<int64_t> state_offsets_;
   std::vector<int> tensor_id_;  // per segment: index into all_tensor_names
   int num_tensors_ = 0;
-  std::vector<float> m_, v_, u_;
+  std::unique_ptr<device::Device> own_device_;
+  std::unique_ptr<ops::Backend> own_be_;
+  ops::Backend* be_ = nullptr;
+  model::DeviceArray<float> m_, v_, u_;
 };
 
 }  // namespace ms::optim

@@ -68,6 +68,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
   if (options.zero < 0 || options.zero > 2) return InvalidArgument("zero must be 0, 1 or 2, not {}", options.zero);
   std::unique_ptr<DataParallel> d(new DataParallel());
   d->gpt_ = gpt;
+  d->be_ = gpt->backend();
   d->dp_ = dp;
   d->embedding_ = embedding;
   d->options_ = options;
@@ -128,10 +129,11 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
     b.start = lo;
     b.end = hi;
     b.chunk = (hi - lo + D - 1) / D;
-    b.staging.assign(b.chunk * D, 0.0f);
+    ops::Backend* be = gpt->backend();
+    MS_RETURN_IF_ERROR(b.staging.Allocate(be, b.chunk * D));
     if (options.zero >= 1) {
-      b.shard.assign(b.chunk, 0.0f);
-      b.rs_out.assign(b.chunk, 0.0f);
+      MS_RETURN_IF_ERROR(b.shard.Allocate(be, b.chunk));
+      MS_RETURN_IF_ERROR(b.rs_out.Allocate(be, b.chunk));
     }
   }
   // Segments: the owned share of every bucket (zero >= 1); all of it, counting only the owned share (zero 0).
@@ -180,31 +182,37 @@ std::vector<optim::SegmentData> DataParallel::segment_data() {
   return out;
 }
 
-void DataParallel::BeginStep() {
-  gpt_->ZeroGrad();
+Status DataParallel::BeginStep() {
+  MS_RETURN_IF_ERROR(gpt_->ZeroGrad());
   for (auto& b : buckets_) {
-    std::fill(b.shard.begin(), b.shard.end(), 0.0f);
+    if (b.shard.size()) MS_RETURN_IF_ERROR(be_->Zero(b.shard.data(), sizeof(float) * b.shard.size()));
     b.pending = 0;
   }
   for (size_t i = 0; i < param_bucket_.size(); ++i) ++buckets_[param_bucket_[i]].pending;
   in_backward_ = true;
+  return Status::Ok();
 }
 
-void DataParallel::Launch(Bucket& b, bool accumulate) {
-  (void)accumulate;
+Status DataParallel::Launch(Bucket& b) {
   const int64_t len = b.end - b.start;
   float* grad = gpt_->grad_data() + b.start;
   if (options_.zero == 0) {
+    // The communicator runs on its own stream or thread: the gradients the backend enqueued must be final.
+    MS_RETURN_IF_ERROR(be_->Synchronize());
     b.work = dp_->AllReduce(grad, len, comm::ReduceOp::kSum);
   } else {
-    std::memcpy(b.staging.data(), grad, sizeof(float) * len);
-    std::fill(b.staging.begin() + len, b.staging.end(), 0.0f);
+    MS_RETURN_IF_ERROR(be_->Copy(b.staging.data(), grad, sizeof(float) * len));
+    MS_RETURN_IF_ERROR(be_->Zero(b.staging.data() + len, sizeof(float) * (b.staging.size() - len)));
+    MS_RETURN_IF_ERROR(be_->Synchronize());
     b.work = dp_->ReduceScatter(b.staging.data(), b.rs_out.data(), b.chunk);
-    if (options_.zero == 2) std::memset(grad, 0, sizeof(float) * len);  // ZeRO-2: the full gradient is scratch
+    if (options_.zero == 2) {  // ZeRO-2: the full gradient is scratch
+      MS_RETURN_IF_ERROR(be_->Zero(grad, sizeof(float) * len));
+    }
   }
   b.launched_at = NowSeconds();
   ++stats_.dp_launched;
   if (in_backward_) ++stats_.dp_launched_during_backward;
+  return Status::Ok();
 }
 
 Status DataParallel::WaitBucket(Bucket& b) {
@@ -219,9 +227,9 @@ Status DataParallel::WaitBucket(Bucket& b) {
   }
   MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
   if (options_.zero == 2) {
-    ops::AddInPlace(b.shard.data(), b.rs_out.data(), b.chunk);
+    MS_RETURN_IF_ERROR(be_->AddInPlace(b.shard.data(), b.rs_out.data(), b.chunk));
   } else if (options_.zero == 1) {
-    std::memcpy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk);
+    MS_RETURN_IF_ERROR(be_->Copy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk));
   }
   return Status::Ok();
 }
@@ -246,7 +254,10 @@ void DataParallel::OnLayerDone(int layer, int micro, int num_micro) {
           continue;
         }
       }
-      Launch(b, options_.zero == 2);
+      if (Status s = Launch(b); !s.ok()) {
+        pending_error_ = s;
+        continue;
+      }
       if (!options_.overlap) {
         Status s = WaitBucket(b);
         if (!s.ok()) pending_error_ = s;
@@ -270,12 +281,13 @@ Status DataParallel::FinishBackward() {
     const auto& params = gpt_->params();
     const bool is_wte = params[b.first].name == "embed.wte" && embedding_ != nullptr;
     if (is_wte) {
+      MS_RETURN_IF_ERROR(be_->Synchronize());
       const double t0 = NowSeconds();
       Status s = embedding_->AllReduce(gpt_->grad_data() + b.start, b.end - b.start, comm::ReduceOp::kSum)->Wait();
       stats_.dp_wait_s += NowSeconds() - t0;
       MS_RETURN_IF_ERROR_CTX(s, "embedding-group all-reduce of the tied wte gradient");
     }
-    Launch(b, false);
+    MS_RETURN_IF_ERROR(Launch(b));
     if (options_.zero == 2) {
       // Deferred buckets accumulated the full gradient over the micro-batches: take it as is.
       const double t0 = NowSeconds();
@@ -283,7 +295,7 @@ Status DataParallel::FinishBackward() {
       stats_.dp_wait_s += NowSeconds() - t0;
       b.work.reset();
       MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
-      std::memcpy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk);
+      MS_RETURN_IF_ERROR(be_->Copy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk));
     } else {
       MS_RETURN_IF_ERROR(WaitBucket(b));
     }
@@ -291,20 +303,22 @@ Status DataParallel::FinishBackward() {
   return Status::Ok();
 }
 
-void DataParallel::StartParamGather() {
-  if (options_.zero == 0) return;
+Status DataParallel::StartParamGather() {
+  if (options_.zero == 0) return Status::Ok();
   const int r = dp_->rank();
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {  // forward order: first needed first
     Bucket& b = *it;
     const int64_t own_lo = std::min(b.start + r * b.chunk, b.end),
                   own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
-    std::fill(b.rs_out.begin(), b.rs_out.end(), 0.0f);
-    std::memcpy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo));
+    MS_RETURN_IF_ERROR(be_->Zero(b.rs_out.data(), sizeof(float) * b.rs_out.size()));
+    MS_RETURN_IF_ERROR(be_->Copy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo)));
+    MS_RETURN_IF_ERROR(be_->Synchronize());
     b.work = dp_->AllGather(b.rs_out.data(), b.staging.data(), b.chunk);
     b.launched_at = NowSeconds();
     b.gather_pending = true;
     ++stats_.dp_launched;
   }
+  return Status::Ok();
 }
 
 Status DataParallel::WaitGather(Bucket& b) {
@@ -317,8 +331,7 @@ Status DataParallel::WaitGather(Bucket& b) {
   if (options_.on_comm_span)
     options_.on_comm_span(fmt::format("all-gather bucket {}", b.index), b.launched_at, NowSeconds());
   MS_RETURN_IF_ERROR_CTX(s, "data-parallel parameter all-gather");
-  std::memcpy(gpt_->param_data() + b.start, b.staging.data(), sizeof(float) * (b.end - b.start));
-  return Status::Ok();
+  return be_->Copy(gpt_->param_data() + b.start, b.staging.data(), sizeof(float) * (b.end - b.start));
 }
 
 Status DataParallel::WaitParams(int layer) {

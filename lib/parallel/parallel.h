@@ -77,7 +77,7 @@ class DataParallel {
   std::vector<optim::SegmentData> segment_data();
 
   // Start of a training step (zeroes gradients and shard accumulators).
-  void BeginStep();
+  Status BeginStep();
   // The model's on_layer_done hook during backward of micro-batch `micro` of `num_micro`.
   void OnLayerDone(int layer, int micro, int num_micro);
   // After a backward: returns an error a reduction launched from the hook ran into.
@@ -85,7 +85,7 @@ class DataParallel {
   // After the last backward: completes every reduction. Gradients of the owned segments are final.
   Status FinishBackward();
   // After the optimizer step: starts the all-gathers of updated parameters (zero >= 1).
-  void StartParamGather();
+  Status StartParamGather();
   // Before forward uses `layer`'s parameters (-1 embeddings, L head): waits for its all-gather.
   Status WaitParams(int layer);
   // Waits for every outstanding all-gather (before evaluation or checkpoints).
@@ -102,20 +102,21 @@ class DataParallel {
     int64_t chunk = 0;           // ceil((end-start)/dp): the owned share
     bool tied = false;           // the tied wte (pp > 1): reduced after backward
     int pending = 0;             // tensors whose gradient is not final yet (this micro-batch)
-    std::vector<float> staging;  // dp*chunk floats
-    std::vector<float> shard;    // chunk floats: the owned reduced gradient (zero >= 1)
-    std::vector<float> rs_out;   // chunk floats
+    model::DeviceArray<float> staging;  // dp*chunk floats (device memory, as the two below)
+    model::DeviceArray<float> shard;    // chunk floats: the owned reduced gradient (zero >= 1)
+    model::DeviceArray<float> rs_out;   // chunk floats
     std::unique_ptr<comm::Work> work;
     double launched_at = 0;
     int index = 0;
     bool gather_pending = false;
   };
   DataParallel() = default;
-  void Launch(Bucket& b, bool accumulate_into_shard);
+  Status Launch(Bucket& b);
   Status WaitBucket(Bucket& b);
   Status WaitGather(Bucket& b);
 
   model::Gpt* gpt_ = nullptr;
+  ops::Backend* be_ = nullptr;  // the model's
   comm::Communicator* dp_ = nullptr;
   comm::Communicator* embedding_ = nullptr;
   DataParallelOptions options_;

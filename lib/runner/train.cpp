@@ -440,7 +440,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     pipe.reset_wait();
     tp_timed.reset();
     dpe->ResetStats();
-    dpe->BeginStep();
+    MS_RETURN_IF_ERROR(dpe->BeginStep());
     for (size_t ai = 0; ai < schedule.size(); ++ai) {
       const parallel::Action& a = schedule[ai];
       // Post the receive the next action needs before computing this one.
@@ -512,7 +512,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     const double t_opt = NowSeconds();
     auto norm_or = opt->Step(dpe->segment_data(), step, lr, reduce_world);
     if (!norm_or.ok()) return norm_or.status();
-    dpe->StartParamGather();
+    MS_RETURN_IF_ERROR(dpe->StartParamGather());
     trace.Span(fmt::format("optimizer step {}", step), "compute", t_opt, NowSeconds());
 
     // The loss lives on the last pipeline stage: sum it over the world from one rank per dp replica.

@@ -94,7 +94,7 @@ TEST_CASE("training steps are deterministic and the loss falls on a repeated bat
                    .value();
     Batch batch = RandomBatch(m, 2, 9);
     for (int step = 1; step <= 20; ++step) {
-      gpt->ZeroGrad();
+      REQUIRE(gpt->ZeroGrad().ok());
       float loss = *gpt->Forward(batch.inputs.data(), batch.targets.data());
       REQUIRE(gpt->Backward(1.0f / (2 * m.seq_len)).ok());
       REQUIRE(opt->Step(optim::WholeTensorData(gpt->params(), gpt->param_data(), gpt->grad_data()), step, os.lr,

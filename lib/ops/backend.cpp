@@ -1,0 +1,212 @@
+// The host Backend: each op is the fast CPU function of the same name (lib/ops/ops.h) on host memory.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/ops.h"
+
+namespace ms::ops {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(device::Device* device) : device_(device) {}
+  const char* name() const override { return "cpu"; }
+  device::Device* device() override { return device_; }
+  bool bf16_gemm() const override { return false; }
+
+  Status Zero(void* dst, size_t bytes) override {
+    if (bytes) std::memset(dst, 0, bytes);
+    return Status::Ok();
+  }
+  Status Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CopyFromHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
+  Status CopyToHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
+  Status Synchronize() override { return Status::Ok(); }
+
+  Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                       int64_t OC) override {
+    ops::MatmulForward(out, inp, w, bias, N, IC, OC);
+    return Status::Ok();
+  }
+  Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                        int64_t N, int64_t IC, int64_t OC) override {
+    ops::MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+    return Status::Ok();
+  }
+  Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                          int64_t N, int64_t C, float eps) override {
+    ops::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps);
+    return Status::Ok();
+  }
+  Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+    ops::LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+    return Status::Ok();
+  }
+  Status GeluForward(float* out, const float* x, int64_t n) override {
+    ops::GeluForward(out, x, n);
+    return Status::Ok();
+  }
+  Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) override {
+    ops::GeluBackward(dx, x, dout, n);
+    return Status::Ok();
+  }
+  Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                          int64_t window) override {
+    ops::AttentionForward(out, lse, qkv, B, T, H, D, window);
+    return Status::Ok();
+  }
+  Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) override {
+    ops::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, H, D, window);
+    return Status::Ok();
+  }
+  Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
+                             int64_t V) override {
+    ops::CrossEntropyForward(losses, lse, logits, targets, N, V);
+    return Status::Ok();
+  }
+  Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                              const float* dloss, int64_t N, int64_t V) override {
+    ops::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V);
+    return Status::Ok();
+  }
+  Status VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const float* row = logits + i * V;
+      float m = row[0];
+      for (int64_t j = 1; j < V; ++j) m = std::max(m, row[j]);
+      mx[i] = m;
+    }
+    return Status::Ok();
+  }
+  Status VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx, const int32_t* targets,
+                                   int64_t vstart, int64_t N, int64_t V) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const float* row = logits + i * V;
+      double sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - mx[i]);
+      se[i] = static_cast<float>(sum);
+      const int64_t t = targets[i] - vstart;
+      tl[i] = (targets[i] >= 0 && t >= 0 && t < V) ? row[t] : 0.0f;
+    }
+    return Status::Ok();
+  }
+  Status VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
+                             const int32_t* targets, int64_t N) override {
+    for (int64_t i = 0; i < N; ++i) {
+      lse[i] = mx[i] + std::log(se[i]);
+      losses[i] = targets[i] >= 0 ? lse[i] - tl[i] : 0.0f;
+    }
+    return Status::Ok();
+  }
+  Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                               float dloss, int64_t vstart, int64_t N, int64_t V) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      float* d = dlogits + i * V;
+      const float* row = logits + i * V;
+      if (targets[i] < 0) {
+        std::memset(d, 0, sizeof(float) * V);
+        continue;
+      }
+      for (int64_t j = 0; j < V; ++j) d[j] = std::exp(row[j] - lse[i]) * dloss;
+      const int64_t t = targets[i] - vstart;
+      if (t >= 0 && t < V) d[t] -= dloss;
+    }
+    return Status::Ok();
+  }
+  Status EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) override {
+    ops::EmbeddingForward(out, ids, table, N, C);
+    return Status::Ok();
+  }
+  Status EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C) override {
+    ops::EmbeddingBackward(dtable, ids, dout, N, C);
+    return Status::Ok();
+  }
+  Status AddInPlace(float* y, const float* x, int64_t n) override {
+    ops::AddInPlace(y, x, n);
+    return Status::Ok();
+  }
+  Status Add(float* out, const float* a, const float* b, int64_t n) override {
+    ops::Add(out, a, b, n);
+    return Status::Ok();
+  }
+  Status Scale(float* x, float a, int64_t n) override {
+    ops::Scale(x, a, n);
+    return Status::Ok();
+  }
+  Status AddRowBias(float* y, const float* b, int64_t R, int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) ops::AddInPlace(y + r * C, b, C);
+    return Status::Ok();
+  }
+  Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
+                     int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      float* o = out + r * C;
+      const float* xr = x + r * C;
+      const float* pr = part + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        float v = xr[c] + pr[c];
+        if (bias) v += bias[c];
+        if (bias2) v += bias2[c];
+        o[c] = v;
+      }
+    }
+    return Status::Ok();
+  }
+  Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      float s = 0;
+      for (int64_t r = 0; r < R; ++r) s += dy[r * C + c];
+      db[c] += s;
+    }
+    return Status::Ok();
+  }
+  Status AddPositions(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) ops::AddInPlace(x + r * C, wpe + ((row0 + r) % T) * C, C);
+    return Status::Ok();
+  }
+  Status PositionsBackward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t T, int64_t row0) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t r = 0; r < R; ++r) dwpe[((row0 + r) % T) * C + c] += dx[r * C + c];
+    }
+    return Status::Ok();
+  }
+  Status SumSquares(const float* const* xs, const int64_t* ns, int count, double* out) override {
+    for (int i = 0; i < count; ++i) out[i] = ops::SumSquares(xs[i], ns[i]);
+    return Status::Ok();
+  }
+  Status AdamW(const AdamWTensor* t, int count, int64_t step) override {
+    for (int i = 0; i < count; ++i) ops::AdamWStep(t[i].p, t[i].g, t[i].m, t[i].v, t[i].n, t[i].hp, step);
+    return Status::Ok();
+  }
+  Status LambDirection(const LambTensor* t, int count, int64_t step) override {
+    for (int i = 0; i < count; ++i) ops::LambDirection(t[i].u, t[i].p, t[i].g, t[i].m, t[i].v, t[i].n, t[i].hp, step);
+    return Status::Ok();
+  }
+  Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio) override {
+    ops::LambApply(p, u, n, lr, trust_ratio);
+    return Status::Ok();
+  }
+
+ private:
+  device::Device* device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(device::Device* device) { return std::make_unique<CpuBackend>(device); }
+
+}  // namespace ms::ops
