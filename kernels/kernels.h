@@ -95,3 +95,8 @@ cudaError_t CastFloatToBf16(__nv_bfloat16* out, const float* in, int64_t n, cuda
 cudaError_t CastBf16ToFloat(float* out, const __nv_bfloat16* in, int64_t n, cudaStream_t stream);
 
 }  // namespace ms::kernels
+
+// Launchers of the newer kernel families, one header each.
+#include "attention.h"    // kernels/attention.cu: FlashAttention-2 style sliding-window attention
+#include "elementwise.h"  // kernels/elementwise.cu, kernels/lamb.cu: residual/bias adds, norms, vocab-parallel CE, LAMB
+#include "matmul.h"       // kernels/matmul.cu: wmma (tensor core) bf16 GEMM

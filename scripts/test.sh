@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets up a machine and runs every test: the Release build, then the sanitizer build
-# (ASan + UBSan). This is the README's test command and what .ci/run calls.
+# Sets up a machine and runs every test: the Release build (with the ThreadSanitizer variant of the
+# emulated kernel tests, MS_KERNELS_TSAN), then the sanitizer build (ASan + UBSan). This is the README's
+# test command and what .ci/run calls. With nvcc present the Release build also compiles every CUDA
+# source for sm_80 and sm_90 and links the GPU flavor of the CUDA backend (compile and link only: no GPU).
 #   scripts/test.sh            # everything
 #   MS_SKIP_ASAN=1 scripts/test.sh   # Release build only (quicker, for local iteration)
 set -euo pipefail
@@ -10,7 +12,7 @@ jobs=$(nproc)
 bash scripts/setup.sh --with-torch
 
 echo "== Release build"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_KERNELS_TSAN=ON
 cmake --build build -j "$jobs"
 echo "== Release tests"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600

@@ -1,5 +1,5 @@
-// kernels/sim/runtime.cpp: the subset of the CUDA runtime API that the kernel tests use, on the CPU, for
-// emulated builds only (never linked with the real libcudart). Declarations come from the real
+// kernels/sim/runtime.cpp: the subset of the CUDA runtime API that the kernel tests and lib/cuda use, on the CPU,
+// for emulated builds only (never linked with the real libcudart). Declarations come from the real
 // cuda_runtime_api.h, so types, enum values and signatures are NVIDIA's.
 //
 //   cudaMalloc        malloc, filled with 0xFF (device memory is not zeroed; NaN/-1 make reads of
@@ -8,8 +8,16 @@
 //                     allocation, then copies (eagerly); cudaMemset likewise;
 //   streams, events   executed eagerly, in order: synchronization always succeeds (so a missing one is
 //                     never caught here); events record host time;
-//   cudaFuncSetAttribute  MaxDynamicSharedMemorySize is honoured by the launch check, others accepted.
-// Thread safety: the allocation registry is locked; the last error is per host thread, as in CUDA.
+//   cudaFuncSetAttribute  MaxDynamicSharedMemorySize is honoured by the launch check, others accepted;
+//   cudaLaunchHostFunc    runs the function at once, on the calling thread; CUDA calls made from inside it fail
+//                     with cudaErrorNotPermitted (CUDA forbids them: on a GPU they may fail or deadlock);
+//   device queries    one device, 0, "megascale SIMT emulator (CPU)": sm_90's launch limits, the host's RAM as
+//                     its memory (cudaMalloc fails above it), the host's cores as its multiprocessors.
+// Allocations are 256-byte aligned, as cudaMalloc's; runtime_hooks.h adds failure injection and range checks.
+// Thread safety: the registries are locked; the last error is per host thread, as in CUDA.
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,16 +28,20 @@
 #include <string>
 
 #include "sim/internal.h"
+#include "sim/runtime_hooks.h"
 
 namespace ms::sim::internal {
 namespace {
 
 thread_local cudaError_t tls_last_error = cudaSuccess;
+std::atomic<int> failing_mallocs{0};           // FailNextMallocs
+thread_local int tls_host_function_depth = 0;  // inside cudaLaunchHostFunc's function
 
 struct Registry {
   std::mutex mu;
   std::map<uintptr_t, size_t> allocations;  // base -> bytes
   std::set<const void*> streams;
+  std::set<const void*> events;
   std::map<const void*, size_t> max_dynamic_smem;  // kernel -> bytes
 };
 Registry& Reg() {
@@ -132,6 +144,60 @@ bool KnownStream(cudaStream_t s) {
   return r.streams.count(s) != 0;
 }
 
+bool KnownEvent(cudaEvent_t e) {
+  if (e == nullptr) return false;
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.events.count(e) != 0;
+}
+
+// The host's physical memory: what the emulated device offers as its global memory.
+size_t HostMemoryBytes(bool available_only) {
+  const long pages = sysconf(available_only ? _SC_AVPHYS_PAGES : _SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+int HostCores() {
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+void FillProperties(cudaDeviceProp* p) {
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof(p->name), "%s", "megascale SIMT emulator (CPU)");
+  p->totalGlobalMem = HostMemoryBytes(false);
+  p->sharedMemPerBlock = kDefaultSharedLimit;
+  p->sharedMemPerBlockOptin = kMaxSharedOptIn;
+  p->sharedMemPerMultiprocessor = kMaxSharedOptIn + 1024;
+  p->reservedSharedMemPerBlock = 1024;
+  p->regsPerBlock = 65536;
+  p->regsPerMultiprocessor = 65536;
+  p->warpSize = 32;
+  p->memPitch = 2147483647;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = 1024;
+  p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 2147483647;
+  p->maxGridSize[1] = 65535;
+  p->maxGridSize[2] = 65535;
+  p->totalConstMem = 65536;
+  p->major = 9;  // the limits checked are sm_90's
+  p->minor = 0;
+  p->textureAlignment = 512;
+  p->texturePitchAlignment = 32;
+  p->multiProcessorCount = HostCores();
+  p->maxThreadsPerMultiProcessor = 2048;
+  p->maxBlocksPerMultiProcessor = 32;
+  p->concurrentKernels = 0;  // streams run eagerly, one thing at a time
+  p->unifiedAddressing = 1;
+  p->canMapHostMemory = 1;
+  p->memoryBusWidth = 64;
+  p->asyncEngineCount = 0;
+  p->hostNumaId = -1;
+}
+
 }  // namespace
 
 void SetLastError(cudaError_t error) {
@@ -147,24 +213,81 @@ size_t MaxDynamicSharedBytes(const void* kernel) {
 
 }  // namespace ms::sim::internal
 
+// CUDA forbids CUDA calls in a host function (cudaLaunchHostFunc); the emulator, which runs it at once on the
+// calling thread, makes them fail instead of silently working.
+#define MS_SIM_NOT_IN_HOST_FUNCTION(api)                                                                               \
+  do {                                                                                                                 \
+    if (ms::sim::internal::tls_host_function_depth > 0) {                                                              \
+      return ms::sim::internal::Fail(cudaErrorNotPermitted, std::string(api) +                                         \
+                                                                ": called from a host function (cudaLaunchHostFunc), " \
+                                                                "which must not make CUDA calls");                     \
+    }                                                                                                                  \
+  } while (0)
+
+namespace ms::sim {
+
+bool InHostFunction() {
+  return internal::tls_host_function_depth > 0;
+}
+
+void FailNextMallocs(int count) {
+  internal::failing_mallocs.store(count > 0 ? count : 0);
+}
+
+bool IsDeviceRange(const void* p, size_t bytes) {
+  return bytes == 0 || (p != nullptr && internal::Locate(p, bytes) == internal::Where::kDevice);
+}
+
+bool IsKnownStream(cudaStream_t stream) {
+  return internal::KnownStream(stream);
+}
+
+DeviceAllocations LiveDeviceAllocations() {
+  internal::Registry& r = internal::Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  DeviceAllocations out;
+  out.count = r.allocations.size();
+  for (const auto& [base, bytes] : r.allocations) out.bytes += bytes;
+  return out;
+}
+
+}  // namespace ms::sim
+
 using ms::sim::internal::Fail;
 using ms::sim::internal::Reg;
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaMalloc");
   if (!ptr) return Fail(cudaErrorInvalidValue, "cudaMalloc: null output pointer");
-  void* p = std::malloc(size == 0 ? 1 : size);
-  if (!p) return Fail(cudaErrorMemoryAllocation, "cudaMalloc: out of memory");
+  *ptr = nullptr;
+  // Out of memory is not reported on stderr: callers (caching allocators) handle it, as on a GPU.
+  int pending = ms::sim::internal::failing_mallocs.load();
+  while (pending > 0 && !ms::sim::internal::failing_mallocs.compare_exchange_weak(pending, pending - 1)) {
+  }
+  if (pending > 0) {
+    ms::sim::internal::SetLastError(cudaErrorMemoryAllocation);  // injected by ms::sim::FailNextMallocs
+    return cudaErrorMemoryAllocation;
+  }
+  const size_t bytes = size == 0 ? 1 : size;
+  const size_t total = ms::sim::internal::HostMemoryBytes(false);
+  void* p = nullptr;
+  // Never more than the device (the host) has; 256-byte aligned as cudaMalloc's, exactly `bytes` for ASan.
+  if ((total != 0 && bytes > total) || posix_memalign(&p, 256, bytes) != 0 || !p) {
+    ms::sim::internal::SetLastError(cudaErrorMemoryAllocation);
+    return cudaErrorMemoryAllocation;
+  }
   std::memset(p, ms::sim::internal::kPoisonByte, size);
   {
     auto& r = Reg();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.allocations[reinterpret_cast<uintptr_t>(p)] = size == 0 ? 1 : size;
+    r.allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
   }
   *ptr = p;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* ptr) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaFree");
   if (!ptr) return cudaSuccess;
   bool known = false;
   {
@@ -178,6 +301,7 @@ cudaError_t cudaFree(void* ptr) {
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaMallocHost");
   if (!ptr) return Fail(cudaErrorInvalidValue, "cudaMallocHost: null output pointer");
   *ptr = std::malloc(size == 0 ? 1 : size);
   return *ptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
@@ -189,20 +313,24 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemcpy");
   return ms::sim::internal::Copy(dst, src, count, kind, "cudaMemcpy");
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemcpyAsync");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: bad stream");
   return ms::sim::internal::Copy(dst, src, count, kind, "cudaMemcpyAsync");
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemset");
   return ms::sim::internal::Set(ptr, value, count, "cudaMemset");
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemsetAsync");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: bad stream");
   return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
@@ -218,53 +346,58 @@ cudaError_t cudaPeekAtLastError(void) {
   return ms::sim::internal::tls_last_error;
 }
 
-const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidMemcpyDirection:
-      return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorLaunchFailure:
-      return "cudaErrorLaunchFailure";
-    default:
-      return "cudaErrorUnknown";
+namespace ms::sim::internal {
+namespace {
+
+struct ErrorText {
+  cudaError_t code;
+  const char* name;
+  const char* text;  // as the real runtime words it
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure",
+     "unspecified launch failure (emulated; see the ms-sim error message)"},
+    {cudaErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+};
+
+const ErrorText* FindError(cudaError_t error) {
+  for (const ErrorText& e : kErrors) {
+    if (e.code == error) return &e;
   }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace ms::sim::internal
+
+const char* cudaGetErrorName(cudaError_t error) {
+  const auto* e = ms::sim::internal::FindError(error);
+  return e ? e->name : "cudaErrorUnknown";
 }
 
 const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorInvalidMemcpyDirection:
-      return "invalid copy direction for memcpy";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorLaunchFailure:
-      return "unspecified launch failure (emulated; see the ms-sim error message)";
-    default:
-      return "unknown error";
-  }
+  const auto* e = ms::sim::internal::FindError(error);
+  return e ? e->text : "unknown error";
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaDeviceSynchronize");
   return cudaSuccess;
 }
 
@@ -284,8 +417,100 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int /*flags*/) {
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!prop) return Fail(cudaErrorInvalidValue, "cudaGetDeviceProperties: null pointer");
+  if (device != 0) return Fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties: the emulator has one device, 0");
+  ms::sim::internal::FillProperties(prop);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (!value) return Fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: null pointer");
+  if (device != 0) return Fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute: the emulator has one device, 0");
+  cudaDeviceProp p;
+  ms::sim::internal::FillProperties(&p);
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = p.maxThreadsPerBlock;
+      break;
+    case cudaDevAttrMaxBlockDimX:
+    case cudaDevAttrMaxBlockDimY:
+    case cudaDevAttrMaxBlockDimZ:
+      *value = p.maxThreadsDim[attr - cudaDevAttrMaxBlockDimX];
+      break;
+    case cudaDevAttrMaxGridDimX:
+    case cudaDevAttrMaxGridDimY:
+    case cudaDevAttrMaxGridDimZ:
+      *value = p.maxGridSize[attr - cudaDevAttrMaxGridDimX];
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(p.sharedMemPerBlock);
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(p.sharedMemPerBlockOptin);
+      break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor:
+      *value = static_cast<int>(p.sharedMemPerMultiprocessor);
+      break;
+    case cudaDevAttrTotalConstantMemory:
+      *value = static_cast<int>(p.totalConstMem);
+      break;
+    case cudaDevAttrWarpSize:
+      *value = p.warpSize;
+      break;
+    case cudaDevAttrMaxRegistersPerBlock:
+      *value = p.regsPerBlock;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = p.multiProcessorCount;
+      break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor:
+      *value = p.maxThreadsPerMultiProcessor;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = p.major;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = p.minor;
+      break;
+    case cudaDevAttrConcurrentKernels:
+      *value = p.concurrentKernels;
+      break;
+    case cudaDevAttrUnifiedAddressing:
+      *value = p.unifiedAddressing;
+      break;
+    default:
+      return Fail(cudaErrorInvalidValue,
+                  "cudaDeviceGetAttribute: attribute " + std::to_string(static_cast<int>(attr)) + " is not emulated");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (!free || !total) return Fail(cudaErrorInvalidValue, "cudaMemGetInfo: null pointer");
+  *free = ms::sim::internal::HostMemoryBytes(true);
+  *total = ms::sim::internal::HostMemoryBytes(false);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (!version) return Fail(cudaErrorInvalidValue, "cudaDriverGetVersion: null pointer");
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (!version) return Fail(cudaErrorInvalidValue, "cudaRuntimeGetVersion: null pointer");
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamCreate");
   if (!stream) return Fail(cudaErrorInvalidValue, "cudaStreamCreate: null pointer");
+  if (flags & ~static_cast<unsigned>(cudaStreamNonBlocking)) {
+    return Fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: unknown flags");
+  }
   auto* s = reinterpret_cast<cudaStream_t>(new char);
   auto& r = Reg();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -299,6 +524,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamDestroy");
   auto& r = Reg();
   {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -311,21 +537,48 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamSynchronize");
   return ms::sim::internal::KnownStream(stream)
              ? cudaSuccess
              : Fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a stream");
 }
 
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamQuery");
+  return ms::sim::internal::KnownStream(stream) ? cudaSuccess
+                                                : Fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: not a stream");
+}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
-  if (!event || !ms::sim::internal::KnownStream(stream)) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamWaitEvent");
+  if (!ms::sim::internal::KnownEvent(event) || !ms::sim::internal::KnownStream(stream)) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: bad stream or event");
   }
   return cudaSuccess;
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int /*flags*/) {
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaLaunchHostFunc");
+  if (!fn) return Fail(cudaErrorInvalidValue, "cudaLaunchHostFunc: null function");
+  if (!ms::sim::internal::KnownStream(stream)) {
+    return Fail(cudaErrorInvalidResourceHandle, "cudaLaunchHostFunc: not a stream");
+  }
+  ++ms::sim::internal::tls_host_function_depth;
+  fn(user_data);  // everything before it on the stream has run (streams are eager)
+  --ms::sim::internal::tls_host_function_depth;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventCreate");
   if (!event) return Fail(cudaErrorInvalidValue, "cudaEventCreate: null pointer");
-  *event = reinterpret_cast<cudaEvent_t>(new ms::sim::internal::Event);
+  constexpr unsigned kKnown = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
+  if (flags & ~kKnown) return Fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags: unknown flags");
+  auto* e = reinterpret_cast<cudaEvent_t>(new ms::sim::internal::Event);
+  auto& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.events.insert(e);
+  *event = e;
   return cudaSuccess;
 }
 
@@ -334,7 +587,8 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  if (!event || !ms::sim::internal::KnownStream(stream)) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventRecord");
+  if (!ms::sim::internal::KnownEvent(event) || !ms::sim::internal::KnownStream(stream)) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: bad stream or event");
   }
   auto* e = reinterpret_cast<ms::sim::internal::Event*>(event);
@@ -343,14 +597,26 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventQuery");
+  return ms::sim::internal::KnownEvent(event) ? cudaSuccess
+                                              : Fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
+}
+
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event ? cudaSuccess : Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventSynchronize");
+  return ms::sim::internal::KnownEvent(event)
+             ? cudaSuccess
+             : Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not an event");
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms::sim::internal::KnownEvent(start) || !ms::sim::internal::KnownEvent(end)) {
+    return Fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not an event");
+  }
   auto* a = reinterpret_cast<ms::sim::internal::Event*>(start);
   auto* b = reinterpret_cast<ms::sim::internal::Event*>(end);
-  if (!ms || !a || !b || !a->recorded || !b->recorded) {
+  if (!ms || !a->recorded || !b->recorded) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: events not recorded");
   }
   *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
@@ -358,6 +624,14 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventDestroy");
+  {
+    auto& r = Reg();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.events.erase(event) != 1) {
+      return Fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not an event");
+    }
+  }
   delete reinterpret_cast<ms::sim::internal::Event*>(event);
   return cudaSuccess;
 }

@@ -161,7 +161,9 @@ struct Thread {
   int width = 32;
   uint64_t value = 0;
   uint64_t result = 0;
-  unsigned collectives = 0;  // count, for the TSan sync slot parity
+  unsigned collectives = 0;        // count, for the TSan sync slot parity
+  const WmmaCall* wmma = nullptr;  // at a wmma collective: its call (in the lane's frame)
+  std::string wmma_error;          // set when the warp's wmma call completed wrongly: the lane faults
 #if MS_SIM_TSAN
   char tsan_sync[2] = {0, 0};  // release slots of its collectives (alternating)
   void* tsan_acquire[kWarp] = {};
@@ -389,12 +391,122 @@ unsigned WarpLanes(const Scheduler& s, unsigned w) {
   return std::min(kWarp, s.nthreads - w * kWarp);
 }
 
+bool IsWmma(Op op) {
+  return op == Op::kWmmaLoadA || op == Op::kWmmaLoadB || op == Op::kWmmaLoadC || op == Op::kWmmaStore ||
+         op == Op::kWmmaMma;
+}
+
+const char* WmmaTypeName(WmmaType t) {
+  switch (t) {
+    case WmmaType::kBf16:
+      return "__nv_bfloat16";
+    case WmmaType::kHalf:
+      return "__half";
+    case WmmaType::kFloat:
+      return "float";
+  }
+  return "?";
+}
+size_t WmmaTypeBytes(WmmaType t) {
+  return t == WmmaType::kFloat ? 4 : 2;
+}
+
+float WmmaGet(const void* x, WmmaType t, int i) {
+  switch (t) {
+    case WmmaType::kBf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]);
+    case WmmaType::kHalf:
+      return __half2float(static_cast<const __half*>(x)[i]);
+    case WmmaType::kFloat:
+      return static_cast<const float*>(x)[i];
+  }
+  return 0.0f;
+}
+void WmmaPut(void* x, WmmaType t, int i, float v) {
+  switch (t) {
+    case WmmaType::kBf16:
+      static_cast<__nv_bfloat16*>(x)[i] = __float2bfloat16(v);
+      break;
+    case WmmaType::kHalf:
+      static_cast<__half*>(x)[i] = __float2half(v);
+      break;
+    case WmmaType::kFloat:
+      static_cast<float*>(x)[i] = v;
+      break;
+  }
+}
+
+// d = a * b + c for the 32 lanes of warp w, all waiting in mma_sync: a and b gathered from every lane's
+// fragments (the WmmaRow/WmmaCol mapping), then each lane's accumulator elements, accumulated in float
+// (c first, then the products in k order), rounded to d's type.
+void WmmaMma(Thread* lanes) {
+  float a[kWmmaDim][kWmmaDim], b[kWmmaDim][kWmmaDim];
+  const WmmaType ab = lanes[0].wmma->ab_type;
+  for (unsigned j = 0; j < kWarp; ++j) {
+    const WmmaCall& c = *lanes[j].wmma;
+    const int r = WmmaRow(j);
+    for (int i = 0; i < kWmmaValuesPerLane; ++i) {
+      a[r][WmmaCol(j, i)] = WmmaGet(c.a, ab, i);
+      b[r][WmmaCol(j, i)] = WmmaGet(c.b, ab, i);
+    }
+  }
+  for (unsigned j = 0; j < kWarp; ++j) {
+    const WmmaCall& c = *lanes[j].wmma;
+    const int r = WmmaRow(j);
+    float out[kWmmaValuesPerLane];
+    for (int i = 0; i < kWmmaValuesPerLane; ++i) {
+      const int col = WmmaCol(j, i);
+      float acc = WmmaGet(c.c, c.type, i);
+      for (int k = 0; k < kWmmaDim; ++k) acc += a[r][k] * b[k][col];
+      out[i] = acc;
+    }
+    for (int i = 0; i < kWmmaValuesPerLane; ++i) WmmaPut(c.d, c.d_type, i, out[i]);  // d may be c
+  }
+}
+
+// A wmma collective of warp w completed with `group`: it must be the whole warp, from one call site, with
+// the same arguments in every lane; then mma_sync is computed. Otherwise every lane gets the error, and
+// the first to run faults with it.
+void CompleteWmma(Scheduler& s, unsigned w, unsigned group) {
+  Thread* lanes = &s.threads[w * kWarp];
+  std::string problem;
+  if (group != 0xffffffffu) {
+    const unsigned gone = static_cast<unsigned>(__builtin_ctz(~group));
+    problem = Format("%s: lane %u of the warp (%s) has exited; all 32 lanes of a warp must call it",
+                     OpName(lanes[__builtin_ctz(group)].op), gone, ThreadName(lanes[gone]).c_str());
+  } else {
+    const Thread& t0 = lanes[0];
+    const WmmaCall& c0 = *t0.wmma;
+    for (unsigned j = 1; j < kWarp && problem.empty(); ++j) {
+      const Thread& t = lanes[j];
+      const WmmaCall& c = *t.wmma;
+      if (!SameSite(t.site, t0.site)) {
+        problem = Format("%s: lane 0 calls it at %s, lane %u at %s; the lanes of a warp must execute the same call",
+                         OpName(t.op), Where(t0.site).c_str(), j, Where(t.site).c_str());
+      } else if (c.mem != c0.mem || c.ldm != c0.ldm || c.col_major != c0.col_major || c.type != c0.type ||
+                 c.ab_type != c0.ab_type || c.d_type != c0.d_type) {
+        problem = Format(
+            "%s: lane 0 passes (pointer %p, ldm %u, %s) but lane %u (pointer %p, ldm %u, %s); every lane of the "
+            "warp must pass the same matrix",
+            OpName(t.op), c0.mem, c0.ldm, c0.col_major ? "col-major" : "row-major", j, c.mem, c.ldm,
+            c.col_major ? "col-major" : "row-major");
+      }
+    }
+    if (problem.empty() && t0.op == Op::kWmmaMma) WmmaMma(lanes);
+  }
+  if (problem.empty()) return;
+  for (unsigned i = 0; i < kWarp; ++i) {
+    if (group >> i & 1u) lanes[i].wmma_error = problem;
+  }
+}
+
 // Completes the collective of `group` (lanes of warp w, all at the same op with the same mask and width).
 void Complete(Scheduler& s, unsigned w, unsigned group) {
   Thread* lanes = &s.threads[w * kWarp];
   const unsigned n = WarpLanes(s, w);
   const unsigned first = static_cast<unsigned>(__builtin_ctz(group));
   const Op op = lanes[first].op;
+  if (IsWmma(op)) CompleteWmma(s, w, group);
   unsigned votes = 0;
   for (unsigned j = 0; j < n; ++j) {
     if ((group >> j & 1u) && lanes[j].value != 0) votes |= 1u << j;
@@ -595,9 +707,12 @@ void FreeShared(Scheduler& s) {
   s.static_shared_bytes = 0;
 }
 
+// Shared arrays are 128-byte aligned (wmma needs 32 bytes; the GPU's shared window gives at least that).
+constexpr size_t kSharedAlign = 128;
+
 void* PoisonedAlloc(size_t bytes) {
-  void* p = std::malloc(bytes == 0 ? 1 : bytes);
-  if (!p) Fatal("out of memory for shared memory");
+  void* p = nullptr;
+  if (posix_memalign(&p, kSharedAlign, bytes == 0 ? 1 : bytes) != 0 || !p) Fatal("out of memory for shared memory");
 #if MS_SIM_TSAN
   // Not libc's memset: TSan intercepts it and would record this fiber's writes as racing with the others'.
   volatile unsigned char* b = static_cast<unsigned char*>(p);
@@ -728,6 +843,16 @@ const char* OpName(Op op) {
       return "__any_sync";
     case Op::kAll:
       return "__all_sync";
+    case Op::kWmmaLoadA:
+      return "wmma::load_matrix_sync (matrix_a)";
+    case Op::kWmmaLoadB:
+      return "wmma::load_matrix_sync (matrix_b)";
+    case Op::kWmmaLoadC:
+      return "wmma::load_matrix_sync (accumulator)";
+    case Op::kWmmaStore:
+      return "wmma::store_matrix_sync";
+    case Op::kWmmaMma:
+      return "wmma::mma_sync";
   }
   return "?";
 }
@@ -834,16 +959,9 @@ int Barrier(Site site, Op op, int predicate) {
   return static_cast<int>(t.result);
 }
 
-uint64_t WarpCollective(Site site, Op op, unsigned mask, uint64_t value, int arg, int width) {
-  Scheduler& s = tls_sched;
-  Thread& t = CurrentThread(OpName(op));
-  if (!(mask >> t.lane & 1u)) {
-    Fault(site, "%s with mask 0x%08x excludes the calling lane %u; the mask must name every lane that calls it",
-          OpName(op), mask, t.lane);
-  }
-  if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
-    Fault(site, "%s with width %d: the width must be a power of two in [1, 32]", OpName(op), width);
-  }
+namespace {
+// Waits at a warp collective (the caller has checked its arguments) and returns its result.
+uint64_t Arrive(Scheduler& s, Thread& t, Site site, Op op, unsigned mask, uint64_t value, int arg, int width) {
   t.site = site;
   t.op = op;
   t.mask = mask;
@@ -860,6 +978,46 @@ uint64_t WarpCollective(Site site, Op op, unsigned mask, uint64_t value, int arg
   for (unsigned i = 0; i < t.tsan_acquire_count; ++i) __tsan_acquire(t.tsan_acquire[i]);
 #endif
   return t.result;
+}
+}  // namespace
+
+uint64_t WarpCollective(Site site, Op op, unsigned mask, uint64_t value, int arg, int width) {
+  Scheduler& s = tls_sched;
+  Thread& t = CurrentThread(OpName(op));
+  if (!(mask >> t.lane & 1u)) {
+    Fault(site, "%s with mask 0x%08x excludes the calling lane %u; the mask must name every lane that calls it",
+          OpName(op), mask, t.lane);
+  }
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+    Fault(site, "%s with width %d: the width must be a power of two in [1, 32]", OpName(op), width);
+  }
+  return Arrive(s, t, site, op, mask, value, arg, width);
+}
+
+unsigned WmmaSync(Site site, Op op, const WmmaCall& call) {
+  Scheduler& s = tls_sched;
+  Thread& t = CurrentThread(OpName(op));
+  const unsigned lanes = WarpLanes(s, t.warp);
+  if (lanes != kWarp) {
+    Fault(site, "%s in warp %u, which has %u threads: wmma needs all 32 lanes of a warp (launch whole warps)",
+          OpName(op), t.warp, lanes);
+  }
+  if (op != Op::kWmmaMma) {
+    const size_t bytes = WmmaTypeBytes(call.type);
+    if (call.ldm * bytes % 16 != 0) {
+      Fault(site, "%s with ldm %u: for %s elements ldm must be a multiple of %zu (16 bytes)", OpName(op), call.ldm,
+            WmmaTypeName(call.type), 16 / bytes);
+    }
+    if (reinterpret_cast<uintptr_t>(call.mem) % 32 != 0) {
+      Fault(site, "%s with pointer %p: the matrix pointer must be 256-bit (32-byte) aligned", OpName(op), call.mem);
+    }
+  }
+  t.wmma = &call;
+  t.wmma_error.clear();
+  Arrive(s, t, site, op, 0xffffffffu, 0, 0, 32);
+  t.wmma = nullptr;
+  if (!t.wmma_error.empty()) Fault(site, "%s", t.wmma_error.c_str());
+  return t.lane;
 }
 
 Stats GetStats() {

@@ -1,10 +1,11 @@
 // kernels/sim/simt.h: the one header every kernel source includes; it makes a .cu file compile twice.
 //
-//   nvcc:      the real CUDA headers and three macros, nothing else:
-//                MS_LAUNCH(kernel, grid, block, smem, stream, args...)  ->  kernel<<<grid, block, smem,
-//                stream>>>(args...) MS_SHARED_ARRAY(T, name, n)         ->  __shared__ T name[n] MS_SHARED_ARRAY2D(T,
-//                name, r, c)    ->  __shared__ T name[r][c] MS_DYNAMIC_SHARED(T, name)          ->  extern __shared__
-//                bytes, seen as T* name
+//   nvcc:      the real CUDA headers (with <mma.h>, nvcuda::wmma) and a few macros, nothing else:
+//                MS_LAUNCH(kernel, grid, block, smem, stream, args...) -> kernel<<<grid, block, smem, stream>>>(...)
+//                MS_SHARED_ARRAY(T, name, n)          ->  __shared__ __align__(32) T name[n]
+//                MS_SHARED_ARRAY2D(T, name, r, c)     ->  __shared__ __align__(32) T name[r][c]
+//                MS_DYNAMIC_SHARED(T, name)           ->  extern __shared__ __align__(32) bytes, seen as T* name
+//              (32-byte aligned: what wmma::load/store_matrix_sync require of a tile's first element)
 //   g++/clang: a SIMT emulator (the "sim"), used by the kernel tests on machines without a GPU. Every CUDA
 //              thread of a block is a fiber (its own mmap'd stack with a guard page) switched by a few lines
 //              of x86-64 asm; the blocks of a grid run one after another on the launching OS thread; the
@@ -19,14 +20,18 @@
 //   - warp collectives (__shfl*_sync, __ballot/__any/__all_sync, __syncwarp): a mask that excludes the
 //     caller, lanes of one mask at different collectives or with different masks/widths, and deadlock (a
 //     lane named in the mask waits at __syncthreads, so the collective can never complete);
+//   - wmma (nvcuda::wmma, below): every *_sync call is a collective of the full warp: a lane at another
+//     collective or barrier (mismatch, deadlock), a lane that exited, lanes calling from different call
+//     sites or with different pointers/ldm/layouts, a warp of fewer than 32 threads, an ldm that is not a
+//     multiple of 16 bytes and a matrix pointer that is not 256-bit (32-byte) aligned are launch failures;
 //   - launch limits: more than 1024 threads per block, block/grid dimension limits, dynamic shared memory
 //     above 48 KiB unless raised with cudaFuncSetAttribute(MaxDynamicSharedMemorySize), static shared memory
 //     above 48 KiB.
 // And it makes hazards visible: a shuffle that reads an inactive, exited or nonexistent lane returns
 // all-ones bits (NaN for floats, -1 for ints) and is counted (ms::sim::GetStats().poisoned_reads); shared
-// memory comes only from the macros, each array a separate heap block filled with 0xFF (NaN) and freed
-// when its block ends, so AddressSanitizer sees overflows and reads-before-write show as NaN; cudaMalloc'd
-// memory is filled with 0xFF too. Under AddressSanitizer every fiber switch is announced
+// memory comes only from the macros, each array a separate heap block (128-byte aligned) filled with 0xFF
+// (NaN) and freed when its block ends, so AddressSanitizer sees overflows and reads-before-write show as NaN;
+// cudaMalloc'd memory is filled with 0xFF too. Under AddressSanitizer every fiber switch is announced
 // (__sanitizer_start/finish_switch_fiber); in the ThreadSanitizer variant (MS_KERNELS_TSAN, see
 // docs/cuda.md) every CUDA thread is a TSan fiber, switched without synchronization, and only barriers
 // and warp collectives create happens-before edges: a missing __syncthreads is then reported as a data
@@ -41,13 +46,22 @@
 //     nonexistent lanes, as the GPU leaves them undefined);
 //   - `#pragma unroll` is written MS_UNROLL (g++ warns on the unknown pragma).
 //
-// Out of scope (not emulated; compile errors or undefined in the sim): mma/wmma PTX and tensor cores,
-// inline PTX, cp.async / TMA / async barriers, thread-block clusters and distributed shared memory, grid
-// sync and cooperative launches, dynamic parallelism, concurrent execution of streams (streams and events
-// run eagerly, in order, so a missing stream/event synchronization is never caught), concurrent blocks
-// (blocks run one after another, so races between blocks and spin-waits on other threads are not
-// emulated; TSan sees blocks ordered), bit-exact floating point (intrinsics use libm; compare with
-// tolerances), performance (a switch costs ~60 ns: keep test shapes small), and non-x86-64 hosts.
+// wmma (tensor cores through nvcuda::wmma) is emulated for the shape m16n16k16 with __nv_bfloat16 or __half
+// A/B fragments (row_major or col_major) and float or __half accumulators (bf16 A/B need float): fragments
+// hold num_elements values per lane in x[] as in CUDA, with the lane -> element mapping documented at
+// ms::sim::WmmaRow/WmmaCol below (CUDA leaves it unspecified: code may only apply the same operation to
+// every x[i]); load/store_matrix_sync rendezvous the warp, then each lane reads/writes its own elements
+// (so ASan and TSan see those accesses as the kernel's); mma_sync accumulates in float, computed by the
+// scheduler from all 32 lanes' fragments while the warp waits.
+//
+// Out of scope (not emulated; compile errors or undefined in the sim): mma PTX (mma.sync, ldmatrix),
+// other wmma shapes or element types (tf32, int8, sub-byte), inline PTX, cp.async / TMA / async barriers,
+// thread-block clusters and distributed shared memory, grid sync and cooperative launches, dynamic
+// parallelism, concurrent execution of streams (streams and events run eagerly, in order, so a missing
+// stream/event synchronization is never caught), concurrent blocks (blocks run one after another, so races
+// between blocks and spin-waits on other threads are not emulated; TSan sees blocks ordered), bit-exact
+// floating point (intrinsics use libm; compare with tolerances), performance (a switch costs ~60 ns: keep
+// test shapes small), and non-x86-64 hosts.
 //
 // Thread safety: launches from different host threads are independent (per-thread scheduler, fiber pool
 // and last error). Fibers never migrate between OS threads.
@@ -56,14 +70,16 @@
 #if defined(__CUDACC__)  // ----------------------------------------------------------- nvcc: the real thing
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #define MS_SIM_EMULATION 0
 #define MS_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
-#define MS_SHARED_ARRAY(type, name, count) __shared__ type name[count]
-#define MS_SHARED_ARRAY2D(type, name, rows, cols) __shared__ type name[rows][cols]
+#define MS_SHARED_ARRAY(type, name, count) __shared__ __align__(32) type name[count]
+#define MS_SHARED_ARRAY2D(type, name, rows, cols) __shared__ __align__(32) type name[rows][cols]
 #define MS_DYNAMIC_SHARED(type, name)                                       \
-  extern __shared__ __align__(16) unsigned char ms_dynamic_shared_bytes_[]; \
+  extern __shared__ __align__(32) unsigned char ms_dynamic_shared_bytes_[]; \
   type* name = reinterpret_cast<type*>(ms_dynamic_shared_bytes_)
 #define MS_UNROLL _Pragma("unroll")
 
@@ -80,6 +96,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <source_location>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -101,6 +118,7 @@
 #define __shared__ ms_sim_bare_shared_is_not_supported_use_MS_SHARED_ARRAY_or_MS_DYNAMIC_SHARED
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #define MS_SIM_EMULATION 1
@@ -171,6 +189,11 @@ enum class Op : uint8_t {
   kBallot,
   kAny,
   kAll,
+  kWmmaLoadA,  // nvcuda::wmma collectives (always the full warp)
+  kWmmaLoadB,
+  kWmmaLoadC,
+  kWmmaStore,
+  kWmmaMma,
 };
 const char* OpName(Op op);
 
@@ -257,6 +280,189 @@ inline void SyncWarp(Site site, unsigned mask = 0xffffffffu) {
 inline unsigned __activemask() {
   return 0xffffffffu;
 }  // the sim cannot know; callers should not rely on it
+
+// ---- wmma: nvcuda::wmma as warp collectives of the full warp ----
+namespace ms::sim {
+
+// Element types of the emulated fragments.
+enum class WmmaType : uint8_t { kBf16, kHalf, kFloat };
+template <typename T>
+struct WmmaTypeOf;
+template <>
+struct WmmaTypeOf<__nv_bfloat16> {
+  static constexpr WmmaType value = WmmaType::kBf16;
+};
+template <>
+struct WmmaTypeOf<__half> {
+  static constexpr WmmaType value = WmmaType::kHalf;
+};
+template <>
+struct WmmaTypeOf<float> {
+  static constexpr WmmaType value = WmmaType::kFloat;
+};
+
+// The lane -> element mapping of every emulated fragment (CUDA leaves it unspecified, so kernels may only
+// apply the same operation to every x[i]): x[i] of lane l holds element (WmmaRow(l), WmmaCol(l, i)) =
+// (l / 2, 8 * (l % 2) + i % 8) of the fragment's 16x16 matrix (matrix_a: m x k, matrix_b: k x n,
+// accumulator: m x n; the same whatever the layout in memory). Fragments of 16 elements (half A/B, as
+// in CUDA) hold each value twice, x[i + 8] == x[i] after a load or fill; mma_sync reads x[0..7].
+constexpr int kWmmaDim = 16;
+constexpr int kWmmaValuesPerLane = kWmmaDim * kWmmaDim / 32;
+constexpr int WmmaRow(unsigned lane) {
+  return static_cast<int>(lane / 2);
+}
+constexpr int WmmaCol(unsigned lane, int i) {
+  return static_cast<int>(lane % 2) * 8 + i % kWmmaValuesPerLane;
+}
+
+// What a lane passes to a wmma collective (it lives in the lane's frame while the warp waits).
+struct WmmaCall {
+  const void* mem = nullptr;           // load/store: the matrix's first element
+  unsigned ldm = 0;                    // load/store: leading dimension, in elements
+  bool col_major = false;              // load/store: the layout in memory
+  WmmaType type = WmmaType::kFloat;    // load/store: element type; mma_sync: of c
+  WmmaType ab_type = WmmaType::kBf16;  // mma_sync: of a and b
+  WmmaType d_type = WmmaType::kFloat;  // mma_sync: of d
+  const void* a = nullptr;             // mma_sync: the lane's fragments (their x arrays)
+  const void* b = nullptr;
+  const void* c = nullptr;
+  void* d = nullptr;
+};
+// The rendezvous of one wmma call: checks the call (a full warp; load/store: ldm a multiple of 16 bytes
+// and a 32-byte aligned pointer), waits until all 32 lanes of the warp are at the same wmma call with the
+// same arguments (anything else fails the launch), computes d for every lane when op is kWmmaMma, and
+// returns the calling lane's index in its warp.
+unsigned WmmaSync(Site site, Op op, const WmmaCall& call);
+
+template <typename T>
+void WmmaLoad(Site site, Op op, T* x, int n, const T* p, unsigned ldm, bool col_major) {
+  WmmaCall call;
+  call.mem = p;
+  call.ldm = ldm;
+  call.col_major = col_major;
+  call.type = WmmaTypeOf<T>::value;
+  const unsigned lane = WmmaSync(site, op, call);
+  const size_t r = static_cast<size_t>(WmmaRow(lane));
+  for (int i = 0; i < n; ++i) {  // the lane's own elements, read by the kernel's code (ASan/TSan see them)
+    const size_t c = static_cast<size_t>(WmmaCol(lane, i));
+    x[i] = p[col_major ? c * ldm + r : r * ldm + c];
+  }
+}
+
+template <typename T>
+void WmmaStore(Site site, T* p, const T* x, unsigned ldm, bool col_major) {
+  WmmaCall call;
+  call.mem = p;
+  call.ldm = ldm;
+  call.col_major = col_major;
+  call.type = WmmaTypeOf<T>::value;
+  const unsigned lane = WmmaSync(site, Op::kWmmaStore, call);
+  const size_t r = static_cast<size_t>(WmmaRow(lane));
+  for (int i = 0; i < kWmmaValuesPerLane; ++i) {
+    const size_t c = static_cast<size_t>(WmmaCol(lane, i));
+    p[col_major ? c * ldm + r : r * ldm + c] = x[i];
+  }
+}
+
+inline Site CallerSite(const std::source_location& loc) {
+  return Site{loc.file_name(), static_cast<int>(loc.line()), nullptr};
+}
+
+// The base of every emulated fragment: what CUDA's __frag_base provides.
+template <typename T, int size>
+struct alignas(8) WmmaFragment {
+  enum { num_elements = size, num_storage_elements = size };
+  using element_type = T;
+  using storage_element_type = T;
+  T x[size];
+};
+
+}  // namespace ms::sim
+
+// The caller's file:line, for the wmma functions (which cannot be macros: kernels call them qualified).
+#define MS_SIM_CALLER std::source_location::current()
+
+namespace nvcuda::wmma {
+
+struct row_major;
+struct col_major;
+struct matrix_a;
+struct matrix_b;
+struct accumulator;
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int m, int n, int k, typename T, typename Layout = void>
+class fragment;
+template <>
+class fragment<matrix_a, 16, 16, 16, __nv_bfloat16, row_major> : public ::ms::sim::WmmaFragment<__nv_bfloat16, 8> {};
+template <>
+class fragment<matrix_a, 16, 16, 16, __nv_bfloat16, col_major> : public ::ms::sim::WmmaFragment<__nv_bfloat16, 8> {};
+template <>
+class fragment<matrix_b, 16, 16, 16, __nv_bfloat16, row_major> : public ::ms::sim::WmmaFragment<__nv_bfloat16, 8> {};
+template <>
+class fragment<matrix_b, 16, 16, 16, __nv_bfloat16, col_major> : public ::ms::sim::WmmaFragment<__nv_bfloat16, 8> {};
+template <>
+class fragment<matrix_a, 16, 16, 16, __half, row_major> : public ::ms::sim::WmmaFragment<__half, 16> {};
+template <>
+class fragment<matrix_a, 16, 16, 16, __half, col_major> : public ::ms::sim::WmmaFragment<__half, 16> {};
+template <>
+class fragment<matrix_b, 16, 16, 16, __half, row_major> : public ::ms::sim::WmmaFragment<__half, 16> {};
+template <>
+class fragment<matrix_b, 16, 16, 16, __half, col_major> : public ::ms::sim::WmmaFragment<__half, 16> {};
+template <>
+class fragment<accumulator, 16, 16, 16, float> : public ::ms::sim::WmmaFragment<float, 8> {};
+template <>
+class fragment<accumulator, 16, 16, 16, __half> : public ::ms::sim::WmmaFragment<__half, 8> {};
+
+// Not a collective (as in CUDA): each lane sets its own elements.
+template <typename T, int size>
+inline void fill_fragment(::ms::sim::WmmaFragment<T, size>& f, const std::type_identity_t<T>& v) {
+  for (int i = 0; i < size; ++i) f.x[i] = v;
+}
+
+template <typename T, typename Layout>
+inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, Layout>& f, const std::type_identity_t<T>* p,
+                             unsigned ldm, std::source_location loc = MS_SIM_CALLER) {
+  ::ms::sim::WmmaLoad(::ms::sim::CallerSite(loc), ::ms::sim::Op::kWmmaLoadA, f.x, f.num_elements, p, ldm,
+                      std::is_same_v<Layout, col_major>);
+}
+template <typename T, typename Layout>
+inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, Layout>& f, const std::type_identity_t<T>* p,
+                             unsigned ldm, std::source_location loc = MS_SIM_CALLER) {
+  ::ms::sim::WmmaLoad(::ms::sim::CallerSite(loc), ::ms::sim::Op::kWmmaLoadB, f.x, f.num_elements, p, ldm,
+                      std::is_same_v<Layout, col_major>);
+}
+template <typename T>
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& f, const std::type_identity_t<T>* p, unsigned ldm,
+                             layout_t layout, std::source_location loc = MS_SIM_CALLER) {
+  ::ms::sim::WmmaLoad(::ms::sim::CallerSite(loc), ::ms::sim::Op::kWmmaLoadC, f.x, f.num_elements, p, ldm,
+                      layout == mem_col_major);
+}
+template <typename T>
+inline void store_matrix_sync(std::type_identity_t<T>* p, const fragment<accumulator, 16, 16, 16, T>& f, unsigned ldm,
+                              layout_t layout, std::source_location loc = MS_SIM_CALLER) {
+  ::ms::sim::WmmaStore(::ms::sim::CallerSite(loc), p, f.x, ldm, layout == mem_col_major);
+}
+
+// d = a * b + c (d may be c), accumulated in float.
+template <typename TD, typename TAB, typename LA, typename LB, typename TC>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, TD>& d, const fragment<matrix_a, 16, 16, 16, TAB, LA>& a,
+                     const fragment<matrix_b, 16, 16, 16, TAB, LB>& b, const fragment<accumulator, 16, 16, 16, TC>& c,
+                     std::source_location loc = MS_SIM_CALLER) {
+  static_assert(!std::is_same_v<TAB, __nv_bfloat16> || (std::is_same_v<TC, float> && std::is_same_v<TD, float>),
+                "wmma::mma_sync: __nv_bfloat16 A/B need float accumulators (as in CUDA)");
+  ::ms::sim::WmmaCall call;
+  call.type = ::ms::sim::WmmaTypeOf<TC>::value;
+  call.ab_type = ::ms::sim::WmmaTypeOf<TAB>::value;
+  call.d_type = ::ms::sim::WmmaTypeOf<TD>::value;
+  call.a = a.x;
+  call.b = b.x;
+  call.c = c.x;
+  call.d = d.x;
+  ::ms::sim::WmmaSync(::ms::sim::CallerSite(loc), ::ms::sim::Op::kWmmaMma, call);
+}
+
+}  // namespace nvcuda::wmma
 
 // ---- atomics: __atomic builtins, so ThreadSanitizer sees atomic accesses, not races ----
 namespace ms::sim {

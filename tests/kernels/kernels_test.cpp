@@ -25,73 +25,15 @@
 #include "kernels.h"
 #include "ops/ops.h"
 #include "test_kernels.h"
+#include "test_util.h"
 
 namespace ms::kernels {
 namespace {
 
-// A device buffer of n T's (RAII); filled from / read back to host vectors.
-template <typename T>
-class Dev {
- public:
-  explicit Dev(size_t n) : n_(n) {
-    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T)) == cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& host) : Dev(host.size()) { Set(host); }
-  ~Dev() { (void)cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  T* get() const { return p_; }
-  void Set(const std::vector<T>& host) {
-    REQUIRE(host.size() == n_);
-    REQUIRE(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  std::vector<T> Get() const {
-    std::vector<T> host(n_);
-    REQUIRE(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-    return host;
-  }
-
- private:
-  size_t n_;
-  T* p_ = nullptr;
-};
-
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-// |got - want| <= atol + rtol * |want| everywhere (NaN fails); reports the worst element.
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol, float atol,
-                 const char* what) {
-  REQUIRE(got.size() == want.size());
-  size_t worst = 0;
-  double worst_excess = -1.0;
-  bool bad = false;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    const double tol = atol + rtol * std::fabs(static_cast<double>(want[i]));
-    const double excess = std::isnan(err) ? 1e30 : err - tol;
-    if (excess > worst_excess) {
-      worst_excess = excess;
-      worst = i;
-    }
-    if (!(err <= tol)) bad = true;
-  }
-  INFO(what << ": worst element " << worst << " got " << got[worst] << " want " << want[worst] << " (rtol " << rtol
-            << ", atol " << atol << ")");
-  CHECK_FALSE(bad);
-}
-
-// After each op: the kernels launch whole warps, so no shuffle may read a nonexistent lane.
-void ExpectNoPoisonedReads() {
-#if MS_KERNELS_SIM
-  CHECK(ms::sim::GetStats().poisoned_reads == 0);
-#endif
-}
+using testing::Dev;
+using testing::ExpectClose;
+using testing::ExpectNoPoisonedReads;
+using testing::Random;
 
 TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rtol 1e-5, atol 1e-6)") {
   for (int64_t n : {1, 257, 1000}) {
@@ -429,6 +371,9 @@ TEST_CASE("sim checkers: planted bugs are reported with kernel, block, thread an
                     {"mismatched warp collectives", "__shfl_sync", "__ballot_sync"});
   ExpectLaunchError(t::PlantedTooManyThreads(f.get()), cudaErrorInvalidConfiguration, {"1025 threads"});
   ExpectLaunchError(t::PlantedTooMuchStaticShared(f.get()), cudaErrorLaunchFailure, {"48 KiB", "planted.cu:49"});
+  ExpectLaunchError(t::PlantedHalfWarpMma(f.get()), cudaErrorLaunchFailure,
+                    {"mismatched warp collectives", "planted_half_warp_mma_kernel", "wmma::mma_sync", "planted.cu:77",
+                     "wmma::store_matrix_sync", "planted.cu:78"});
 
   // Not an error, but visible: a full-mask shuffle in a 48-thread block reads 16 nonexistent lanes.
   ms::sim::ResetStats();

@@ -65,6 +65,21 @@ __global__ void planted_missing_sync_kernel(float* out) {
   out[threadIdx.x] = s[63 - threadIdx.x];
 }
 
+__global__ void planted_half_warp_mma_kernel(float* out) {
+  namespace wmma = nvcuda::wmma;
+  MS_SHARED_ARRAY(float, s, 256);
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+  wmma::fill_fragment(a, __float2bfloat16(1.0f));
+  wmma::fill_fragment(b, __float2bfloat16(1.0f));
+  wmma::fill_fragment(c, 0.0f);
+  if (threadIdx.x < 16) wmma::mma_sync(c, a, b, c);  // BUG: only half the warp runs the warp-wide mma
+  wmma::store_matrix_sync(s, c, 16, wmma::mem_row_major);
+  __syncwarp();
+  out[threadIdx.x] = s[threadIdx.x];
+}
+
 cudaError_t PlantedEarlyReturn(float* out) {
   MS_LAUNCH(planted_early_return_kernel, 1, 64, 0, 0, out);
   return cudaGetLastError();
@@ -103,6 +118,10 @@ cudaError_t PlantedSharedOverflow(float* out) {
 }
 cudaError_t PlantedMissingSync(float* out) {
   MS_LAUNCH(planted_missing_sync_kernel, 1, 64, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedHalfWarpMma(float* out) {
+  MS_LAUNCH(planted_half_warp_mma_kernel, 1, 32, 0, 0, out);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,9 @@
 // Test kernels that pin down the semantics of CUDA built-ins (shuffles with widths, votes, block barriers
-// with predicates, atomics, 3-D indexing, dynamic shared memory). Compiled for the emulator and by nvcc for
-// the GPU tests, with the same expected values: on a GPU they check that the emulator agrees with hardware.
+// with predicates, atomics, 3-D indexing, dynamic shared memory). and of the wmma API (WmmaProbe). Compiled for the
+// emulator and by nvcc for the GPU tests, with the same expected values: on a GPU they check that the emulator agrees
+// with hardware.
+#include <type_traits>
+
 #include "sim/simt.h"
 #include "test_kernels.h"
 
@@ -102,6 +105,79 @@ cudaError_t DynamicShared(float* out, int threads, size_t bytes, bool raise_limi
   }
   const int slots = static_cast<int>(bytes / sizeof(float) / threads);
   MS_LAUNCH(dynamic_shared_kernel, 1, threads, bytes, 0, out, slots);
+  return cudaGetLastError();
+}
+
+// ---- one wmma step on 16x16 tiles (WmmaProbe in test_kernels.h) ----
+
+namespace wmma = nvcuda::wmma;
+constexpr int kFrag = 16;  // wmma m16n16k16
+
+constexpr int kProbeMaxLd = 64;
+constexpr int kProbeElems = kFrag * kProbeMaxLd;
+
+template <bool kACol, bool kBCol>
+__global__ void wmma_probe_kernel(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c,
+                                  WmmaProbeArgs p) {
+  MS_SHARED_ARRAY(__nv_bfloat16, sa, kProbeElems + kFrag);
+  MS_SHARED_ARRAY(__nv_bfloat16, sb, kProbeElems);
+  MS_SHARED_ARRAY(float, sc, kProbeElems);
+  MS_SHARED_ARRAY(float, sd, kProbeElems);
+  for (int i = threadIdx.x; i < kFrag * p.lda; i += blockDim.x) sa[p.a_offset + i] = a[i];
+  for (int i = threadIdx.x; i < kFrag * p.ldb; i += blockDim.x) sb[i] = b[i];
+  for (int i = threadIdx.x; i < kFrag * p.ldc; i += blockDim.x) {
+    sc[i] = c[i];
+    sd[i] = d[i];
+  }
+  __syncthreads();
+
+  using LayoutA = std::conditional_t<kACol, wmma::col_major, wmma::row_major>;
+  using LayoutB = std::conditional_t<kBCol, wmma::col_major, wmma::row_major>;
+  wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __nv_bfloat16, LayoutA> fa;
+  wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __nv_bfloat16, LayoutB> fb;
+  wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float> acc;
+  if (p.fill_a) {
+    wmma::fill_fragment(fa, __float2bfloat16(p.fill_value));
+  } else {
+    wmma::load_matrix_sync(fa, sa + p.a_offset, p.lda);
+  }
+  for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = __float2bfloat16(__bfloat162float(fa.x[i]) * p.scale_a);
+  if (p.fill_b) {
+    wmma::fill_fragment(fb, __float2bfloat16(p.fill_value));
+  } else {
+    wmma::load_matrix_sync(fb, sb, p.ldb);
+  }
+  if (p.fill_c) {
+    wmma::fill_fragment(acc, p.fill_value);
+  } else {
+    wmma::load_matrix_sync(acc, sc, p.ldc, p.c_col ? wmma::mem_col_major : wmma::mem_row_major);
+  }
+  wmma::mma_sync(acc, fa, fb, acc);
+  for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= p.scale_d;
+  wmma::store_matrix_sync(sd, acc, p.ldc, p.d_col ? wmma::mem_col_major : wmma::mem_row_major);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kFrag * p.ldc; i += blockDim.x) d[i] = sd[i];
+}
+
+cudaError_t WmmaProbe(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c,
+                      const WmmaProbeArgs& args, cudaStream_t stream) {
+  for (int ld : {args.lda, args.ldb, args.ldc}) {
+    if (ld < kFrag || ld > kProbeMaxLd) return cudaErrorInvalidValue;
+  }
+  if (args.a_offset < 0 || args.a_offset > kFrag) return cudaErrorInvalidValue;
+  if (args.a_col) {
+    if (args.b_col) {
+      MS_LAUNCH((wmma_probe_kernel<true, true>), 1, 32, 0, stream, d, a, b, c, args);
+    } else {
+      MS_LAUNCH((wmma_probe_kernel<true, false>), 1, 32, 0, stream, d, a, b, c, args);
+    }
+  } else {
+    if (args.b_col) {
+      MS_LAUNCH((wmma_probe_kernel<false, true>), 1, 32, 0, stream, d, a, b, c, args);
+    } else {
+      MS_LAUNCH((wmma_probe_kernel<false, false>), 1, 32, 0, stream, d, a, b, c, args);
+    }
+  }
   return cudaGetLastError();
 }
 

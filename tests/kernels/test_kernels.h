@@ -2,6 +2,7 @@
 // tests/kernels/planted.cu (planted bugs: emulated builds only). Each returns the launch's CUDA error.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 namespace ms::kernels::testing {
@@ -37,5 +38,25 @@ cudaError_t PlantedTooManyThreads(float* out);       // 1025 threads per block
 cudaError_t PlantedTooMuchStaticShared(float* out);  // 52 KB of static shared memory
 cudaError_t PlantedSharedOverflow(float* out);       // writes one element past a shared array (ASan)
 cudaError_t PlantedMissingSync(float* out);          // reads shared memory written by other warps, no barrier (TSan)
+cudaError_t PlantedHalfWarpMma(float* out);          // half a warp calls wmma::mma_sync, all call store_matrix_sync
+
+// semantics.cu: one warp runs a single wmma m16n16k16 step,
+//   d = scale_d * (op_a(A) * op_b(B) + C)
+// with A, B (bf16) and C, D (float) 16x16 tiles staged in shared memory at the given leading dimensions
+// (16..64, in elements) and memory layouts (row-major: element (r, c) at r * ld + c; col-major: at
+// c * ld + r). Host buffers: a (16 * lda), b (16 * ldb), c and d (16 * ldc each); d's elements outside the
+// tile are kept. fill_*: fill_fragment with fill_value instead of loading; scale_a: every a.x[i] *= scale_a
+// after the load (an element-wise op on the fragment); a_offset: A's tile starts a_offset elements into
+// its shared array, 0..16 (misaligned unless 0 or 16: for the emulator's checks only).
+struct WmmaProbeArgs {
+  bool a_col = false, b_col = false, c_col = false, d_col = false;
+  int lda = 16, ldb = 16, ldc = 16;
+  bool fill_a = false, fill_b = false, fill_c = false;
+  float fill_value = 0.0f;
+  float scale_a = 1.0f, scale_d = 1.0f;
+  int a_offset = 0;
+};
+cudaError_t WmmaProbe(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c,
+                      const WmmaProbeArgs& args, cudaStream_t stream);
 
 }  // namespace ms::kernels::testing

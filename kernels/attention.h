@@ -1,0 +1,45 @@
+// megascale CUDA kernels: causal sliding-window attention, FlashAttention-2 style, fp32 (kernels/attention.cu).
+//
+// Same contract as ms::ops::AttentionForward / AttentionBackward (lib/ops/ops.h); conventions as in
+// kernels/kernels.h (device pointers, launch on `stream`, return the launch error, no allocation,
+// deterministic: no float atomics, fixed reduction orders).
+//
+//   qkv:  (B, T, 3, H, D) per token: H query heads, then H key heads, then H value heads, each D wide.
+//   out:  (B, T, H, D);  lse: (B, H, T) log-sum-exp of the scaled scores of each query.
+//   Query t attends keys s with t - window < s <= t when window > 0 (window >= T is plain causal), all
+//   s <= t when window == 0. Scores are scaled by 1/sqrt(D).
+//
+// Tiling: a block takes 32 query rows (forward, dQ) or 32 keys (dK/dV) of one (b, h) and loops over the
+// 32-wide tiles of the other side held in shared memory, visiting only the tiles that intersect the causal
+// window of some row of its tile; the (T, T) matrix is never formed. Keys outside a query's window have no
+// influence at all on its outputs, even when they hold NaN or Inf.
+//
+// Limits: 1 <= D <= kAttentionMaxHeadDim (128) and window >= 0, else cudaErrorInvalidValue (nothing is
+// launched); also when T > 2^30 or B*T*H >= 2^31. B, T or H <= 0 is an empty problem (cudaSuccess).
+// Dynamic shared memory per block: up to 73 KiB at D = 128 (the launchers raise the kernels' limit with
+// cudaFuncSetAttribute when above 48 KiB).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace ms::kernels {
+
+constexpr int64_t kAttentionMaxHeadDim = 128;
+
+// As ms::ops::AttentionForward: out (B, T, H, D) and lse (B, H, T) WRITTEN from qkv (B, T, 3, H, D).
+cudaError_t AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                             int64_t window, cudaStream_t stream);
+// Floats of scratch AttentionBackward needs (the row terms D_t = sum_d dout * out, one per (b, h, t)).
+int64_t AttentionBackwardScratchFloats(int64_t B, int64_t T, int64_t H, int64_t D);
+// As ms::ops::AttentionBackward: dqkv (B, T, 3, H, D) WRITTEN entirely, from dout (B, T, H, D), qkv, and
+// the forward's out (B, T, H, D) and lse (B, H, T); probabilities are recomputed from lse. scratch: device
+// memory of AttentionBackwardScratchFloats(B, T, H, D) floats (overwritten). Three kernels: the row terms,
+// dK/dV (a block per key tile, looping over the query tiles that can see it) and dQ (a block per query
+// tile, looping over the key tiles it can see); each gradient element is summed by one thread in a fixed order.
+cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                              cudaStream_t stream);
+
+}  // namespace ms::kernels

@@ -1,0 +1,359 @@
+// defines: ew_add_inplace_kernel, ew_add_kernel, ew_scale_kernel, ew_add_row_bias_kernel, ew_residual_add_kernel,
+//          ew_bias_grad_kernel, ew_add_positions_kernel, ew_positions_backward_kernel, ew_sumsq_chunks_kernel,
+//          ew_sumsq_finish_kernel, ew_vp_rowmax_kernel, ew_vp_sumexp_target_kernel, ew_vp_finish_kernel,
+//          ew_vp_backward_kernel and their launchers (declared in kernels/elementwise.h): the vector helpers,
+//          row biases, learned positions, sums of squares and vocab-parallel cross-entropy pieces of
+//          ms::ops::Backend.
+#include <cmath>
+
+#include "common.cuh"
+#include "kernels.h"
+
+namespace ms::kernels {
+
+constexpr int kEwBlock = 256;  // threads per block of the elementwise kernels (grid-stride loops)
+
+constexpr int kBiasGradCols = 32;   // columns per block (threadIdx.x): a warp reads 32 consecutive floats
+constexpr int kBiasGradLanes = 32;  // row lanes per block (threadIdx.y)
+
+constexpr int kSumSquaresMaxTensors = 64;   // vectors per launch pair (the list travels in the kernel parameters)
+constexpr int kSumSquaresBlock = 256;       // threads per chunk block
+constexpr int64_t kSumSquaresChunk = 8192;  // elements per chunk (one block, one partial sum in scratch)
+
+// The vectors of one SumSquaresMulti launch pair, by value: chunk block b works on vector k where
+// first_chunk[k] <= b < first_chunk[k + 1]; the finishing block k sums chunks [first_chunk[k], first_chunk[k+1]).
+struct SumSquaresBatch {
+  const float* x[kSumSquaresMaxTensors];
+  int64_t n[kSumSquaresMaxTensors];
+  int64_t first_chunk[kSumSquaresMaxTensors + 1];
+  int count;
+};
+
+// ---- device helpers ----
+
+namespace {
+
+// Sum over the 32 lanes of a full warp, in double (butterfly: the same order on every lane).
+__device__ __forceinline__ double WarpSumDouble(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// Sum over a 1-D block (a multiple of 32 threads) in double: a warp butterfly, then thread 0 adds the warp sums
+// in warp order. The result is valid in thread 0 only. scratch: 32 doubles of shared memory; every thread of
+// the block must call it (it contains a barrier).
+__device__ __forceinline__ double BlockSumDoubleToThread0(double v, double* scratch) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  v = WarpSumDouble(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  double sum = 0.0;
+  if (threadIdx.x == 0) {
+    for (unsigned w = 0; w < nwarps; ++w) sum += scratch[w];
+  }
+  return sum;
+}
+
+__device__ __forceinline__ int64_t GlobalThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+}  // namespace
+
+// ---- kernels: elementwise vectors ----
+
+__global__ void ew_add_inplace_kernel(float* y, const float* x, int64_t n) {  // y, x: (n)
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] += x[i];
+}
+
+__global__ void ew_add_kernel(float* out, const float* a, const float* b, int64_t n) {  // all (n); out may be a or b
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) out[i] = a[i] + b[i];
+}
+
+__global__ void ew_scale_kernel(float* x, float a, int64_t n) {  // x: (n)
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) x[i] *= a;
+}
+
+// ---- kernels: rows and biases ----
+
+// y (R, C) flattened to n = R * C; b: (C).
+__global__ void ew_add_row_bias_kernel(float* y, const float* b, int64_t n, int64_t C) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] += b[i % C];
+}
+
+// out, x, part: (R, C) flattened to n; bias, bias2: (C) or null. out = ((x + part) + bias) + bias2.
+__global__ void ew_residual_add_kernel(float* out, const float* x, const float* part, const float* bias,
+                                       const float* bias2, int64_t n, int64_t C) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    float v = x[i] + part[i];
+    if (bias != nullptr) v += bias[i % C];
+    if (bias2 != nullptr) v += bias2[i % C];
+    out[i] = v;
+  }
+}
+
+// db (C) += column sums of dy (R, C). Block (32, 32): column blockIdx.x * 32 + threadIdx.x; row lane
+// threadIdx.y sums rows threadIdx.y, + 32, ... in order; thread (x, 0) adds the 32 lane sums in lane order.
+__global__ void ew_bias_grad_kernel(float* db, const float* dy, int64_t R, int64_t C) {
+  MS_SHARED_ARRAY2D(float, partial, kBiasGradLanes, kBiasGradCols + 1);
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBiasGradCols + threadIdx.x;
+  float acc = 0.0f;
+  if (c < C) {
+    for (int64_t r = threadIdx.y; r < R; r += kBiasGradLanes) acc += dy[r * C + c];
+  }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float sum = 0.0f;
+    for (int k = 0; k < kBiasGradLanes; ++k) sum += partial[k][threadIdx.x];
+    db[c] += sum;
+  }
+}
+
+// ---- kernels: learned positions ----
+
+// x (R, C) += wpe (T, C)[(row0 + r) % T].
+__global__ void ew_add_positions_kernel(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0) {
+  const int64_t n = R * C;
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int64_t r = i / C, c = i - r * C;
+    x[i] += wpe[((row0 + r) % T) * C + c];
+  }
+}
+
+// dwpe (T, C)[t] += dx (R, C)[r] for every r with (row0 + r) % T == t: thread (t, c) adds its rows in order.
+__global__ void ew_positions_backward_kernel(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t T,
+                                             int64_t row0) {
+  const int64_t n = T * C;
+  const int64_t shift = row0 % T;
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const int64_t t = i / C, c = i - t * C;
+    int64_t r = (t - shift + T) % T;  // the first row with (row0 + r) % T == t
+    if (r >= R) continue;
+    float acc = dwpe[i];
+    for (; r < R; r += T) acc += dx[r * C + c];
+    dwpe[i] = acc;
+  }
+}
+
+// ---- kernels: sums of squares ----
+
+// Block b: the squares of one chunk of one vector, in double, into partial[b].
+__global__ void ew_sumsq_chunks_kernel(SumSquaresBatch batch, double* partial) {
+  MS_SHARED_ARRAY(double, scratch, 32);
+  int k = 0;
+  while (k + 1 < batch.count && static_cast<int64_t>(blockIdx.x) >= batch.first_chunk[k + 1]) ++k;
+  const float* x = batch.x[k];
+  const int64_t begin = (static_cast<int64_t>(blockIdx.x) - batch.first_chunk[k]) * kSumSquaresChunk;
+  const int64_t end = begin + kSumSquaresChunk < batch.n[k] ? begin + kSumSquaresChunk : batch.n[k];
+  double acc = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = x[i];
+    acc += v * v;  // exact product (24-bit mantissas), so a fused multiply-add rounds the same
+  }
+  const double sum = BlockSumDoubleToThread0(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// Block k (one warp): out[k] = the chunk sums of vector k, lane l adding chunks l, l + 32, ... in order, then a
+// warp butterfly.
+__global__ void ew_sumsq_finish_kernel(SumSquaresBatch batch, const double* partial, double* out) {
+  const int k = blockIdx.x;
+  double acc = 0.0;
+  for (int64_t j = batch.first_chunk[k] + threadIdx.x; j < batch.first_chunk[k + 1]; j += 32) acc += partial[j];
+  acc = WarpSumDouble(acc);
+  if (threadIdx.x == 0) out[k] = acc;
+}
+
+// ---- kernels: vocab-parallel cross-entropy (one block per row for the row reductions) ----
+
+// mx (N) = row maxima of logits (N, V).
+__global__ void ew_vp_rowmax_kernel(float* mx, const float* logits, int64_t V) {
+  MS_SHARED_ARRAY(float, scratch, 32);
+  const float* l = logits + static_cast<int64_t>(blockIdx.x) * V;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, l[j]);
+  m = BlockMax(m, scratch);
+  if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+
+// se (N) = sum_j expf(l - mx) accumulated in double; tl (N) = the local target logit or 0.
+__global__ void ew_vp_sumexp_target_kernel(float* se, float* tl, const float* logits, const float* mx,
+                                           const int32_t* targets, int64_t vstart, int64_t V) {
+  MS_SHARED_ARRAY(double, scratch, 32);
+  const int64_t row = blockIdx.x;
+  const float* l = logits + row * V;
+  const float m = mx[row];
+  double acc = 0.0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) acc += static_cast<double>(expf(l[j] - m));
+  const double sum = BlockSumDoubleToThread0(acc, scratch);
+  if (threadIdx.x == 0) {
+    se[row] = static_cast<float>(sum);
+    const int64_t t = targets[row];
+    const int64_t local = t - vstart;
+    tl[row] = (t >= 0 && local >= 0 && local < V) ? l[local] : 0.0f;
+  }
+}
+
+// lse = mx + logf(se); losses = lse - tl (0 for ignored targets); all (N).
+__global__ void ew_vp_finish_kernel(float* losses, float* lse, const float* mx, const float* se, const float* tl,
+                                    const int32_t* targets, int64_t N) {
+  for (int64_t i = GlobalThread(); i < N; i += GridThreads()) {
+    const float z = mx[i] + logf(se[i]);
+    lse[i] = z;
+    losses[i] = targets[i] >= 0 ? z - tl[i] : 0.0f;
+  }
+}
+
+// One block per row: dlogits (N, V) = expf(l - lse) * dloss, minus dloss at the local target column.
+__global__ void ew_vp_backward_kernel(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                                      float dloss, int64_t vstart, int64_t V) {
+  const int64_t row = blockIdx.x;
+  const int64_t t = targets[row];
+  const int64_t local = t < 0 ? -1 : t - vstart;  // outside [0, V) when not this rank's column
+  const float z = lse[row];
+  const float* l = logits + row * V;
+  float* d = dlogits + row * V;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float v = 0.0f;
+    if (t >= 0) {
+      v = expf(l[j] - z) * dloss;
+      if (j == local) v -= dloss;
+    }
+    d[j] = v;
+  }
+}
+
+// ---- launchers: return the CUDA error of the launch (cudaSuccess when fine) ----
+
+cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_add_inplace_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_add_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, out, a, b, n);
+  return cudaGetLastError();
+}
+
+cudaError_t Scale(float* x, float a, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_scale_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, x, a, n);
+  return cudaGetLastError();
+}
+
+cudaError_t AddRowBias(float* y, const float* b, int64_t R, int64_t C, cudaStream_t stream) {
+  if (R <= 0 || C <= 0) return cudaSuccess;
+  const int64_t n = R * C;
+  MS_LAUNCH(ew_add_row_bias_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, y, b, n, C);
+  return cudaGetLastError();
+}
+
+cudaError_t ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
+                        int64_t C, cudaStream_t stream) {
+  if (R <= 0 || C <= 0) return cudaSuccess;
+  const int64_t n = R * C;
+  MS_LAUNCH(ew_residual_add_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, out, x, part, bias, bias2, n, C);
+  return cudaGetLastError();
+}
+
+cudaError_t BiasGrad(float* db, const float* dy, int64_t R, int64_t C, cudaStream_t stream) {
+  if (R <= 0 || C <= 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>((C + kBiasGradCols - 1) / kBiasGradCols);
+  MS_LAUNCH(ew_bias_grad_kernel, grid, dim3(kBiasGradCols, kBiasGradLanes), 0, stream, db, dy, R, C);
+  return cudaGetLastError();
+}
+
+cudaError_t AddPositions(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0,
+                         cudaStream_t stream) {
+  if (R <= 0 || C <= 0 || T <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_add_positions_kernel, GridFor(R * C, kEwBlock), kEwBlock, 0, stream, x, wpe, R, C, T, row0);
+  return cudaGetLastError();
+}
+
+cudaError_t PositionsBackward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t T, int64_t row0,
+                              cudaStream_t stream) {
+  if (R <= 0 || C <= 0 || T <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_positions_backward_kernel, GridFor(T * C, kEwBlock), kEwBlock, 0, stream, dwpe, dx, R, C, T, row0);
+  return cudaGetLastError();
+}
+
+int64_t SumSquaresScratchDoubles(const int64_t* ns, int count) {
+  int64_t chunks = 0;
+  for (int i = 0; i < count; ++i) {
+    if (ns[i] > 0) chunks += (ns[i] + kSumSquaresChunk - 1) / kSumSquaresChunk;
+  }
+  return chunks;
+}
+
+cudaError_t SumSquaresMulti(double* out_dev, double* scratch, const float* const* xs_host_array,
+                            const int64_t* ns_host_array, int count, cudaStream_t stream) {
+  int64_t scratch_offset = 0;
+  for (int i0 = 0; i0 < count;) {
+    // A batch: up to kSumSquaresMaxTensors consecutive vectors (empty ones too: their result is 0) and at
+    // most 2^31 - 1 chunk blocks.
+    SumSquaresBatch batch{};
+    int64_t chunks = 0;
+    while (i0 + batch.count < count && batch.count < kSumSquaresMaxTensors) {
+      const int64_t n = ns_host_array[i0 + batch.count] > 0 ? ns_host_array[i0 + batch.count] : 0;
+      const int64_t nc = (n + kSumSquaresChunk - 1) / kSumSquaresChunk;
+      if (batch.count > 0 && chunks + nc > 2147483647) break;
+      batch.x[batch.count] = xs_host_array[i0 + batch.count];
+      batch.n[batch.count] = n;
+      batch.first_chunk[batch.count] = chunks;
+      chunks += nc;
+      ++batch.count;
+    }
+    batch.first_chunk[batch.count] = chunks;
+    double* partial = scratch + scratch_offset;
+    if (chunks > 0) {
+      MS_LAUNCH(ew_sumsq_chunks_kernel, static_cast<unsigned>(chunks), kSumSquaresBlock, 0, stream, batch, partial);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+    MS_LAUNCH(ew_sumsq_finish_kernel, static_cast<unsigned>(batch.count), 32, 0, stream, batch,
+              static_cast<const double*>(partial), out_dev + i0);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    scratch_offset += chunks;
+    i0 += batch.count;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V, cudaStream_t stream) {
+  if (N <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_vp_rowmax_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, mx, logits, V);
+  return cudaGetLastError();
+}
+
+cudaError_t VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx,
+                                      const int32_t* targets, int64_t vstart, int64_t N, int64_t V,
+                                      cudaStream_t stream) {
+  if (N <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_vp_sumexp_target_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, se, tl, logits,
+            mx, targets, vstart, V);
+  return cudaGetLastError();
+}
+
+cudaError_t VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
+                                const int32_t* targets, int64_t N, cudaStream_t stream) {
+  if (N <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_vp_finish_kernel, GridFor(N, kEwBlock), kEwBlock, 0, stream, losses, lse, mx, se, tl, targets, N);
+  return cudaGetLastError();
+}
+
+cudaError_t VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                                  float dloss, int64_t vstart, int64_t N, int64_t V, cudaStream_t stream) {
+  if (N <= 0 || V <= 0) return cudaSuccess;
+  MS_LAUNCH(ew_vp_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, dlogits, logits, lse,
+            targets, dloss, vstart, V);
+  return cudaGetLastError();
+}
+
+}  // namespace ms::kernels

@@ -1,0 +1,182 @@
+// Causal sliding-window attention kernels (kernels/attention.cu) against ms::ops::ref::AttentionForward/Backward.
+// Shapes have tails on purpose: T not a multiple of the 32-row tile (and T = 1), D not a multiple of 32 (odd,
+// below a warp, between warps, the 128 limit), windows of 1, inside a tile, wider than a tile and wider than T;
+// windows 2 and 34 put the first key of a query tile (q0 - window + 1 = 31) on the last key of the tile before
+// it, and the last query of a key tile (k1 - 2 + window = 32, 64) on the first row of the next query tile.
+// Tolerances: the kernels accumulate in fp32, the reference in double.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#if MS_KERNELS_SIM
+#include "sim/simt.h"
+#endif
+#include "kernels.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace ms::kernels {
+namespace {
+
+using testing::Dev;
+using testing::ExpectClose;
+using testing::ExpectNoPoisonedReads;
+using testing::Random;
+
+struct Case {
+  int64_t B, T, H, D, window;
+};
+
+struct Outputs {
+  std::vector<float> out, lse, dqkv;
+};
+
+// Forward, then backward from the kernel's own out and lse. dqkv starts as the allocator's 0xFF fill (NaN),
+// so an element the backward fails to write fails the comparison.
+Outputs RunKernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout) {
+  const int64_t n_out = c.B * c.T * c.H * c.D;
+  Dev<float> d_qkv(qkv), d_out(n_out), d_lse(c.B * c.H * c.T), d_dout(dout), d_dqkv(qkv.size());
+  Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D));
+  REQUIRE(AttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) ==
+          cudaSuccess);
+  REQUIRE(AttentionBackward(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B, c.T,
+                            c.H, c.D, c.window, nullptr) == cudaSuccess);
+  return {d_out.Get(), d_lse.Get(), d_dqkv.Get()};
+}
+
+TEST_CASE("attention: forward/backward match the reference (out, lse rtol 1e-4 atol 1e-5; grads rtol 1e-3 atol 1e-4)") {
+  for (Case c : {Case{1, 1, 1, 1, 0}, Case{2, 37, 3, 24, 0}, Case{2, 37, 3, 24, 5}, Case{1, 70, 2, 64, 16},
+                 Case{1, 33, 1, 128, 40}, Case{1, 20, 2, 8, 1}, Case{1, 45, 1, 33, 7}, Case{1, 70, 2, 8, 2},
+                 Case{1, 130, 1, 16, 34}}) {
+    CAPTURE(c.B);
+    CAPTURE(c.T);
+    CAPTURE(c.H);
+    CAPTURE(c.D);
+    CAPTURE(c.window);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
+    const auto qkv = Random(n_qkv, 101, -2.0f, 2.0f), dout = Random(n_out, 102);
+    std::vector<float> out(n_out), lse(c.B * c.H * c.T), dqkv(n_qkv);
+    ops::ref::AttentionForward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.H, c.D, c.window);
+    ops::ref::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), c.B, c.T, c.H, c.D,
+                                c.window);
+
+    const Outputs got = RunKernels(c, qkv, dout);
+    ExpectClose(got.out, out, 1e-4f, 1e-5f, "attention out");
+    ExpectClose(got.lse, lse, 1e-4f, 1e-5f, "attention lse");
+    ExpectClose(got.dqkv, dqkv, 1e-3f, 1e-4f, "attention dqkv");
+
+    // Deterministic: a second run gives the same bits (one shape: the emulator under TSan is slow).
+    if (c.T != 70 || c.D != 64) continue;
+    const Outputs again = RunKernels(c, qkv, dout);
+    CHECK(std::memcmp(again.out.data(), got.out.data(), n_out * sizeof(float)) == 0);
+    CHECK(std::memcmp(again.lse.data(), got.lse.data(), got.lse.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(again.dqkv.data(), got.dqkv.data(), n_qkv * sizeof(float)) == 0);
+  }
+  ExpectNoPoisonedReads();
+}
+
+// NaN in q, k and v of some tokens: every output that does not depend on them (in the reference's
+// semantics) must come out finite and equal to the reference, although the kernels do load those tokens
+// into the same tiles as visible ones (and compute masked scores from them).
+TEST_CASE("attention: tokens outside a query's window have no influence (NaN there; rtol 1e-4 / 1e-3)") {
+  struct NanCase {
+    Case c;
+    int64_t nan_lo0, nan_hi0, nan_lo1, nan_hi1;  // NaN tokens: [lo0, hi0) and [lo1, hi1)
+  };
+  // Window 10: NaN before (tokens 0..19, inside visited key tiles of rows 29..41) and after (60..69, same
+  // query tile and warp as clean rows 56..59). Window 0: only the future (40..44) can be clean of them.
+  for (NanCase nc : {NanCase{{1, 70, 2, 16, 10}, 0, 20, 60, 70}, NanCase{{2, 45, 1, 8, 0}, 0, 0, 40, 45}}) {
+    const Case& c = nc.c;
+    CAPTURE(c.T);
+    CAPTURE(c.window);
+    const int64_t row = 3 * c.H * c.D, n_qkv = c.B * c.T * row, n_out = c.B * c.T * c.H * c.D;
+    auto qkv = Random(n_qkv, 201, -2.0f, 2.0f);
+    const auto dout = Random(n_out, 202);
+    auto dirty = [&](int64_t t) { return (t >= nc.nan_lo0 && t < nc.nan_hi0) || (t >= nc.nan_lo1 && t < nc.nan_hi1); };
+    auto first_key = [&](int64_t t) { return c.window > 0 && t - c.window + 1 > 0 ? t - c.window + 1 : 0; };
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t t = 0; t < c.T; ++t) {
+        if (!dirty(t)) continue;
+        for (int64_t i = 0; i < row; ++i) qkv[(b * c.T + t) * row + i] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+    // Query t is clean when it and every key it sees are; key s's gradients when s and every query seeing it are.
+    std::vector<bool> query_clean(c.T), key_clean(c.T);
+    for (int64_t t = 0; t < c.T; ++t) {
+      bool ok = true;
+      for (int64_t s = first_key(t); s <= t; ++s) ok = ok && !dirty(s);
+      query_clean[t] = ok;
+    }
+    for (int64_t s = 0; s < c.T; ++s) {
+      bool ok = !dirty(s);
+      for (int64_t t = s; t < c.T; ++t) {
+        if (first_key(t) <= s) ok = ok && query_clean[t];
+      }
+      key_clean[s] = ok;
+    }
+
+    std::vector<float> out(n_out), lse(c.B * c.H * c.T), dqkv(n_qkv);
+    ops::ref::AttentionForward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.H, c.D, c.window);
+    ops::ref::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), c.B, c.T, c.H, c.D,
+                                c.window);
+    const Outputs got = RunKernels(c, qkv, dout);
+
+    std::vector<float> got_fwd, want_fwd, got_dq, want_dq, got_dkv, want_dkv;
+    int64_t clean_queries = 0, clean_keys = 0;
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t t = 0; t < c.T; ++t) {
+        clean_queries += query_clean[t];
+        clean_keys += key_clean[t];
+        for (int64_t h = 0; h < c.H; ++h) {
+          if (query_clean[t]) {
+            got_fwd.push_back(got.lse[(b * c.H + h) * c.T + t]);
+            want_fwd.push_back(lse[(b * c.H + h) * c.T + t]);
+          }
+          for (int64_t d = 0; d < c.D; ++d) {
+            const int64_t o = ((b * c.T + t) * c.H + h) * c.D + d;
+            const int64_t qi = (b * c.T + t) * row + h * c.D + d;
+            const int64_t ki = qi + c.H * c.D, vi = ki + c.H * c.D;
+            if (query_clean[t]) {
+              got_fwd.push_back(got.out[o]);
+              want_fwd.push_back(out[o]);
+              got_dq.push_back(got.dqkv[qi]);
+              want_dq.push_back(dqkv[qi]);
+            }
+            if (key_clean[t]) {
+              got_dkv.insert(got_dkv.end(), {got.dqkv[ki], got.dqkv[vi]});
+              want_dkv.insert(want_dkv.end(), {dqkv[ki], dqkv[vi]});
+            }
+          }
+        }
+      }
+    }
+    CHECK(clean_queries > 0);
+    if (c.window > 0) CHECK(clean_keys > 0);
+    ExpectClose(got_fwd, want_fwd, 1e-4f, 1e-5f, "clean out and lse");
+    ExpectClose(got_dq, want_dq, 1e-3f, 1e-4f, "clean dq");
+    if (!got_dkv.empty()) ExpectClose(got_dkv, want_dkv, 1e-3f, 1e-4f, "clean dk, dv");
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("attention: D > 128, D < 1 and window < 0 are rejected; empty problems launch nothing") {
+  Dev<float> buf(3 * 129 * 2), scratch(4);
+  float* p = buf.get();
+  CHECK(AttentionForward(p, p, p, 1, 1, 1, 129, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionBackward(p, scratch.get(), p, p, p, p, 1, 1, 1, 129, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionForward(p, p, p, 1, 1, 1, 0, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionForward(p, p, p, 1, 1, 1, 4, -1, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionBackward(p, scratch.get(), p, p, p, p, 1, 1, 1, 4, -1, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionForward(p, p, p, 0, 5, 1, 4, 0, nullptr) == cudaSuccess);
+  CHECK(AttentionBackward(p, scratch.get(), p, p, p, p, 1, 0, 1, 4, 0, nullptr) == cudaSuccess);
+  CHECK(AttentionBackwardScratchFloats(0, 5, 1, 4) == 0);
+  CHECK(AttentionBackwardScratchFloats(2, 5, 3, 4) == 30);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+}  // namespace
+}  // namespace ms::kernels

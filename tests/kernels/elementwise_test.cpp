@@ -1,0 +1,364 @@
+// The kernels of kernels/elementwise.cu and kernels/lamb.cu (declared in kernels/elementwise.h) against the CPU
+// reference of their ops (ms::ops::ref, or a plain loop for the ops without one): vector helpers, row biases,
+// learned positions, sums of squares, the vocab-parallel cross-entropy pieces (tp = 2 simulated by splitting
+// the logits' columns) and multi-tensor LAMB. Odd shapes, aliasing, ignored and out-of-range targets; the
+// tolerance of each comparison is stated in its test case's name.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#if MS_KERNELS_SIM
+#include "sim/simt.h"
+#endif
+#include "kernels.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace ms::kernels {
+namespace {
+
+using testing::Dev;
+using testing::ExpectClose;
+using testing::ExpectNoPoisonedReads;
+using testing::Random;
+
+TEST_CASE("kernels elementwise: AddInPlace, Add, Scale equal the reference exactly, aliasing included") {
+  for (int64_t n : {1, 257, 1000}) {
+    CAPTURE(n);
+    const auto a = Random(n, 1), b = Random(n, 2);
+    {  // y += x, and y += y
+      std::vector<float> y(a);
+      ops::ref::AddInPlace(y.data(), b.data(), n);
+      Dev<float> dy(a), dx(b);
+      REQUIRE(AddInPlace(dy.get(), dx.get(), n, nullptr) == cudaSuccess);
+      CHECK(dy.Get() == y);
+      std::vector<float> yy(a);
+      ops::ref::AddInPlace(yy.data(), a.data(), n);
+      Dev<float> dyy(a);
+      REQUIRE(AddInPlace(dyy.get(), dyy.get(), n, nullptr) == cudaSuccess);
+      CHECK(dyy.Get() == yy);
+    }
+    {  // out = a + b into a third buffer, into a, into b
+      std::vector<float> want(n);
+      ops::ref::Add(want.data(), a.data(), b.data(), n);
+      Dev<float> da(a), db(b), dout(n);
+      REQUIRE(Add(dout.get(), da.get(), db.get(), n, nullptr) == cudaSuccess);
+      CHECK(dout.Get() == want);
+      REQUIRE(Add(da.get(), da.get(), db.get(), n, nullptr) == cudaSuccess);
+      CHECK(da.Get() == want);
+      da.Set(a);
+      REQUIRE(Add(db.get(), da.get(), db.get(), n, nullptr) == cudaSuccess);
+      CHECK(db.Get() == want);
+    }
+    {  // x *= a
+      std::vector<float> want(a);
+      ops::ref::Scale(want.data(), -0.37f, n);
+      Dev<float> dx(a);
+      REQUIRE(Scale(dx.get(), -0.37f, n, nullptr) == cudaSuccess);
+      CHECK(dx.Get() == want);
+    }
+  }
+  // Empty problems launch nothing.
+  CHECK(AddInPlace(nullptr, nullptr, 0, nullptr) == cudaSuccess);
+  CHECK(Add(nullptr, nullptr, nullptr, 0, nullptr) == cudaSuccess);
+  CHECK(Scale(nullptr, 2.0f, 0, nullptr) == cudaSuccess);
+  ExpectNoPoisonedReads();
+}
+
+struct RC {
+  int64_t R, C;
+};
+
+TEST_CASE("kernels elementwise: AddRowBias and ResidualAdd ((x + part) + bias) + bias2 equal a plain loop exactly") {
+  for (RC s : {RC{3, 5}, RC{37, 130}, RC{1, 1}, RC{300, 3}}) {
+    CAPTURE(s.R);
+    CAPTURE(s.C);
+    const int64_t n = s.R * s.C;
+    const auto x = Random(n, 10), part = Random(n, 11), bias = Random(s.C, 12), bias2 = Random(s.C, 13);
+    {
+      std::vector<float> want(x);
+      for (int64_t r = 0; r < s.R; ++r) ops::ref::AddInPlace(want.data() + r * s.C, bias.data(), s.C);
+      Dev<float> dy(x), db(bias);
+      REQUIRE(AddRowBias(dy.get(), db.get(), s.R, s.C, nullptr) == cudaSuccess);
+      CHECK(dy.Get() == want);
+    }
+    // Every bias combination, into a third buffer, into x and into part.
+    for (int mask = 0; mask < 4; ++mask) {
+      CAPTURE(mask);
+      const bool use_b = mask & 1, use_b2 = mask & 2;
+      std::vector<float> want(n);
+      for (int64_t i = 0; i < n; ++i) {
+        float v = x[i] + part[i];
+        if (use_b) v += bias[i % s.C];
+        if (use_b2) v += bias2[i % s.C];
+        want[i] = v;
+      }
+      Dev<float> dx(x), dpart(part), db(bias), db2(bias2), dout(n);
+      const float* pb = use_b ? db.get() : nullptr;
+      const float* pb2 = use_b2 ? db2.get() : nullptr;
+      REQUIRE(ResidualAdd(dout.get(), dx.get(), dpart.get(), pb, pb2, s.R, s.C, nullptr) == cudaSuccess);
+      CHECK(dout.Get() == want);
+      REQUIRE(ResidualAdd(dx.get(), dx.get(), dpart.get(), pb, pb2, s.R, s.C, nullptr) == cudaSuccess);
+      CHECK(dx.Get() == want);
+      dx.Set(x);
+      REQUIRE(ResidualAdd(dpart.get(), dx.get(), dpart.get(), pb, pb2, s.R, s.C, nullptr) == cudaSuccess);
+      CHECK(dpart.Get() == want);
+    }
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("kernels elementwise: BiasGrad accumulates column sums (rtol 1e-5, atol 1e-5 vs double) deterministically") {
+  for (RC s : {RC{3, 5}, RC{37, 130}, RC{1, 1}, RC{100, 33}}) {
+    CAPTURE(s.R);
+    CAPTURE(s.C);
+    const auto dy = Random(s.R * s.C, 20), db0 = Random(s.C, 21);
+    std::vector<float> want(db0);
+    for (int64_t c = 0; c < s.C; ++c) {
+      double acc = 0.0;
+      for (int64_t r = 0; r < s.R; ++r) acc += dy[r * s.C + c];
+      want[c] = static_cast<float>(db0[c] + acc);
+    }
+    Dev<float> ddy(dy), ddb(db0), ddb_again(db0);
+    REQUIRE(BiasGrad(ddb.get(), ddy.get(), s.R, s.C, nullptr) == cudaSuccess);
+    ExpectClose(ddb.Get(), want, 1e-5f, 1e-5f, "bias grad (accumulated)");
+    REQUIRE(BiasGrad(ddb_again.get(), ddy.get(), s.R, s.C, nullptr) == cudaSuccess);
+    CHECK(ddb_again.Get() == ddb.Get());  // same bits run after run
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("kernels elementwise: AddPositions and PositionsBackward equal the plain row loops exactly") {
+  struct Shape {
+    int64_t R, C, T, row0;
+  };
+  // Several rows per position, wrap-around with positions left untouched (R < T), row0 = 0, a single element.
+  for (Shape s :
+       {Shape{37, 130, 7, 5}, Shape{3, 5, 7, 6}, Shape{10, 3, 10, 0}, Shape{1, 1, 1, 0}, Shape{40, 9, 16, 29}}) {
+    CAPTURE(s.R);
+    CAPTURE(s.C);
+    CAPTURE(s.T);
+    CAPTURE(s.row0);
+    const auto x = Random(s.R * s.C, 30), wpe = Random(s.T * s.C, 31), dwpe0 = Random(s.T * s.C, 32);
+    std::vector<float> want_x(x), want_dwpe(dwpe0);
+    for (int64_t r = 0; r < s.R; ++r) {
+      const int64_t t = (s.row0 + r) % s.T;
+      for (int64_t c = 0; c < s.C; ++c) {
+        want_x[r * s.C + c] += wpe[t * s.C + c];
+        want_dwpe[t * s.C + c] += x[r * s.C + c];
+      }
+    }
+    Dev<float> dx(x), dwpe(wpe), ddx(x), ddwpe(dwpe0);
+    REQUIRE(AddPositions(dx.get(), dwpe.get(), s.R, s.C, s.T, s.row0, nullptr) == cudaSuccess);
+    CHECK(dx.Get() == want_x);
+    REQUIRE(PositionsBackward(ddwpe.get(), ddx.get(), s.R, s.C, s.T, s.row0, nullptr) == cudaSuccess);
+    CHECK(ddwpe.Get() == want_dwpe);
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("kernels elementwise: SumSquaresMulti matches ref::SumSquares (rtol 1e-12) over several launches") {
+  // 71 vectors (more than one launch's 64): empty, single, odd, exactly one chunk (8192), one more, several
+  // chunks, more chunks than the finishing warp has lanes (34).
+  std::vector<int64_t> sizes = {0, 1, 257, 1000, 8192, 8193, 20000, 33 * 8192 + 5};
+  for (int i = 0; i < 63; ++i) sizes.push_back(1 + 13 * i);
+  sizes.push_back(0);  // an empty vector in the second launch
+  const int count = static_cast<int>(sizes.size());
+  std::vector<std::vector<float>> host;
+  std::vector<std::unique_ptr<Dev<float>>> dev;
+  std::vector<const float*> xs;
+  for (int k = 0; k < count; ++k) {
+    host.push_back(Random(sizes[k], 40 + k, -2.0f, 2.0f));
+    dev.push_back(std::make_unique<Dev<float>>(host.back()));
+    xs.push_back(sizes[k] > 0 ? dev.back()->get() : nullptr);
+  }
+  const int64_t scratch_n = SumSquaresScratchDoubles(sizes.data(), count);
+  CHECK(scratch_n == 1 + 1 + 1 + 1 + 2 + 3 + 34 + 63);
+  Dev<double> scratch(scratch_n), out(count), out_again(count);
+  REQUIRE(SumSquaresMulti(out.get(), scratch.get(), xs.data(), sizes.data(), count, nullptr) == cudaSuccess);
+  REQUIRE(SumSquaresMulti(out_again.get(), scratch.get(), xs.data(), sizes.data(), count, nullptr) == cudaSuccess);
+  const std::vector<double> got = out.Get();
+  CHECK(out_again.Get() == got);  // same bits run after run
+  for (int k = 0; k < count; ++k) {
+    CAPTURE(k);
+    const double want = ops::ref::SumSquares(host[k].data(), sizes[k]);
+    CHECK(std::fabs(got[k] - want) <= 1e-12 * std::fabs(want));
+  }
+  CHECK(SumSquaresMulti(nullptr, nullptr, nullptr, nullptr, 0, nullptr) == cudaSuccess);
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE(
+    "kernels vocab-parallel cross-entropy, tp=2 simulated: row max and target logit exact, sumexp rtol 2e-6, "
+    "losses/lse rtol 1e-5 atol 1e-5, dlogits rtol 1e-5 atol 1e-6") {
+  struct Shape {
+    int64_t N, V, V0;  // rank 0 holds columns [0, V0), rank 1 [V0, V)
+  };
+  for (Shape s : {Shape{4, 1000, 517}, Shape{3, 33, 1}, Shape{5, 130, 65}, Shape{1, 2, 1}}) {
+    CAPTURE(s.N);
+    CAPTURE(s.V);
+    CAPTURE(s.V0);
+    const auto logits = Random(s.N * s.V, 50, -4.0f, 4.0f);
+    std::vector<int32_t> targets(s.N);
+    for (int64_t i = 0; i < s.N; ++i) targets[i] = static_cast<int32_t>((i * 7919 + 3) % s.V);
+    targets[0] = static_cast<int32_t>(s.V0 - 1);           // last column of rank 0
+    if (s.N > 1) targets[1] = -1;                          // ignored
+    if (s.N > 2) targets[2] = static_cast<int32_t>(s.V0);  // first column of rank 1
+    const float dloss = 0.37f;
+    std::vector<float> losses(s.N), lse(s.N), dlogits(s.N * s.V);
+    const std::vector<float> dloss_rows(s.N, dloss);
+    ops::ref::CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), s.N, s.V);
+    ops::ref::CrossEntropyBackward(dlogits.data(), logits.data(), lse.data(), targets.data(), dloss_rows.data(), s.N,
+                                   s.V);
+
+    const int64_t vstart[2] = {0, s.V0}, vlen[2] = {s.V0, s.V - s.V0};
+    std::vector<float> shard[2];
+    for (int k = 0; k < 2; ++k) {
+      for (int64_t i = 0; i < s.N; ++i) {
+        for (int64_t j = 0; j < vlen[k]; ++j) shard[k].push_back(logits[i * s.V + vstart[k] + j]);
+      }
+    }
+    Dev<int32_t> d_targets(targets);
+    std::unique_ptr<Dev<float>> d_shard[2];
+    for (int k = 0; k < 2; ++k) d_shard[k] = std::make_unique<Dev<float>>(shard[k]);
+
+    // RowMax on each rank, then the max "all-reduce" on the host.
+    std::vector<float> mx(s.N, -INFINITY);
+    for (int k = 0; k < 2; ++k) {
+      Dev<float> d_mx(s.N);
+      REQUIRE(VocabParallelRowMax(d_mx.get(), d_shard[k]->get(), s.N, vlen[k], nullptr) == cudaSuccess);
+      std::vector<float> want(s.N);
+      for (int64_t i = 0; i < s.N; ++i) {
+        want[i] = *std::max_element(shard[k].begin() + i * vlen[k], shard[k].begin() + (i + 1) * vlen[k]);
+      }
+      const std::vector<float> got = d_mx.Get();
+      CHECK(got == want);
+      for (int64_t i = 0; i < s.N; ++i) mx[i] = std::max(mx[i], got[i]);
+    }
+
+    // SumExpTarget on each rank with the reduced max, then the sum "all-reduce" on the host.
+    Dev<float> d_mx(mx);
+    std::vector<float> se(s.N, 0.0f), tl(s.N, 0.0f);
+    for (int k = 0; k < 2; ++k) {
+      CAPTURE(k);
+      Dev<float> d_se(s.N), d_tl(s.N);
+      REQUIRE(VocabParallelSumExpTarget(d_se.get(), d_tl.get(), d_shard[k]->get(), d_mx.get(), d_targets.get(),
+                                        vstart[k], s.N, vlen[k], nullptr) == cudaSuccess);
+      std::vector<float> want_se(s.N), want_tl(s.N);
+      for (int64_t i = 0; i < s.N; ++i) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < vlen[k]; ++j) acc += std::exp(static_cast<double>(shard[k][i * vlen[k] + j]) - mx[i]);
+        want_se[i] = static_cast<float>(acc);
+        const int64_t local = targets[i] - vstart[k];
+        want_tl[i] = (targets[i] >= 0 && local >= 0 && local < vlen[k]) ? shard[k][i * vlen[k] + local] : 0.0f;
+      }
+      const std::vector<float> got_se = d_se.Get(), got_tl = d_tl.Get();
+      ExpectClose(got_se, want_se, 2e-6f, 0.0f, "vocab-parallel sumexp");
+      CHECK(got_tl == want_tl);
+      for (int64_t i = 0; i < s.N; ++i) {
+        se[i] += got_se[i];
+        tl[i] += got_tl[i];
+      }
+    }
+
+    // Finish (any rank: the inputs are reduced) against the unsplit reference.
+    Dev<float> d_se(se), d_tl(tl), d_losses(s.N), d_lse(s.N);
+    REQUIRE(VocabParallelFinish(d_losses.get(), d_lse.get(), d_mx.get(), d_se.get(), d_tl.get(), d_targets.get(), s.N,
+                                nullptr) == cudaSuccess);
+    ExpectClose(d_losses.Get(), losses, 1e-5f, 1e-5f, "vocab-parallel losses");
+    ExpectClose(d_lse.Get(), lse, 1e-5f, 1e-5f, "vocab-parallel lse");
+    if (s.N > 1) CHECK(d_losses.Get()[1] == 0.0f);
+
+    // Backward on each rank (from the reference lse, to test the backward alone) against the reference's columns.
+    Dev<float> d_ref_lse(lse);
+    for (int k = 0; k < 2; ++k) {
+      CAPTURE(k);
+      Dev<float> d_dlogits(s.N * vlen[k]);
+      REQUIRE(VocabParallelBackward(d_dlogits.get(), d_shard[k]->get(), d_ref_lse.get(), d_targets.get(), dloss,
+                                    vstart[k], s.N, vlen[k], nullptr) == cudaSuccess);
+      std::vector<float> want;
+      for (int64_t i = 0; i < s.N; ++i) {
+        for (int64_t j = 0; j < vlen[k]; ++j) want.push_back(dlogits[i * s.V + vstart[k] + j]);
+      }
+      ExpectClose(d_dlogits.Get(), want, 1e-5f, 1e-6f, "vocab-parallel dlogits");
+    }
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE(
+    "kernels LAMB: multi-tensor direction and apply match ref::LambDirection / LambApply (rtol 1e-5, atol 1e-6)") {
+  const ops::AdamParams hp{1e-2f, 0.9f, 0.999f, 1e-6f, 0.01f};
+  const AdamWHyper khp{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
+  // 3 tensors of odd sizes, one bigger than a block chunk (1024); then 30 tensors (more than one launch's 24)
+  // with empty and single-element ones.
+  std::vector<std::vector<int64_t>> lists = {{257, 1, 2500}, {}};
+  for (int i = 0; i < 30; ++i) lists[1].push_back(i % 7 == 3 ? 0 : 1 + 29 * i);
+  for (const auto& sizes : lists) {
+    CAPTURE(sizes.size());
+    struct Host {
+      std::vector<float> u, p, g, m, v;
+    };
+    std::vector<Host> host;
+    std::vector<std::unique_ptr<Dev<float>>> dev;  // per tensor: u, p, g, m, v
+    std::vector<LambTensor> list;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const int64_t n = sizes[k];
+      const uint32_t seed = static_cast<uint32_t>(200 + 5 * k);
+      Host h{std::vector<float>(n, 0.0f), Random(n, seed), Random(n, seed + 1), Random(n, seed + 2, -0.1f, 0.1f),
+             Random(n, seed + 3, 0.0f, 0.01f)};
+      for (const auto* vec : {&h.u, &h.p, &h.g, &h.m, &h.v}) dev.push_back(std::make_unique<Dev<float>>(*vec));
+      const size_t b = dev.size() - 5;
+      list.push_back(
+          LambTensor{dev[b]->get(), dev[b + 1]->get(), dev[b + 2]->get(), dev[b + 3]->get(), dev[b + 4]->get(), n});
+      host.push_back(std::move(h));
+    }
+    for (int64_t step : {1, 2, 10}) {
+      CAPTURE(step);
+      REQUIRE(LambDirectionMultiTensor(list.data(), static_cast<int>(list.size()), khp, step, nullptr) == cudaSuccess);
+      // The trust ratios from device sums of squares of p and u, as the optimizer computes them.
+      std::vector<const float*> xs;
+      std::vector<int64_t> ns;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        xs.push_back(list[k].p);
+        xs.push_back(list[k].u);
+        ns.push_back(sizes[k]);
+        ns.push_back(sizes[k]);
+      }
+      const int nv = static_cast<int>(xs.size());
+      Dev<double> scratch(SumSquaresScratchDoubles(ns.data(), nv)), sq(nv);
+      REQUIRE(SumSquaresMulti(sq.get(), scratch.get(), xs.data(), ns.data(), nv, nullptr) == cudaSuccess);
+      const std::vector<double> sums = sq.Get();
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        CAPTURE(k);
+        Host& h = host[k];
+        const int64_t n = sizes[k];
+        ops::ref::LambDirection(h.u.data(), h.p.data(), h.g.data(), h.m.data(), h.v.data(), n, hp, step);
+        ExpectClose(dev[5 * k]->Get(), h.u, 1e-5f, 1e-6f, "lamb u");
+        ExpectClose(dev[5 * k + 3]->Get(), h.m, 1e-5f, 1e-6f, "lamb m");
+        ExpectClose(dev[5 * k + 4]->Get(), h.v, 1e-5f, 1e-6f, "lamb v");
+        // Keep the reference on the kernel's state so that errors do not compound across steps.
+        h.u = dev[5 * k]->Get();
+        h.m = dev[5 * k + 3]->Get();
+        h.v = dev[5 * k + 4]->Get();
+        const float trust = ops::LambTrustRatio(sums[2 * k], sums[2 * k + 1]);
+        const float ref_trust =
+            ops::LambTrustRatio(ops::ref::SumSquares(h.p.data(), n), ops::ref::SumSquares(h.u.data(), n));
+        CHECK(std::fabs(trust - ref_trust) <= 1e-6f * ref_trust);
+        REQUIRE(LambApply(dev[5 * k + 1]->get(), list[k].u, n, hp.lr, trust, nullptr) == cudaSuccess);
+        ops::ref::LambApply(h.p.data(), h.u.data(), n, hp.lr, trust);
+        ExpectClose(dev[5 * k + 1]->Get(), h.p, 1e-5f, 1e-6f, "lamb p");
+        h.p = dev[5 * k + 1]->Get();
+      }
+    }
+  }
+  CHECK(LambDirectionMultiTensor(nullptr, 0, khp, 1, nullptr) == cudaSuccess);
+  ExpectNoPoisonedReads();
+}
+
+}  // namespace
+}  // namespace ms::kernels
