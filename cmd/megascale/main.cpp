@@ -5,6 +5,7 @@
 
 #include "cmd/megascale/commands.h"
 #include "core/core.h"
+#include "cuda/cuda.h"
 
 namespace ms::cmd {
 int ReportError(const Status& status) {
@@ -15,7 +16,12 @@ int ReportError(const Status& status) {
 
 int main(int argc, char** argv) {
   CLI::App app{"megascale: trains large language models with 3D parallelism (CPU and CUDA backends)", "megascale"};
-  app.set_version_flag("--version", std::string("megascale ") + std::string(ms::Version()));
+  const ms::cuda::Flavor cuda_flavor = ms::cuda::LinkedFlavor();
+  const char* cuda_text = cuda_flavor == ms::cuda::Flavor::kGpu ? "CUDA backend: GPU (cuBLAS GEMMs, fused kernels)"
+                          : cuda_flavor == ms::cuda::Flavor::kEmulated
+                              ? "CUDA backend: emulated (SIMT emulator on the CPU)"
+                              : "CUDA backend: not built (no nvcc)";
+  app.set_version_flag("--version", std::string("megascale ") + std::string(ms::Version()) + " (" + cuda_text + ")");
   app.require_subcommand(1);
   using Adder = CLI::App* (*)(CLI::App&, ms::cmd::RunFn*);
   const Adder adders[] = {ms::cmd::AddTrainCommand,       ms::cmd::AddResumeCommand,   ms::cmd::AddValidateCommand,

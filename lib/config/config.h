@@ -60,6 +60,7 @@ struct ParallelSpec {
   int zero = 0;                    // 0: off, 1: optimizer state sharded over dp, 2: + gradients; no-op at dp 1
   double bucket_mb = 4;            // data-parallel gradient bucket size, MB of fp32
   bool overlap = true;             // start each bucket's reduction during backward (false: measure without)
+  int tp_comm_chunks = 1;          // row chunks of each TP collective, pipelined with its GEMMs; 1 = unchunked
   bool operator==(const ParallelSpec&) const = default;
 };
 

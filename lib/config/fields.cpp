@@ -328,6 +328,7 @@ std::vector<Field> BuildFields() {
   f.push_back(Integer("parallel.zero", MS_FIELD(parallel.zero), Closed(0, 2)));
   f.push_back(Real("parallel.bucket_mb", MS_FIELD(parallel.bucket_mb), Positive()));
   f.push_back(Boolean("parallel.overlap", MS_FIELD(parallel.overlap)));
+  f.push_back(Integer("parallel.tp_comm_chunks", MS_FIELD(parallel.tp_comm_chunks), AtLeast(1)));
   // train
   f.push_back(Integer("train.steps", MS_FIELD(train.steps), AtLeast(1)));
   f.push_back(Integer("train.global_batch", MS_FIELD(train.global_batch), AtLeast(1)));

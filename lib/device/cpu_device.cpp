@@ -13,28 +13,6 @@
 namespace ms::device {
 namespace {
 
-class CpuEvent : public Event {
- public:
-  void Complete() {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    cv_.notify_all();
-  }
-  bool Query() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  void Synchronize() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-};
-
 class CpuStream : public Stream {
  public:
   CpuStream() : worker_([this] { Loop(); }) {}
@@ -124,7 +102,7 @@ class CpuDevice : public Device {
   }
   std::unique_ptr<Stream> CreateStream() override { return std::make_unique<CpuStream>(); }
   std::shared_ptr<Event> RecordEvent(Stream& stream) override {
-    auto ev = std::make_shared<CpuEvent>();
+    auto ev = std::make_shared<HostEvent>();
     stream.Enqueue([ev] { ev->Complete(); });
     return ev;
   }
@@ -142,6 +120,20 @@ class CpuDevice : public Device {
 };
 
 }  // namespace
+
+void HostEvent::Complete() {
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  cv_.notify_all();
+}
+bool HostEvent::Query() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+void HostEvent::Synchronize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+}
 
 std::unique_ptr<Device> MakeCpuDevice() {
   return std::make_unique<CpuDevice>();

@@ -10,9 +10,11 @@
 // producer thread at a time. Work enqueued on a stream must not throw.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/core.h"
@@ -37,6 +39,20 @@ class Event {
   virtual ~Event() = default;
   virtual bool Query() const = 0;  // completed?
   virtual void Synchronize() = 0;  // block the host until completed
+};
+
+// An event completed by the host: Complete() is called by a function enqueued on a stream (the CPU
+// device's events, and a CUDA device's events recorded on streams of other devices).
+class HostEvent final : public Event {
+ public:
+  void Complete();
+  bool Query() const override;
+  void Synchronize() override;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
 };
 
 class Device {

@@ -83,8 +83,8 @@ void ExtractShard(const float* global, float* local, const std::vector<int64_t>&
 // All device memory (host memory on the CPU backend); only inputs_host / targets_host live on the host.
 struct Gpt::Acts {
   std::vector<int32_t> inputs_host, targets_host;  // [N]
-  DeviceArray<int32_t> inputs, targets;  // [N]; inputs as local vocab ids under tp (-1: another rank's row)
-  DeviceArray<float> res;                // (layers+1) x [R, C]
+  DeviceArray<int32_t> inputs, targets;            // [N]; inputs as local vocab ids under tp (-1: another rank's row)
+  DeviceArray<float> res;                          // (layers+1) x [R, C]
   struct Layer {
     DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
@@ -147,6 +147,10 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     return InvalidArgument("tensor-parallel communicator has {} ranks, layout says tp={}", comms.tp->size(), tp);
   }
   const int64_t N = static_cast<int64_t>(micro_batch) * spec.seq_len;
+  if (shard.tp_comm_chunks < 1) {
+    return InvalidArgument("tp_comm_chunks = {} must be >= 1 (1: unchunked tensor-parallel collectives)",
+                           shard.tp_comm_chunks);
+  }
   if (shard.sequence_parallel && N % tp) {
     return InvalidArgument("sequence parallelism needs micro_batch*seq_len = {} divisible by tp={}", N, tp);
   }
@@ -162,7 +166,8 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   g->Vl_ = spec.vocab / tp;
   g->device_ = device;
   if (backend) {
-    if (backend->device() != device) return InvalidArgument("the ops backend ({}) works on another device", backend->name());
+    if (backend->device() != device)
+      return InvalidArgument("the ops backend ({}) works on another device", backend->name());
     g->be_ = backend;
   } else {
     if (!device->is_host()) return InvalidArgument("device {} needs an ops backend", device->name());
@@ -231,6 +236,18 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; dlogits [N,Vl]; dl, vstats [N] x 4.
   MS_RETURN_IF_ERROR(g->scratch_.Allocate(
       g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + N * g->Vl_ + 4 * N));
+  // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
+  // tp blocks of ceil(R / chunks) rows (all-reduce chunks work in place).
+  const bool sp = shard.sequence_parallel && tp > 1;
+  if (tp > 1) {
+    const int64_t k = shard.tp_comm_chunks;
+    g->sp_chunks_ = sp ? static_cast<int>(std::min<int64_t>(k, R)) : 1;
+    g->ar_chunks_ = sp ? 1 : static_cast<int>(std::min<int64_t>(k, N));
+  }
+  if (g->sp_chunks_ > 1) {
+    g->stage_rows_ = tp * ((R + g->sp_chunks_ - 1) / g->sp_chunks_);
+    MS_RETURN_IF_ERROR(g->stage_.Allocate(g->be_, 2 * g->stage_rows_ * C));
+  }
   return g;
 }
 
@@ -342,20 +359,143 @@ Status Gpt::TpCollectiveReady() {
   // The communicator works on its own stream (NCCL) or the host (Gloo): what the backend enqueued must be done.
   return be_->Synchronize().WithContext("waiting for the ops before a tensor-parallel collective");
 }
-Status Gpt::TpAllReduce(float* x, int64_t n) {
+Status Gpt::TpWait(comm::Work& work, std::string_view op, std::string_view what, int chunk, int chunks, double posted) {
+  Status s = work.Wait();
+  if (span_ || !s.ok()) {
+    const std::string name =
+        chunks > 1 ? fmt::format("{} {} {}/{}", op, what, chunk + 1, chunks) : fmt::format("{} {}", op, what);
+    if (span_) span_("tp " + name, "tp", posted, NowSeconds());
+    if (!s.ok()) return s.WithContext("tensor-parallel " + name);
+  }
+  return s;
+}
+void Gpt::GemmSpan(std::string_view what, int chunk, int chunks, double start) {
+  if (span_) {
+    span_(chunks > 1 ? fmt::format("gemm {} {}/{}", what, chunk + 1, chunks) : fmt::format("gemm {}", what), "tp-gemm",
+          start, NowSeconds());
+  }
+}
+Status Gpt::TpAllReduce(float* x, int64_t n, comm::ReduceOp op, std::string_view what) {
   if (shard_.tp_size == 1) return Status::Ok();
   MS_RETURN_IF_ERROR(TpCollectiveReady());
-  return comms_.tp->AllReduce(x, n, comm::ReduceOp::kSum)->Wait().WithContext("tensor-parallel all-reduce");
+  const double posted = NowSeconds();
+  auto work = comms_.tp->AllReduce(x, n, op);
+  return TpWait(*work, "all-reduce", what, 0, 1, posted);
 }
-Status Gpt::TpAllGatherRows(const float* local, float* full) {
-  MS_RETURN_IF_ERROR(TpCollectiveReady());
-  return comms_.tp->AllGather(local, full, rows_ * spec_.hidden)->Wait().WithContext("sequence-parallel all-gather");
+
+namespace {
+// First row of chunk j when `rows` rows are cut into `chunks` near-equal chunks (chunks <= rows).
+int64_t ChunkBegin(int64_t rows, int chunks, int j) {
+  return rows * j / chunks;
 }
-Status Gpt::TpReduceScatterRows(const float* full, float* local) {
-  MS_RETURN_IF_ERROR(TpCollectiveReady());
-  return comms_.tp->ReduceScatter(full, local, rows_ * spec_.hidden)
-      ->Wait()
-      .WithContext("sequence-parallel reduce-scatter");
+}  // namespace
+
+Status Gpt::TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
+                             const ConsumeFn& consume) {
+  const int tp = shard_.tp_size;
+  const int64_t C = spec_.hidden, R = rows_;
+  if (!(shard_.sequence_parallel && tp > 1)) {  // `local` already holds all N rows
+    const double t0 = NowSeconds();
+    MS_RETURN_IF_ERROR(consume(0, N_, local));
+    GemmSpan(what, 0, 1, t0);
+    return Status::Ok();
+  }
+  const int k = sp_chunks_;
+  if (k == 1) {
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
+    const double posted = NowSeconds();
+    auto work = comms_.tp->AllGather(local, full, R * C);
+    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather", what, 0, 1, posted));
+    const double t0 = NowSeconds();
+    MS_RETURN_IF_ERROR(consume(0, N_, full));
+    GemmSpan(what, 0, 1, t0);
+    return Status::Ok();
+  }
+  // Chunk j = local rows [r0, r0 + rc) of every rank, gathered rank-major into stage j % 2: rank r's
+  // block is rows r * R + r0 .. of the full tensor. The gather of chunk j + 1 runs while chunk j is
+  // consumed; stage (j + 1) % 2 was last read by chunk j - 1, finished by the backend sync before
+  // the gather is posted.
+  const int64_t S = stage_rows_ * C;
+  std::unique_ptr<comm::Work> work;
+  double posted = 0;
+  auto post = [&](int j) -> Status {
+    const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
+    posted = NowSeconds();
+    work = comms_.tp->AllGather(local + r0 * C, stage_.data() + (j % 2) * S, rc * C);
+    return Status::Ok();
+  };
+  MS_RETURN_IF_ERROR(post(0));
+  for (int j = 0; j < k; ++j) {
+    const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
+    const float* stage = stage_.data() + (j % 2) * S;
+    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather", what, j, k, posted));
+    if (j + 1 < k) MS_RETURN_IF_ERROR(post(j + 1));
+    const double t0 = NowSeconds();
+    for (int r = 0; r < tp; ++r) {
+      const int64_t row0 = r * R + r0;
+      const float* src = stage + r * rc * C;
+      if (keep_full) {
+        MS_RETURN_IF_ERROR(be_->Copy(full + row0 * C, src, sizeof(float) * rc * C));
+        src = full + row0 * C;
+      }
+      MS_RETURN_IF_ERROR(consume(row0, rc, src));
+    }
+    GemmSpan(what, j, k, t0);
+  }
+  return Status::Ok();
+}
+
+Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, bool zero, float* full,
+                                        float* local) {
+  const int tp = shard_.tp_size;
+  const bool sp = shard_.sequence_parallel && tp > 1;
+  const int64_t C = spec_.hidden, N = N_, R = rows_;
+  const char* op = sp ? "reduce-scatter" : "all-reduce";
+  auto run = [&](int64_t row0, int64_t rows, float* dst) -> Status {
+    if (zero) MS_RETURN_IF_ERROR(be_->Zero(dst, sizeof(float) * rows * C));
+    return produce(row0, rows, dst);
+  };
+  const int k = tp == 1 ? 1 : sp ? sp_chunks_ : ar_chunks_;
+  if (k == 1) {
+    const double t0 = NowSeconds();
+    MS_RETURN_IF_ERROR(run(0, N, full));
+    GemmSpan(what, 0, 1, t0);
+    if (tp == 1) return full;
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
+    const double posted = NowSeconds();
+    auto work =
+        sp ? comms_.tp->ReduceScatter(full, local, R * C) : comms_.tp->AllReduce(full, N * C, comm::ReduceOp::kSum);
+    MS_RETURN_IF_ERROR(TpWait(*work, op, what, 0, 1, posted));
+    return sp ? local : full;
+  }
+  // Chunk j = rows [r0, r0 + rc) of each rank's slice (SP: computed rank-major into stage j % 2, the
+  // reduce-scatter's input layout; its output is local rows r0..) or of all N rows (all-reduce in
+  // place in `full`). The collective of chunk j - 1 runs while chunk j computes; the reduce-scatter
+  // that last read stage j % 2 (chunk j - 2) was waited for in the previous iteration.
+  const int64_t rows = sp ? R : N;
+  std::unique_ptr<comm::Work> prev;
+  double prev_posted = 0;
+  for (int j = 0; j < k; ++j) {
+    const int64_t r0 = ChunkBegin(rows, k, j), rc = ChunkBegin(rows, k, j + 1) - r0;
+    const double t0 = NowSeconds();
+    float* buf = sp ? stage_.data() + (j % 2) * stage_rows_ * C : full + r0 * C;
+    if (sp) {
+      for (int r = 0; r < tp; ++r) MS_RETURN_IF_ERROR(run(r * R + r0, rc, buf + r * rc * C));
+    } else {
+      MS_RETURN_IF_ERROR(run(r0, rc, buf));
+    }
+    GemmSpan(what, j, k, t0);
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
+    const double posted = NowSeconds();
+    auto work = sp ? comms_.tp->ReduceScatter(buf, local + r0 * C, rc * C)
+                   : comms_.tp->AllReduce(buf, rc * C, comm::ReduceOp::kSum);
+    if (prev) MS_RETURN_IF_ERROR(TpWait(*prev, op, what, j - 1, k, prev_posted));
+    prev = std::move(work);
+    prev_posted = posted;
+  }
+  MS_RETURN_IF_ERROR(TpWait(*prev, op, what, k - 1, k, prev_posted));
+  return sp ? local : full;
 }
 
 Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets, const float* x_in,
@@ -392,13 +532,13 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     if (!tp) {
       MS_RETURN_IF_ERROR(be_->EmbeddingForward(x0, a.inputs.data(), P(FindParam("embed.wte")), N, C));
     } else {
-      MS_RETURN_IF_ERROR(be_->EmbeddingForward(e_full, a.inputs.data(), P(FindParam("embed.wte")), N, C));  // other ranks' rows: 0
-      if (sp) {
-        MS_RETURN_IF_ERROR(TpReduceScatterRows(e_full, x0));
-      } else {
-        MS_RETURN_IF_ERROR(TpAllReduce(e_full, N * C));
-        MS_RETURN_IF_ERROR(be_->Copy(x0, e_full, sizeof(float) * N * C));
-      }
+      const float* wte = P(FindParam("embed.wte"));
+      const int32_t* ids = a.inputs.data();
+      auto lookup = [&](int64_t row0, int64_t rows, float* dst) {  // other ranks' vocab rows: 0
+        return be_->EmbeddingForward(dst, ids + row0, wte, rows, C);
+      };
+      MS_ASSIGN_OR_RETURN(float* e, TpProduceRowsReduce("embed", lookup, false, e_full, x0));
+      if (!sp) MS_RETURN_IF_ERROR(be_->Copy(x0, e, sizeof(float) * N * C));
     }
     const float* wpe = P(FindParam("embed.wpe"));
     const int64_t row0 = sp ? shard_.tp_rank * R : 0;
@@ -416,52 +556,56 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     MS_RETURN_IF_ERROR(be_->CopyFromHost(a.targets.data(), targets, sizeof(int32_t) * N));
   }
 
-  auto reduce_part = [&](float* full) -> Result<float*> {  // partial [N,C] -> summed [R,C]
-    if (!tp) return full;
-    if (sp) {
-      MS_RETURN_IF_ERROR(TpReduceScatterRows(full, partR));
-      return partR;
-    }
-    MS_RETURN_IF_ERROR(TpAllReduce(full, N * C));
-    return full;
-  };
+  // Column-parallel GEMMs consume the gathered LayerNorm output (kept in ln*_full for backward), row-parallel
+  // ones produce partial sums reduced across tp into partR (SP) or part (all-reduce): chunked and pipelined
+  // with the collectives, see TpGatherRowsThen / TpProduceRowsReduce.
   for (int i = 0; i < ch.num_layers; ++i) {
     MS_RETURN_IF_ERROR(before(ch.first_layer + i));
     const LayerW w = Layer(ch.first_layer + i);
     auto& y = a.layers[i];
     const float* x = a.res.data() + i * R * C;
     float* out = a.res.data() + (i + 1) * R * C;
-    MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w), P(w.ln1b), R, C,
-                          spec_.norm_eps));
-    const float* ln1in = y.ln1.data();
-    if (sp) {
-      MS_RETURN_IF_ERROR(TpAllGatherRows(y.ln1.data(), y.ln1_full.data()));
-      ln1in = y.ln1_full.data();
-    }
-    MS_RETURN_IF_ERROR(be_->MatmulForward(y.qkv.data(), ln1in, P(w.qkvw), P(w.qkvb), N, C, 3 * HlD));
-    MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
-    MS_RETURN_IF_ERROR(be_->MatmulForward(part, y.atty.data(), P(w.projw), nullptr, N, HlD, C));
+    auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
+      return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), P(w.qkvb), rows, C, 3 * HlD);
+    };
+    auto fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
+      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), P(w.fcb), rows, C, Fl));
+      return be_->GeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, rows * Fl);
+    };
+    auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {
+      return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C);
+    };
+    auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst) {
+      return be_->MatmulForward(dst, y.fch_gelu.data() + row0 * Fl, P(w.mprojw), nullptr, rows, Fl, C);
+    };
+    MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
+                                             P(w.ln1b), R, C, spec_.norm_eps));
     if (seq) {
-      MS_ASSIGN_OR_RETURN(float* attn_out, reduce_part(part));
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
+      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
+      MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, false, part, partR));
       MS_RETURN_IF_ERROR(be_->ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
-      MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(), P(w.ln2w), P(w.ln2b), R,
-                            C, spec_.norm_eps));
-      const float* ln2in = y.ln2.data();
-      if (sp) {
-        MS_RETURN_IF_ERROR(TpAllGatherRows(y.ln2.data(), y.ln2_full.data()));
-        ln2in = y.ln2_full.data();
-      }
-      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data(), ln2in, P(w.fcw), P(w.fcb), N, C, Fl));
-      MS_RETURN_IF_ERROR(be_->GeluForward(y.fch_gelu.data(), y.fch.data(), N * Fl));
-      MS_RETURN_IF_ERROR(be_->MatmulForward(part, y.fch_gelu.data(), P(w.mprojw), nullptr, N, Fl, C));
-      MS_ASSIGN_OR_RETURN(float* mlp_out, reduce_part(part));
+      MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(),
+                                               P(w.ln2w), P(w.ln2b), R, C, spec_.norm_eps));
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
+      MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_rows, false, part, partR));
       MS_RETURN_IF_ERROR(be_->ResidualAdd(out, y.mid.data(), mlp_out, P(w.mprojb), nullptr, R, C));
     } else {
-      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data(), ln1in, P(w.fcw), P(w.fcb), N, C, Fl));
-      MS_RETURN_IF_ERROR(be_->GeluForward(y.fch_gelu.data(), y.fch.data(), N * Fl));
-      MS_RETURN_IF_ERROR(be_->MatmulForward(part2, y.fch_gelu.data(), P(w.mprojw), nullptr, N, Fl, C));
-      MS_RETURN_IF_ERROR(be_->AddInPlace(part, part2, N * C));  // attention + MLP partial sums: ONE reduction below
-      MS_ASSIGN_OR_RETURN(float* both, reduce_part(part));
+      // One gather feeds both branches' GEMMs.
+      auto qkv_fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
+        MS_RETURN_IF_ERROR(qkv_rows(row0, rows, src));
+        return fc_rows(row0, rows, src);
+      };
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv+fc", y.ln1.data(), y.ln1_full.data(), true, qkv_fc_rows));
+      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
+      // Attention + MLP partial sums: ONE reduction.
+      auto both_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
+        MS_RETURN_IF_ERROR(proj_rows(row0, rows, dst));
+        float* tmp = part2 + row0 * C;
+        MS_RETURN_IF_ERROR(mproj_rows(row0, rows, tmp));
+        return be_->AddInPlace(dst, tmp, rows * C);
+      };
+      MS_ASSIGN_OR_RETURN(float* both, TpProduceRowsReduce("attn.proj+mlp.proj", both_rows, false, part, partR));
       MS_RETURN_IF_ERROR(be_->ResidualAdd(out, x, both, P(w.projb), P(w.mprojb), R, C));
     }
   }
@@ -473,30 +617,27 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
 
 Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   const int64_t C = spec_.hidden, N = N_, R = rows_, Vl = Vl_;
-  const bool tp = shard_.tp_size > 1, sp = shard_.sequence_parallel && tp;
+  const bool tp = shard_.tp_size > 1;
   auto P = [&](const char* name) { return param_data() + FindParam(name)->offset; };
-  MS_RETURN_IF_ERROR(be_->LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, P("final_norm.weight"),
-                        P("final_norm.bias"), R, C, spec_.norm_eps));
-  const float* lnfin = a.lnf.data();
-  if (sp) {
-    MS_RETURN_IF_ERROR(TpAllGatherRows(a.lnf.data(), a.lnf_full.data()));
-    lnfin = a.lnf_full.data();
-  }
+  MS_RETURN_IF_ERROR(be_->LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
+                                           P("final_norm.weight"), P("final_norm.bias"), R, C, spec_.norm_eps));
   const float* head = P(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight");
-  MS_RETURN_IF_ERROR(be_->MatmulForward(a.logits.data(), lnfin, head, nullptr, N, C, Vl));
+  auto logit_rows = [&](int64_t row0, int64_t rows, const float* src) {
+    return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, nullptr, rows, C, Vl);
+  };
+  MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
   if (!tp) {
-    MS_RETURN_IF_ERROR(be_->CrossEntropyForward(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), N, Vl));
+    MS_RETURN_IF_ERROR(
+        be_->CrossEntropyForward(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), N, Vl));
   } else {
     // Vocab-parallel cross-entropy: global max, sum of exponentials and target logit by all-reduce.
     float* stats = scratch_.data() + scratch_.size() - 3 * N;  // max | sumexp | target logit
     float *mx = stats, *se = stats + N, *tl = stats + 2 * N;
     const int64_t vstart = shard_.tp_rank * Vl;
     MS_RETURN_IF_ERROR(be_->VocabParallelRowMax(mx, a.logits.data(), N, Vl));
-    MS_RETURN_IF_ERROR(TpCollectiveReady());
-    MS_RETURN_IF_ERROR(
-        comms_.tp->AllReduce(mx, N, comm::ReduceOp::kMax)->Wait().WithContext("vocab-parallel loss: max"));
+    MS_RETURN_IF_ERROR(TpAllReduce(mx, N, comm::ReduceOp::kMax, "loss max"));
     MS_RETURN_IF_ERROR(be_->VocabParallelSumExpTarget(se, tl, a.logits.data(), mx, a.targets.data(), vstart, N, Vl));
-    MS_RETURN_IF_ERROR(TpAllReduce(se, 2 * N));  // sumexp and target logit together
+    MS_RETURN_IF_ERROR(TpAllReduce(se, 2 * N, comm::ReduceOp::kSum, "loss sumexp+target"));  // both together
     MS_RETURN_IF_ERROR(be_->VocabParallelFinish(a.losses.data(), a.ce_lse.data(), mx, se, tl, a.targets.data(), N));
   }
   std::vector<float> losses(N);
@@ -526,27 +667,23 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   if (!tp) {
     const std::vector<float> dl_host(N, dloss);
     MS_RETURN_IF_ERROR(be_->CopyFromHost(dl, dl_host.data(), sizeof(float) * N));
-    MS_RETURN_IF_ERROR(be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl));
+    MS_RETURN_IF_ERROR(
+        be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl));
   } else {
     MS_RETURN_IF_ERROR(be_->VocabParallelBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dloss,
                                                   shard_.tp_rank * Vl, N, Vl));
   }
   const char* head = spec_.tied_embeddings ? "embed.wte" : "lm_head.weight";
   const float* lnfin = sp ? a.lnf_full.data() : a.lnf.data();
-  float* dlnf = tp ? dln_full : dln;
-  MS_RETURN_IF_ERROR(be_->Zero(dlnf, sizeof(float) * (N * C)));
-  MS_RETURN_IF_ERROR(be_->MatmulBackward(dlnf, G(head), nullptr, dlogits, lnfin, P(head), N, C, Vl));
-  if (sp) {
-    MS_RETURN_IF_ERROR(TpReduceScatterRows(dln_full, dln));
-    dlnf = dln;
-  } else if (tp) {
-    MS_RETURN_IF_ERROR(TpAllReduce(dln_full, N * C));
-  }
+  auto dlnf_rows = [&](int64_t row0, int64_t rows, float* dst) {
+    return be_->MatmulBackward(dst, G(head), nullptr, dlogits + row0 * Vl, lnfin + row0 * C, P(head), rows, C, Vl);
+  };
+  MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, true, tp ? dln_full : dln, dln));
   const Chunk& ch = chunks_[static_cast<size_t>(num_chunks() - 1)];
   const float* x = a.res.data() + ch.num_layers * R * C;
   MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
-  MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x, P("final_norm.weight"),
-                         a.lnf_mean.data(), a.lnf_rstd.data(), R, C));
+  MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x,
+                                            P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C));
   return Status::Ok();
 }
 
@@ -586,76 +723,85 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     if (!dout) return InvalidArgument("chunk {} needs the gradient of its output", ch.global);
     MS_RETURN_IF_ERROR(be_->Copy(dres, dout, sizeof(float) * R * C));
   }
-  // dres [R,C] -> the full-row gradient the column/row GEMMs see.
-  auto full_rows = [&]() -> Result<float*> {
-    if (!sp) return dres;
-    MS_RETURN_IF_ERROR(TpAllGatherRows(dres, dy_full_buf));
-    return dy_full_buf;
-  };
-  // dln_full [N,C] partial over tp -> dln [R,C] summed (the conjugate of the forward gather).
-  auto reduce_dln = [&]() -> Result<float*> {
-    if (!tp) return dln_full;
-    if (sp) {
-      MS_RETURN_IF_ERROR(TpReduceScatterRows(dln_full, dln));
-      return dln;
-    }
-    MS_RETURN_IF_ERROR(TpAllReduce(dln_full, N * C));
-    return dln_full;
-  };
+  // dres [R,C] (all N rows without SP) is gathered to the row-parallel backward GEMMs (attn.proj, mlp.proj:
+  // identity conjugate of their forward reduction); the column-parallel GEMMs produce partial LayerNorm-input
+  // gradients reduced across tp into dln [R,C] (SP) or dln_full (the conjugate of the forward gather). Both
+  // chunked and pipelined with the GEMMs (TpGatherRowsThen / TpProduceRowsReduce); weight gradients accumulate
+  // over the row chunks.
   for (int i = ch.num_layers - 1; i >= 0; --i) {
     const int l = ch.first_layer + i;
     const LayerW w = Layer(l);
     auto& y = a.layers[i];
     const float* x = a.res.data() + i * R * C;
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
+    const float* ln2in = seq ? (sp ? y.ln2_full.data() : y.ln2.data()) : ln1in;
+    auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
+                                             y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C));
+      return be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl);
+    };
+    auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {
+      return be_->MatmulBackward(datty + row0 * HlD, G(w.projw), nullptr, dy, y.atty.data() + row0 * HlD, P(w.projw),
+                                 rows, HlD, C);
+    };
+    auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {
+      return be_->MatmulBackward(dst, G(w.fcw), G(w.fcb), dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl);
+    };
+    auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
+      return be_->MatmulBackward(dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, ln1in + row0 * C, P(w.qkvw), rows, C,
+                                 3 * HlD);
+    };
+    float* dln1 = nullptr;
     if (seq) {
-      const float* ln2in = sp ? y.ln2_full.data() : y.ln2.data();
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
-      MS_ASSIGN_OR_RETURN(float* dy, full_rows());
       MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu, G(w.mprojw), nullptr, dy, y.fch_gelu.data(), P(w.mprojw), N, Fl, C));
-      MS_RETURN_IF_ERROR(be_->GeluBackward(dfch, y.fch.data(), dfch_gelu, N * Fl));
-      MS_RETURN_IF_ERROR(be_->Zero(dln_full, sizeof(float) * (N * C)));
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.fcw), G(w.fcb), dfch, ln2in, P(w.fcw), N, C, Fl));
-      MS_ASSIGN_OR_RETURN(float* dln2, reduce_dln());
-      MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w), y.ln2_mean.data(),
-                             y.ln2_rstd.data(), R, C));  // dres is now dL/d(mid)
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows));
+      MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_rows, true, dln_full, dln));
+      MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w),
+                                                y.ln2_mean.data(), y.ln2_rstd.data(), R, C));  // dres is now dL/d(mid)
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
-      MS_ASSIGN_OR_RETURN(float* dy2, full_rows());
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(datty, G(w.projw), nullptr, dy2, y.atty.data(), P(w.projw), N, HlD, C));
-      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
-      MS_RETURN_IF_ERROR(be_->Zero(dln_full, sizeof(float) * (N * C)));
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.qkvw), G(w.qkvb), dqkv, ln1in, P(w.qkvw), N, C, 3 * HlD));
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
+      MS_RETURN_IF_ERROR(
+          be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
+      MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_rows, true, dln_full, dln));
     } else {
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
-      MS_ASSIGN_OR_RETURN(float* dy, full_rows());
       MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu, G(w.mprojw), nullptr, dy, y.fch_gelu.data(), P(w.mprojw), N, Fl, C));
-      MS_RETURN_IF_ERROR(be_->GeluBackward(dfch, y.fch.data(), dfch_gelu, N * Fl));
-      MS_RETURN_IF_ERROR(be_->Zero(dln_full, sizeof(float) * (N * C)));
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.fcw), G(w.fcb), dfch, ln1in, P(w.fcw), N, C, Fl));
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(datty, G(w.projw), nullptr, dy, y.atty.data(), P(w.projw), N, HlD, C));
-      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
-      // Both branches' LayerNorm-input gradients add up in dln_full: ONE reduction below.
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(dln_full, G(w.qkvw), G(w.qkvb), dqkv, ln1in, P(w.qkvw), N, C, 3 * HlD));
+      // One gather of dres feeds both branches' GEMMs.
+      auto both_dy_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {
+        MS_RETURN_IF_ERROR(mproj_rows(row0, rows, dy));
+        return proj_rows(row0, rows, dy);
+      };
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj+attn.proj", dres, dy_full_buf, false, both_dy_rows));
+      MS_RETURN_IF_ERROR(
+          be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
+      // Both branches' LayerNorm-input gradients add up per row: ONE reduction.
+      auto both_dln_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
+        MS_RETURN_IF_ERROR(fc_rows(row0, rows, dst));
+        return qkv_rows(row0, rows, dst);
+      };
+      MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("mlp.fc+qkv>dln1", both_dln_rows, true, dln_full, dln));
     }
     // The key bias shifts every score of a query by the same amount, which softmax ignores: its
     // gradient is exactly zero. Computed, it is rounding noise that Adam would amplify into
     // lr-sized random steps, different for every layout; keep it at its exact value.
     MS_RETURN_IF_ERROR(be_->Zero(G(w.qkvb) + HlD, sizeof(float) * HlD));
-    MS_ASSIGN_OR_RETURN(float* dln1, reduce_dln());
-    MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(), y.ln1_rstd.data(), R, C));
+    MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(),
+                                              y.ln1_rstd.data(), R, C));
     done(l);
   }
   if (ch.embedding) {
     float* dwpe = G(FindParam("embed.wpe"));
     const int64_t row0 = sp ? shard_.tp_rank * R : 0;
     MS_RETURN_IF_ERROR(be_->PositionsBackward(dwpe, dres, R, C, T, row0));
-    MS_ASSIGN_OR_RETURN(float* dx0, full_rows());
-    MS_RETURN_IF_ERROR(be_->EmbeddingBackward(G(FindParam("embed.wte")), a.inputs.data(), dx0, N, C));
+    float* dwte = G(FindParam("embed.wte"));
+    auto wte_rows = [&](int64_t first, int64_t rows, const float* dx) {
+      return be_->EmbeddingBackward(dwte, a.inputs.data() + first, dx, rows, C);
+    };
+    MS_RETURN_IF_ERROR(TpGatherRowsThen("dx>embed", dres, dy_full_buf, false, wte_rows));
     done(-1);
   } else {
     MS_RETURN_IF_ERROR(be_->Copy(a.dx_in.data(), dres, sizeof(float) * R * C));
@@ -673,7 +819,7 @@ Status Gpt::ReduceSequenceParallelGrads() {
     last = std::max(last, p.offset + p.numel);
   }
   if (last <= first) return Status::Ok();
-  return TpAllReduce(grad_data() + first, last - first);
+  return TpAllReduce(grad_data() + first, last - first, comm::ReduceOp::kSum, "sequence-parallel grads");
 }
 
 }  // namespace ms::model

@@ -27,6 +27,18 @@
 //   a 1/tp slice of the B*T rows; an all-gather precedes the column-parallel GEMMs and a
 //   reduce-scatter follows the row-parallel ones (the conjugates in backward). Replicated
 //   parameters then get partial gradients, summed across tp by ReduceSequenceParallelGrads().
+// Chunked TP communication (tp_comm_chunks = k > 1, MegaScale §3.2): every TP collective that
+//   feeds or follows a GEMM is split into k row chunks pipelined with the GEMM rows they feed or
+//   come from. All-gather (SP, forward before qkv/fc/head, backward of dres before attn.proj/
+//   mlp.proj): the gather of chunk j+1 is in flight while the GEMMs run on chunk j (one GEMM per
+//   rank's block of chunk j rows, straight into their rows of the output). Reduce-scatter (SP)
+//   and all-reduce (plain TP) after row-parallel GEMMs (forward attn.proj/mlp.proj and the
+//   embedding, backward the column-parallel input gradients and the head's): the GEMM rows of
+//   chunk j are computed into a buffer laid out as the collective expects and reduced while the
+//   rows of chunk j+1 are computed. Rows of a GEMM are independent, so results change only by
+//   rounding: weight gradients accumulate over the row blocks, and oneDNN's sgemm rounds blocks of
+//   fewer than 16 rows differently (from 16 rows on, the rows are bit-identical). k = 1 is the
+//   unchunked path. Staging: two buffers of tp * ceil(rows / k) rows (SP); all-reduces work in place.
 // Pipeline parallelism: the layers are cut into pp * virtual_stages chunks; global chunk
 //   s = c * pp + pp_rank is this rank's local chunk c. The first chunk also holds the
 //   embeddings, the last the final norm and the head (a tied wte is replicated there and kept
@@ -42,12 +54,13 @@
 // Thread safety: one thread drives a Gpt; ops use OpenMP inside.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
-#include <algorithm>
 #include <vector>
 
 #include "comm/comm.h"
@@ -85,6 +98,7 @@ struct ShardSpec {
   int pp_size = 1, pp_rank = 0;
   int virtual_stages = 1;
   bool sequence_parallel = false;
+  int tp_comm_chunks = 1;  // row chunks of each TP collective pipelined with its GEMMs; clamped to the rows
 };
 
 // Communicators the model uses inside a layer (TP). Null when tp_size == 1.
@@ -109,8 +123,8 @@ class DeviceArray {
  public:
   Status Allocate(ops::Backend* backend, int64_t n) {
     const DType dtype = sizeof(T) == 4 && !std::is_floating_point_v<T> ? DType::kI32 : DType::kF32;
-    MS_ASSIGN_OR_RETURN(buf_, device::Buffer::Allocate(backend->device(), static_cast<size_t>(std::max<int64_t>(n, 1)),
-                                                       dtype));
+    MS_ASSIGN_OR_RETURN(
+        buf_, device::Buffer::Allocate(backend->device(), static_cast<size_t>(std::max<int64_t>(n, 1)), dtype));
     n_ = n;
     return backend->Zero(buf_.data(), buf_.bytes());
   }
@@ -181,6 +195,13 @@ class Gpt {
   // Under sequence parallelism: sums the partial gradients of replicated tensors across tp.
   Status ReduceSequenceParallelGrads();
 
+  // Timeline hook (e.g. the Chrome trace; null: none): called with (name, lane, start, end) in
+  // NowSeconds() for every TP collective ("tp ...", lane "tp": from its launch to the return of
+  // the Wait that completed it) and every GEMM step that feeds or drains one ("gemm ...", lane
+  // "tp-gemm": host-side time of issuing the ops of one chunk, or of all rows when unchunked).
+  using SpanHook = std::function<void(std::string_view name, std::string_view lane, double start, double end)>;
+  void set_span_hook(SpanHook hook) { span_ = std::move(hook); }
+
  private:
   struct Chunk {
     int global = 0;  // global chunk index
@@ -197,9 +218,26 @@ class Gpt {
   LayerW Layer(int l) const;
   // Collective helpers over tp (no-ops at tp 1).
   Status TpCollectiveReady();
-  Status TpAllReduce(float* x, int64_t n);
-  Status TpAllGatherRows(const float* local, float* full);      // [rows, C] -> [N, C]
-  Status TpReduceScatterRows(const float* full, float* local);  // [N, C] partial -> [rows, C] summed
+  Status TpAllReduce(float* x, int64_t n, comm::ReduceOp op, std::string_view what);
+  // Waits for a TP collective (`op` of `what`, chunk `chunk` of `chunks`) launched at `posted`;
+  // reports its span and names it in an error.
+  Status TpWait(comm::Work& work, std::string_view op, std::string_view what, int chunk, int chunks, double posted);
+  // A step of row work over rows [row0, row0 + rows) of the [N, ...] tensors: a consumer reads
+  // those rows of the gathered input at `src` (rows x C, contiguous); a producer writes (or
+  // accumulates) their partial output to `dst` (rows x C, contiguous).
+  using ConsumeFn = std::function<Status(int64_t row0, int64_t rows, const float* src)>;
+  using ProduceFn = std::function<Status(int64_t row0, int64_t rows, float* dst)>;
+  // Gathers `local` [rows_, C] into the [N, C] rows and runs `consume` on them; chunked into
+  // tp_comm_chunks pipelined steps under SP. `full` [N, C] receives the gathered tensor when
+  // keep_full (else it is scratch for the unchunked path). Without SP, consume(0, N, local).
+  Status TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
+                          const ConsumeFn& consume);
+  // Runs `produce` for partial outputs of all N rows (zeroing its rows first when `zero`, for
+  // producers that accumulate) and reduces them across tp, chunked and pipelined likewise:
+  // returns `local` [rows_, C] under SP (reduce-scatter), else `full` [N, C] (all-reduce in place).
+  Result<float*> TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, bool zero, float* full,
+                                     float* local);
+  void GemmSpan(std::string_view what, int chunk, int chunks, double start);  // reports a GEMM step's span
   Result<float> HeadForward(Acts& a, const float* x);
   Status HeadBackward(Acts& a, float dloss, float* dres);
 
@@ -220,6 +258,10 @@ class Gpt {
   ops::Backend* be_ = nullptr;
   std::unique_ptr<ops::Backend> own_be_;
   DeviceArray<float> scratch_;
+  int sp_chunks_ = 1, ar_chunks_ = 1;  // tp_comm_chunks clamped to the rows_ / N rows
+  int64_t stage_rows_ = 0;             // rows of one SP chunk stage: tp * ceil(rows_ / sp_chunks_)
+  DeviceArray<float> stage_;           // 2 stages (double buffer) of chunked SP collectives
+  SpanHook span_;
 };
 
 }  // namespace ms::model

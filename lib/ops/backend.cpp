@@ -207,6 +207,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(device::Device* device) { return std::make_unique<CpuBackend>(device); }
+std::unique_ptr<Backend> MakeCpuBackend(device::Device* device) {
+  return std::make_unique<CpuBackend>(device);
+}
 
 }  // namespace ms::ops

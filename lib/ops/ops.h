@@ -182,27 +182,27 @@ class Backend {
 
   // Memory helpers (device pointers; host pointers where named).
   virtual Status Zero(void* dst, size_t bytes) = 0;
-  virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;                // device -> device
-  virtual Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;   // host -> device
-  virtual Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;     // device -> host; waits
-  virtual Status Synchronize() = 0;                                                  // all work done
+  virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;               // device -> device
+  virtual Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;  // host -> device
+  virtual Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;    // device -> host; waits
+  virtual Status Synchronize() = 0;                                                // all work done
 
   virtual Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
                                int64_t OC) = 0;
   virtual Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                                 const float* w, int64_t N, int64_t IC, int64_t OC) = 0;
-  virtual Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                                  const float* b, int64_t N, int64_t C, float eps) = 0;
-  virtual Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                                   const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+  virtual Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                                  int64_t N, int64_t C, float eps) = 0;
+  virtual Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                                   const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
   virtual Status GeluForward(float* out, const float* x, int64_t n) = 0;
   virtual Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) = 0;
-  virtual Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H,
-                                  int64_t D, int64_t window) = 0;
-  virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) = 0;
-  virtual Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                                     int64_t N, int64_t V) = 0;
+  virtual Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  int64_t window) = 0;
+  virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                                   int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) = 0;
+  virtual Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
+                                     int64_t V) = 0;
   virtual Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                       const float* dloss, int64_t N, int64_t V) = 0;
   // Vocab-parallel cross-entropy pieces; logits (N, V) are this rank's vocab columns [vstart, vstart + V).

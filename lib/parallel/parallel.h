@@ -97,11 +97,11 @@ class DataParallel {
 
  private:
   struct Bucket {
-    int first = 0, last = 0;     // param index range [first, last]
-    int64_t start = 0, end = 0;  // float range in the flat buffers
-    int64_t chunk = 0;           // ceil((end-start)/dp): the owned share
-    bool tied = false;           // the tied wte (pp > 1): reduced after backward
-    int pending = 0;             // tensors whose gradient is not final yet (this micro-batch)
+    int first = 0, last = 0;            // param index range [first, last]
+    int64_t start = 0, end = 0;         // float range in the flat buffers
+    int64_t chunk = 0;                  // ceil((end-start)/dp): the owned share
+    bool tied = false;                  // the tied wte (pp > 1): reduced after backward
+    int pending = 0;                    // tensors whose gradient is not final yet (this micro-batch)
     model::DeviceArray<float> staging;  // dp*chunk floats (device memory, as the two below)
     model::DeviceArray<float> shard;    // chunk floats: the owned reduced gradient (zero >= 1)
     model::DeviceArray<float> rs_out;   // chunk floats

@@ -89,8 +89,30 @@ Status CheckCompatible(const checkpoint::Checkpoint& ckpt, const config::JobSpec
   return Status::Ok();
 }
 
-std::vector<checkpoint::PieceRef> RankPieces(const model::Gpt& gpt, optim::Optimizer& opt, int dp_rank) {
+Result<std::vector<checkpoint::PieceRef>> RankPieces(const model::Gpt& gpt, optim::Optimizer& opt, int dp_rank,
+                                                     HostStaging* staging, bool stage) {
   std::vector<checkpoint::PieceRef> pieces;
+  ops::Backend* be = gpt.backend();
+  const float* param_base = gpt.param_data();
+  const float* m_base = opt.exp_avg().data();
+  const float* v_base = opt.exp_avg_sq().data();
+  if (!be->device()->is_host()) {
+    staging->params.resize(gpt.num_params());
+    staging->exp_avg.resize(opt.exp_avg().size());
+    staging->exp_avg_sq.resize(opt.exp_avg_sq().size());
+    if (stage) {
+      MS_RETURN_IF_ERROR_CTX(be->CopyToHost(staging->params.data(), param_base, sizeof(float) * gpt.num_params()),
+                             "staging parameters for a checkpoint");
+      MS_RETURN_IF_ERROR_CTX(be->CopyToHost(staging->exp_avg.data(), m_base, sizeof(float) * staging->exp_avg.size()),
+                             "staging exp_avg for a checkpoint");
+      MS_RETURN_IF_ERROR_CTX(
+          be->CopyToHost(staging->exp_avg_sq.data(), v_base, sizeof(float) * staging->exp_avg_sq.size()),
+          "staging exp_avg_sq for a checkpoint");
+    }
+    param_base = staging->params.data();
+    m_base = staging->exp_avg.data();
+    v_base = staging->exp_avg_sq.data();
+  }
   const auto& params = gpt.params();
   const int tp = gpt.shard().tp_size, tp_rank = gpt.shard().tp_rank;
   auto piece = [&](const model::ParamInfo& p, const char* kind, int64_t begin, int64_t end, const float* data) {
@@ -109,7 +131,7 @@ std::vector<checkpoint::PieceRef> RankPieces(const model::Gpt& gpt, optim::Optim
   if (dp_rank == 0) {
     for (const auto& p : params) {
       if (p.tied_replica || (p.shard == model::ShardKind::kReplicated && tp_rank != 0)) continue;
-      pieces.push_back(piece(p, "param", 0, p.numel, gpt.param_data() + p.offset));
+      pieces.push_back(piece(p, "param", 0, p.numel, param_base + p.offset));
     }
   }
   const auto& segs = opt.segments();
@@ -117,14 +139,28 @@ std::vector<checkpoint::PieceRef> RankPieces(const model::Gpt& gpt, optim::Optim
     if (!segs[i].count) continue;
     const auto& p = params[segs[i].param];
     const int64_t o = opt.state_offset(i);
-    pieces.push_back(piece(p, "exp_avg", segs[i].begin, segs[i].begin + segs[i].len, opt.exp_avg().data() + o));
-    pieces.push_back(piece(p, "exp_avg_sq", segs[i].begin, segs[i].begin + segs[i].len, opt.exp_avg_sq().data() + o));
+    pieces.push_back(piece(p, "exp_avg", segs[i].begin, segs[i].begin + segs[i].len, m_base + o));
+    pieces.push_back(piece(p, "exp_avg_sq", segs[i].begin, segs[i].begin + segs[i].len, v_base + o));
   }
   return pieces;
 }
 
 Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::Optimizer& opt, Runtime& rt) {
   const auto& params = gpt.params();
+  ops::Backend* be = gpt.backend();
+  const bool host = be->device()->is_host();
+  HostStaging st;  // non-host devices: read into host memory, then copy over
+  float* param_base = gpt.param_data();
+  float* m_base = opt.exp_avg().data();
+  float* v_base = opt.exp_avg_sq().data();
+  if (!host) {
+    st.params.assign(gpt.num_params(), 0.0f);
+    st.exp_avg.assign(opt.exp_avg().size(), 0.0f);
+    st.exp_avg_sq.assign(opt.exp_avg_sq().size(), 0.0f);
+    param_base = st.params.data();
+    m_base = st.exp_avg.data();
+    v_base = st.exp_avg_sq.data();
+  }
   auto target = [&](const model::ParamInfo& p, int64_t begin, int64_t end) {
     checkpoint::ShardTarget t;
     t.global_shape = p.global_shape;
@@ -138,10 +174,15 @@ Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::O
   // Parameters: every data-parallel replica needs the same shard: read once, broadcast.
   if (rt.dp_rank == 0) {
     for (const auto& p : params) {
-      MS_RETURN_IF_ERROR_CTX(ckpt.Read("param", p.name, target(p, 0, p.numel), gpt.param_data() + p.offset),
-                             "restoring {}", p.name);
+      MS_RETURN_IF_ERROR_CTX(ckpt.Read("param", p.name, target(p, 0, p.numel), param_base + p.offset), "restoring {}",
+                             p.name);
+    }
+    if (!host) {
+      MS_RETURN_IF_ERROR_CTX(be->CopyFromHost(gpt.param_data(), param_base, sizeof(float) * gpt.num_params()),
+                             "copying restored parameters to the device");
     }
   }
+  MS_RETURN_IF_ERROR(be->Synchronize());
   if (rt.dp && rt.dp->size() > 1) {
     MS_RETURN_IF_ERROR_CTX(rt.dp->Broadcast(gpt.param_data(), gpt.num_params(), 0)->Wait(),
                            "broadcasting restored parameters over data-parallel ranks");
@@ -152,10 +193,15 @@ Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::O
     const auto& p = params[segs[i].param];
     const auto t = target(p, segs[i].begin, segs[i].begin + segs[i].len);
     const int64_t o = opt.state_offset(i);
-    MS_RETURN_IF_ERROR_CTX(ckpt.Read("exp_avg", p.name, t, opt.exp_avg().data() + o), "restoring exp_avg of {}",
-                           p.name);
-    MS_RETURN_IF_ERROR_CTX(ckpt.Read("exp_avg_sq", p.name, t, opt.exp_avg_sq().data() + o),
-                           "restoring exp_avg_sq of {}", p.name);
+    MS_RETURN_IF_ERROR_CTX(ckpt.Read("exp_avg", p.name, t, m_base + o), "restoring exp_avg of {}", p.name);
+    MS_RETURN_IF_ERROR_CTX(ckpt.Read("exp_avg_sq", p.name, t, v_base + o), "restoring exp_avg_sq of {}", p.name);
+  }
+  if (!host) {
+    MS_RETURN_IF_ERROR_CTX(be->CopyFromHost(opt.exp_avg().data(), m_base, sizeof(float) * st.exp_avg.size()),
+                           "copying restored exp_avg to the device");
+    MS_RETURN_IF_ERROR_CTX(be->CopyFromHost(opt.exp_avg_sq().data(), v_base, sizeof(float) * st.exp_avg_sq.size()),
+                           "copying restored exp_avg_sq to the device");
+    MS_RETURN_IF_ERROR(be->Synchronize());
   }
   ckpt.DropCache();
   return Status::Ok();

@@ -33,8 +33,16 @@ Status CheckCompatible(const checkpoint::Checkpoint& ckpt, const config::JobSpec
 // The pieces this rank saves: its parameter shards (data-parallel rank 0 only; replicated
 // tensors from tensor-parallel rank 0; never the tied replica) and the optimizer state of the
 // segments it counts.
-std::vector<checkpoint::PieceRef> RankPieces(const model::Gpt& gpt, optim::Optimizer& opt, int dp_rank);
-// Restores parameters (read by data-parallel rank 0, broadcast over dp) and optimizer state.
+// On a host device the pieces point at the live buffers; on a GPU (or the emulated one) parameters and
+// optimizer state are first copied into `staging` (host memory, grown as needed and reused), and the pieces
+// point there (with stage = false only the sizes are meaningful: used to reserve snapshot memory).
+struct HostStaging {
+  std::vector<float> params, exp_avg, exp_avg_sq;
+};
+Result<std::vector<checkpoint::PieceRef>> RankPieces(const model::Gpt& gpt, optim::Optimizer& opt, int dp_rank,
+                                                     HostStaging* staging, bool stage = true);
+// Restores parameters (read by data-parallel rank 0, broadcast over dp) and optimizer state; a non-host device
+// is filled through host staging buffers.
 Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::Optimizer& opt, Runtime& rt);
 
 }  // namespace ms::runner

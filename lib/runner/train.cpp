@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "cuda/cuda.h"
 #include "data/data.h"
 #include "device/device.h"
 #include "metrics/metrics.h"
@@ -51,11 +52,59 @@ class StopSignals {
 };
 
 Status CheckSupported(const config::JobSpec& spec) {
-  if (spec.runtime.backend == config::Backend::kCuda) {
-    return Unimplemented("{}: runtime.backend: cuda is not built yet (CUDA backend issue); use backend: cpu or auto",
-                         spec.source);
+  if (spec.runtime.backend == config::Backend::kCuda && cuda::LinkedFlavor() == cuda::Flavor::kNone) {
+    return Unavailable(
+        "{}: runtime.backend: cuda, but this megascale was built without nvcc: install the CUDA toolkit and rebuild, "
+        "use runtime.backend: cpu, or run the kernels on the emulator with megascale-emu",
+        spec.source);
   }
   return Status::Ok();
+}
+
+// The device and ops backend of a rank: runtime.backend cpu, cuda (the linked flavor: a GPU, or the emulator in
+// megascale-emu), or auto (cuda when this binary drives GPUs and one is present, else cpu).
+struct Compute {
+  std::unique_ptr<device::Device> device;
+  std::unique_ptr<ops::Backend> backend;  // null: the model's own CPU backend
+};
+Result<Compute> MakeCompute(const config::JobSpec& spec, const Runtime& rt) {
+  Compute c;
+  bool use_cuda = spec.runtime.backend == config::Backend::kCuda;
+  const int ordinal = rt.local_world > 0 ? rt.rank % rt.local_world : 0;
+  if (spec.runtime.backend == config::Backend::kAuto && cuda::LinkedFlavor() == cuda::Flavor::kGpu) {
+    auto probe = cuda::MakeCudaDevice(ordinal);
+    if (probe.ok()) {
+      use_cuda = true;
+      c.device = std::move(probe).value();
+    } else {
+      LogInfo("runtime.backend auto: no usable GPU ({}); using the CPU backend", probe.status().message());
+    }
+  }
+  if (!use_cuda) {
+    if (spec.train.precision == config::Precision::kBf16) {
+      LogWarn("train.precision bf16 on the CPU backend: GEMMs run in fp32");
+    }
+    c.device = device::MakeCpuDevice();
+    return c;
+  }
+  if (cuda::LinkedFlavor() == cuda::Flavor::kGpu && rt.world > 1) {
+    return Unimplemented(
+        "{}: runtime.backend: cuda with {} ranks: multi-rank training on GPUs needs NCCL process groups, which the "
+        "runner does not create yet (the communicators are Gloo, on host memory); run one rank (tp=pp=dp=1) on the "
+        "GPU, "
+        "or the same layout on the emulated CUDA backend with megascale-emu",
+        spec.source, rt.world);
+  }
+  if (!c.device) {
+    auto dev = cuda::MakeCudaDevice(cuda::LinkedFlavor() == cuda::Flavor::kEmulated ? 0 : ordinal);
+    if (!dev.ok()) return dev.status().WithContext("runtime.backend: cuda");
+    c.device = std::move(dev).value();
+  }
+  MS_ASSIGN_OR_RETURN(c.backend,
+                      cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16));
+  LogInfo("compute: {} on {} (GEMMs {})", c.backend->name(), c.device->name(),
+          c.backend->bf16_gemm() ? "bf16 inputs, fp32 accumulation" : "fp32");
+  return c;
 }
 
 // Fills inputs/targets [count, T] from samples first..first+count-1 of a split.
@@ -224,9 +273,10 @@ Status DumpParams(const model::Gpt& gpt, const std::string& dir, int rank) {
   }
   index += "\n]\n";
   MS_RETURN_IF_ERROR(WriteFileAtomic(fmt::format("{}/rank-{}.json", dir, rank), index));
+  std::vector<float> host(static_cast<size_t>(gpt.num_params()));
+  MS_RETURN_IF_ERROR(gpt.backend()->CopyToHost(host.data(), gpt.param_data(), sizeof(float) * host.size()));
   return WriteFileAtomic(fmt::format("{}/rank-{}.f32", dir, rank),
-                         std::string_view(reinterpret_cast<const char*>(gpt.param_data()),
-                                          sizeof(float) * static_cast<size_t>(gpt.num_params())));
+                         std::string_view(reinterpret_cast<const char*>(host.data()), sizeof(float) * host.size()));
 }
 
 std::unique_ptr<Runtime> SingleRankRuntime() {
@@ -308,7 +358,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
 
   // Model shard, data-parallel engine, optimizer.
   TimedComm tp_timed(rt.tp.get());
-  auto device = device::MakeCpuDevice();
+  MS_ASSIGN_OR_RETURN(Compute compute, MakeCompute(spec, rt));
+  device::Device* device = compute.device.get();
   model::ShardSpec shard;
   shard.tp_size = par.tp;
   shard.tp_rank = rt.tp_rank;
@@ -316,17 +367,24 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   shard.pp_rank = rt.pp_rank;
   shard.virtual_stages = par.virtual_stages;
   shard.sequence_parallel = par.sequence_parallel;
+  shard.tp_comm_chunks = par.tp_comm_chunks;
   model::ModelComms mcomms;
   if (par.tp > 1) mcomms.tp = &tp_timed;
-  MS_ASSIGN_OR_RETURN(auto gpt, model::Gpt::Create(m, shard, micro, spec.train.seed, device.get(), mcomms));
+  MS_ASSIGN_OR_RETURN(auto gpt,
+                      model::Gpt::Create(m, shard, micro, spec.train.seed, device, mcomms, compute.backend.get()));
+  if (spec.log.trace && par.tp > 1) {  // TP collectives and the GEMM chunks they overlap with
+    gpt->set_span_hook([&trace](std::string_view what, std::string_view lane, double t0, double t1) {
+      trace.Span(what, lane, t0, t1);
+    });
+  }
   parallel::DataParallelOptions dpo;
   dpo.zero = par.zero;
   dpo.bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(par.bucket_mb * 1e6 / sizeof(float)));
   dpo.overlap = par.overlap;
   dpo.on_comm_span = [&trace](const std::string& what, double t0, double t1) { trace.Span(what, "dp", t0, t1); };
   MS_ASSIGN_OR_RETURN(auto dpe, parallel::DataParallel::Create(gpt.get(), rt.dp.get(), rt.embedding.get(), dpo));
-  MS_ASSIGN_OR_RETURN(
-      auto opt, optim::Optimizer::Create(spec.optimizer, gpt->params(), dpe->segments(), model::AllTensorNames(m)));
+  MS_ASSIGN_OR_RETURN(auto opt, optim::Optimizer::Create(spec.optimizer, gpt->params(), dpe->segments(),
+                                                         model::AllTensorNames(m), gpt->backend()));
   optim::Reducer reduce_world = [&](std::vector<double>* v) -> Status {
     if (rt.world == 1) return Status::Ok();
     return rt.world_comm->AllReduce(v->data(), static_cast<int64_t>(v->size()), comm::ReduceOp::kSum)->Wait();
@@ -379,6 +437,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           sum += l;
         } else {
           MS_RETURN_IF_ERROR(pipe.WaitSend({c, 0}));
+          MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
           pipe.Send(gpt->ChunkOutput(c, 0), next_rank, PipeComm::Tag(2, b, g + 1), {c, 0});
           MS_RETURN_IF_ERROR(pipe.WaitSend({c, 0}));
         }
@@ -391,6 +450,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   };
 
   // Checkpoints: the writer, and the restore of the newest valid one when resuming.
+  HostStaging ckpt_staging;
   checkpoint::CheckpointerOptions co;
   co.dir = spec.checkpoint.dir;
   co.rank = rt.rank;
@@ -399,7 +459,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   co.policy = checkpoint::OverlapPolicy::kWait;
   if (spec.checkpoint.interval > 0) {
     // Allocate (and fault in) the snapshot memory now, so the first checkpoint blocks as little as the rest.
-    for (const auto& piece : RankPieces(*gpt, *opt, rt.dp_rank)) co.reserve_bytes += (piece.end - piece.begin) * 4;
+    MS_ASSIGN_OR_RETURN(auto sizes, RankPieces(*gpt, *opt, rt.dp_rank, &ckpt_staging, /*stage=*/false));
+    for (const auto& piece : sizes) co.reserve_bytes += (piece.end - piece.begin) * 4;
   }
   std::shared_ptr<checkpoint::Coordinator> coordinator = rt.coordinator;
   if (!coordinator) coordinator = std::make_shared<checkpoint::InProcessCoordinator>();
@@ -483,6 +544,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           loss_sum += l;
           if (!std::isfinite(l)) return DataLoss("loss is {} at step {}; stopping (lower optimizer.lr?)", l, step);
         } else {
+          MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
           pipe.Send(gpt->ChunkOutput(c, slot), next_rank, PipeComm::Tag(0, a.micro, g + 1), {c, slot});
         }
       } else {
@@ -501,6 +563,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         MS_RETURN_IF_ERROR(gpt->BackwardChunk(c, slot, dout, dloss, done));
         MS_RETURN_IF_ERROR(dpe->EndMicroBatch(a.micro, n_micro));
         if (!gpt->has_embedding(c)) {
+          MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
           pipe.Send(gpt->InputGrad(c, slot), prev_rank, PipeComm::Tag(1, a.micro, g - 1), {-1 - c, slot});
         }
       }
@@ -572,8 +635,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         (spec.checkpoint.interval > 0 && step % spec.checkpoint.interval == 0) || (flags[0] & (2 | 4)) != 0;
     if (want_save) {
       MS_RETURN_IF_ERROR(dpe->WaitAllParams());
-      MS_ASSIGN_OR_RETURN(auto info,
-                          checkpointer->Snapshot(step, RankPieces(*gpt, *opt, rt.dp_rank), MakeMetadata(spec, step)));
+      MS_ASSIGN_OR_RETURN(auto pieces, RankPieces(*gpt, *opt, rt.dp_rank, &ckpt_staging));
+      MS_ASSIGN_OR_RETURN(auto info, checkpointer->Snapshot(step, pieces, MakeMetadata(spec, step)));
       trace.Span(fmt::format("checkpoint snapshot {}", step), "compute", NowSeconds() - info.blocked_seconds,
                  NowSeconds());
       if (rank0) {

@@ -1,0 +1,1430 @@
+// kernels_bench: GPU timings of every kernel launcher of kernels/ (kernels.h, attention.h, elementwise.h,
+// matmul.h) at GPT-2-sized shapes. For each launcher: the median (and minimum) time of its launches measured with
+// cudaEvents after a warm-up, the achieved bytes/s against the device's peak memory bandwidth, and for the GEMM and
+// attention the achieved FLOP/s against cuBLAS (cublasGemmEx, bf16 in, fp32 out, CUBLAS_COMPUTE_32F) on the same
+// GEMM shapes. Not a test: it needs a GPU (without one it exits with status 1 and says so).
+//
+// Before any timing, every launcher is run once on a small shape and compared with the CPU reference of its op
+// (ms::ops::ref, lib/ops/ops.h), with the tolerances of tests/kernels; a disagreement stops the run with status 1,
+// so a broken kernel is never benchmarked. Every CUDA and cuBLAS call is checked.
+//
+//   kernels_bench [--preset all|gpt2-small|gpt2-xl] [--tokens N --hidden C --heads H --vocab V --seq T
+//                 --window W --layers L --tp P] [--iters I] [--warmup W] [--device D] [--json FILE]
+//
+// docs/PERFORMANCE.md ("GPU kernels (kernels_bench)"), docs/cuda.md ("Benchmark"), scripts/bench_kernels.sh.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels.h"
+#include "ops/ops.h"
+
+namespace {
+
+namespace k = ms::kernels;
+namespace ref = ms::ops::ref;
+using bf16 = __nv_bfloat16;
+
+// ---- errors --------------------------------------------------------------------------------------------------
+
+[[noreturn]] void Die(const std::string& msg) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "kernels_bench: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+std::string CudaError(cudaError_t e) {
+  return fmt::format("{} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+void CheckCuda(cudaError_t e, const char* expr, const char* file, int line) {
+  if (e != cudaSuccess) Die(fmt::format("{}:{}: {} failed: {}", file, line, expr, CudaError(e)));
+}
+
+void CheckCublas(cublasStatus_t s, const char* expr, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    Die(fmt::format("{}:{}: {} failed: {} ({})", file, line, expr, cublasGetStatusName(s), cublasGetStatusString(s)));
+  }
+}
+
+#define BENCH_CUDA(expr) CheckCuda((expr), #expr, __FILE__, __LINE__)
+#define BENCH_CUBLAS(expr) CheckCublas((expr), #expr, __FILE__, __LINE__)
+
+// The launch error a launcher returned, then (sync) the errors of its execution, named after the kernel.
+void CheckLaunch(const std::string& what, cudaError_t e) {
+  if (e != cudaSuccess) Die(fmt::format("{}: launch failed: {}", what, CudaError(e)));
+}
+void SyncAfter(const std::string& what, cudaStream_t stream) {
+  const cudaError_t e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) Die(fmt::format("{}: execution failed: {}", what, CudaError(e)));
+}
+
+// ---- device buffers and inputs ---------------------------------------------------------------------------------
+
+template <typename T>
+class DevBuf {
+ public:
+  DevBuf(size_t n, const std::string& what) : n_(n), what_(what) {
+    const size_t bytes = std::max<size_t>(n, 1) * sizeof(T);
+    const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&p_), bytes);
+    if (e != cudaSuccess) {
+      Die(fmt::format("cudaMalloc of {} ({:.1f} MiB) failed: {}", what, static_cast<double>(bytes) / (1 << 20),
+                      CudaError(e)));
+    }
+  }
+  DevBuf(const std::vector<T>& host, const std::string& what) : DevBuf(host.size(), what) { Upload(host); }
+  ~DevBuf() {
+    if (p_ != nullptr) (void)cudaFree(p_);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  void Upload(const std::vector<T>& host) {
+    if (host.size() != n_) Die(fmt::format("upload of {} elements into {} ({} elements)", host.size(), what_, n_));
+    BENCH_CUDA(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  // Synchronous with respect to the whole device (the benchmark's stream is a blocking stream).
+  std::vector<T> Download() const {
+    std::vector<T> host(n_);
+    BENCH_CUDA(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  size_t n_;
+  std::string what_;
+  T* p_ = nullptr;
+};
+
+std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16_rn(v[i]);
+  return out;
+}
+
+std::vector<float> FromBf16(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
+// Large inputs: a host-generated block of up to 4 Mi random values, repeated over the buffer by device-to-device
+// copies (the values only have to be realistic, not unique, for timing).
+constexpr size_t kFillBlock = size_t{1} << 22;
+
+template <typename T>
+void FillTiled(T* dst, size_t n, const std::vector<T>& block) {
+  if (n == 0) return;
+  const size_t first = std::min(n, block.size());
+  BENCH_CUDA(cudaMemcpy(dst, block.data(), first * sizeof(T), cudaMemcpyHostToDevice));
+  for (size_t done = first; done < n;) {
+    const size_t count = std::min(done, n - done);
+    BENCH_CUDA(cudaMemcpy(dst + done, dst, count * sizeof(T), cudaMemcpyDeviceToDevice));
+    done += count;
+  }
+}
+
+void Fill(const DevBuf<float>& buf, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  FillTiled(buf.get(), buf.size(), Random(std::min(buf.size(), kFillBlock), seed, lo, hi));
+}
+
+void Fill(const DevBuf<bf16>& buf, uint32_t seed) {
+  FillTiled(buf.get(), buf.size(), ToBf16(Random(std::min(buf.size(), kFillBlock), seed)));
+}
+
+std::vector<int32_t> RandomIds(size_t n, int64_t V, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+  return ids;
+}
+
+// ---- cuBLAS, row-major ------------------------------------------------------------------------------------------
+
+// Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C (the conventions of ms::ops::Gemm and kernels::GemmBf16) is
+// column-major C^T (N, M) = op(B)^T @ op(A)^T: cuBLAS gets B first, with m = N and n = M.
+cublasStatus_t GemmRowMajor(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* alpha,
+                            const bf16* A, int64_t lda, const bf16* B, int64_t ldb, const float* beta, float* C,
+                            int64_t ldc) {
+  return cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                      static_cast<int>(M), static_cast<int>(K), alpha, B, CUDA_R_16BF, static_cast<int>(ldb), A,
+                      CUDA_R_16BF, static_cast<int>(lda), beta, C, CUDA_R_32F, static_cast<int>(ldc),
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+cublasStatus_t GemmBatchedRowMajor(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                   const float* alpha, const bf16* A, int64_t lda, int64_t stride_a, const bf16* B,
+                                   int64_t ldb, int64_t stride_b, const float* beta, float* C, int64_t ldc,
+                                   int64_t stride_c, int64_t batch) {
+  return cublasGemmStridedBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, B,
+                                    CUDA_R_16BF, static_cast<int>(ldb), stride_b, A, CUDA_R_16BF, static_cast<int>(lda),
+                                    stride_a, beta, C, CUDA_R_32F, static_cast<int>(ldc), stride_c,
+                                    static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+// ---- sanity checks against ms::ops::ref -------------------------------------------------------------------------
+
+class Sanity {
+ public:
+  Sanity(cudaStream_t stream, cublasHandle_t blas) : stream_(stream), blas_(blas) {}
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t blas() const { return blas_; }
+  int checks() const { return checks_; }
+
+  // A launcher's launch error, then its execution (synchronously), both named.
+  void Run(const std::string& what, cudaError_t launch_error) {
+    CheckLaunch(what, launch_error);
+    SyncAfter(what, stream_);
+  }
+
+  // |got - want| <= atol + rtol * |want| everywhere (NaN fails).
+  void Close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, double rtol,
+             double atol) {
+    if (got.size() != want.size())
+      Die(fmt::format("sanity check {}: {} values, expected {}", what, got.size(), want.size()));
+    size_t worst = 0, bad = 0;
+    double worst_excess = -std::numeric_limits<double>::infinity(), max_err = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+      const double excess = std::isnan(err) ? std::numeric_limits<double>::infinity()
+                                            : err - (atol + rtol * std::fabs(static_cast<double>(want[i])));
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        worst = i;
+      }
+      if (!(excess <= 0.0)) ++bad;
+      if (!std::isnan(err)) max_err = std::max(max_err, err);
+    }
+    if (bad > 0) {
+      Die(fmt::format(
+          "SANITY CHECK FAILED: {}: {} of {} values out of tolerance; worst: element {} is {:.9g}, the CPU reference "
+          "(ms::ops::ref) gives {:.9g} (rtol {:g}, atol {:g}). The kernel is broken: nothing is benchmarked.",
+          what, bad, got.size(), worst, got[worst], want[worst], rtol, atol));
+    }
+    Passed(what, fmt::format("max |err| {:.2e} (rtol {:g}, atol {:g})", max_err, rtol, atol));
+  }
+
+  // Bitwise equality (floats, bf16 bits, ids).
+  template <typename T>
+  void Exact(const std::string& what, const std::vector<T>& got, const std::vector<T>& want) {
+    if (got.size() != want.size())
+      Die(fmt::format("sanity check {}: {} values, expected {}", what, got.size(), want.size()));
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+        Die(
+            fmt::format("SANITY CHECK FAILED: {}: element {} differs from the reference (exact match required). The "
+                        "kernel is broken: nothing is benchmarked.",
+                        what, i));
+      }
+    }
+    Passed(what, "bit-identical");
+  }
+
+  void Passed(const std::string& what, const std::string& detail) {
+    ++checks_;
+    fmt::print("  ok  {:<66} {}\n", what, detail);
+  }
+
+ private:
+  cudaStream_t stream_;
+  cublasHandle_t blas_;
+  int checks_ = 0;
+};
+
+void SanityGelu(Sanity& s) {
+  const int64_t n = 1000;
+  const auto x = Random(n, 1, -3.0f, 3.0f), dout = Random(n, 2);
+  DevBuf<float> dx(x, "x"), ddout(dout, "dout"), dy(n, "y"), dgrad(n, "dx");
+  s.Run("GeluForward", k::GeluForward(dy.get(), dx.get(), n, s.stream()));
+  s.Run("GeluBackward", k::GeluBackward(dgrad.get(), dx.get(), ddout.get(), n, s.stream()));
+  std::vector<float> y(n), g(n);
+  ref::GeluForward(y.data(), x.data(), n);
+  ref::GeluBackward(g.data(), x.data(), dout.data(), n);
+  s.Close("GeluForward (n=1000)", dy.Download(), y, 1e-5, 1e-6);
+  s.Close("GeluBackward (n=1000)", dgrad.Download(), g, 1e-5, 1e-6);
+
+  const int64_t N = 7, C = 45, m = N * C;
+  const auto xb = Random(m, 3, -3.0f, 3.0f), bias = Random(C, 4), doutb = Random(m, 5), dbias0 = Random(C, 6);
+  DevBuf<float> d_x(xb, "x"), d_bias(bias, "bias"), d_dout(doutb, "dout"), d_y(m, "y"), d_dx(m, "dx"),
+      d_dbias(dbias0, "dbias");
+  s.Run("BiasGeluForward", k::BiasGeluForward(d_y.get(), d_x.get(), d_bias.get(), N, C, s.stream()));
+  s.Run("BiasGeluBackward",
+        k::BiasGeluBackward(d_dx.get(), d_dbias.get(), d_x.get(), d_bias.get(), d_dout.get(), N, C, s.stream()));
+  std::vector<float> u(m), yb(m), gb(m), db(dbias0);
+  for (int64_t i = 0; i < m; ++i) u[i] = xb[i] + bias[i % C];
+  ref::GeluForward(yb.data(), u.data(), m);
+  ref::GeluBackward(gb.data(), u.data(), doutb.data(), m);
+  for (int64_t c = 0; c < C; ++c) {
+    double acc = 0.0;
+    for (int64_t r = 0; r < N; ++r) acc += gb[r * C + c];
+    db[c] = static_cast<float>(db[c] + acc);
+  }
+  s.Close("BiasGeluForward (N=7, C=45)", d_y.Download(), yb, 1e-5, 1e-6);
+  s.Close("BiasGeluBackward dx", d_dx.Download(), gb, 1e-5, 1e-6);
+  s.Close("BiasGeluBackward dbias (accumulated)", d_dbias.Download(), db, 1e-5, 1e-5);
+}
+
+void SanityLayerNorm(Sanity& s) {
+  const int64_t N = 130, C = 300, n = N * C;
+  const float eps = 1e-5f;
+  const auto x = Random(n, 10, -2.0f, 3.0f), w = Random(C, 11), b = Random(C, 12), dout = Random(n, 13);
+  const auto dx0 = Random(n, 14), dw0 = Random(C, 15), db0 = Random(C, 16);
+  std::vector<float> out(n), mean(N), rstd(N), dx(dx0), dw(dw0), db(db0);
+  ref::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  ref::LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                         C);
+  DevBuf<float> d_x(x, "x"), d_w(w, "w"), d_b(b, "b"), d_out(n, "out"), d_mean(N, "mean"), d_rstd(N, "rstd");
+  DevBuf<float> d_dout(dout, "dout"), d_dx(dx0, "dx"), d_dw(dw0, "dw"), d_db(db0, "db");
+  DevBuf<float> scratch(k::LayerNormBackwardScratchFloats(N, C), "scratch");
+  s.Run("LayerNormForward", k::LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
+                                                d_b.get(), N, C, eps, s.stream()));
+  s.Run("LayerNormBackward", k::LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(),
+                                                  d_x.get(), d_w.get(), d_mean.get(), d_rstd.get(), N, C, s.stream()));
+  s.Close("LayerNormForward out (N=130, C=300)", d_out.Download(), out, 1e-5, 1e-5);
+  s.Close("LayerNormForward mean", d_mean.Download(), mean, 1e-5, 1e-6);
+  s.Close("LayerNormForward rstd", d_rstd.Download(), rstd, 1e-5, 1e-6);
+  s.Close("LayerNormBackward dx (accumulated)", d_dx.Download(), dx, 1e-4, 1e-5);
+  s.Close("LayerNormBackward dw (accumulated)", d_dw.Download(), dw, 1e-4, 1e-5);
+  s.Close("LayerNormBackward db (accumulated)", d_db.Download(), db, 1e-4, 1e-5);
+}
+
+void SanityAttention(Sanity& s) {
+  const int64_t B = 1, T = 70, H = 2, D = 64;
+  for (int64_t window : {int64_t{0}, int64_t{16}}) {
+    const int64_t n_qkv = B * T * 3 * H * D, n_out = B * T * H * D, n_lse = B * H * T;
+    const auto qkv = Random(n_qkv, 101, -2.0f, 2.0f), dout = Random(n_out, 102);
+    std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
+    ref::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, H, D, window);
+    ref::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, H, D, window);
+    DevBuf<float> d_qkv(qkv, "qkv"), d_out(n_out, "out"), d_lse(n_lse, "lse"), d_dout(dout, "dout"),
+        d_dqkv(n_qkv, "dqkv");
+    DevBuf<float> scratch(k::AttentionBackwardScratchFloats(B, T, H, D), "scratch");
+    const std::string shape = fmt::format("(B=1, T=70, H=2, D=64, window={})", window);
+    s.Run("AttentionForward",
+          k::AttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, H, D, window, s.stream()));
+    s.Run("AttentionBackward", k::AttentionBackward(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(),
+                                                    d_lse.get(), B, T, H, D, window, s.stream()));
+    s.Close("AttentionForward out " + shape, d_out.Download(), out, 1e-4, 1e-5);
+    s.Close("AttentionForward lse", d_lse.Download(), lse, 1e-4, 1e-5);
+    s.Close("AttentionBackward dqkv", d_dqkv.Download(), dqkv, 1e-3, 1e-4);
+  }
+}
+
+void SanityCrossEntropy(Sanity& s) {
+  const int64_t N = 5, V = 1000, V0 = 517;  // vocab-parallel: rank 0 holds columns [0, V0), rank 1 [V0, V)
+  const auto logits = Random(N * V, 20, -4.0f, 4.0f);
+  std::vector<int32_t> targets(N);
+  for (int64_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((i * 7919 + 3) % V);
+  targets[0] = static_cast<int32_t>(V0 - 1);  // last column of rank 0
+  targets[1] = -1;                            // ignored
+  targets[2] = static_cast<int32_t>(V0);      // first column of rank 1
+  const float dloss = 0.37f;
+  const std::vector<float> dloss_rows(N, dloss);
+  std::vector<float> losses(N), lse(N), dlogits(N * V);
+  ref::CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+  ref::CrossEntropyBackward(dlogits.data(), logits.data(), lse.data(), targets.data(), dloss_rows.data(), N, V);
+
+  DevBuf<float> d_logits(logits, "logits"), d_losses(N, "losses"), d_lse(N, "lse"), d_dloss(dloss_rows, "dloss"),
+      d_dlogits(N * V, "dlogits");
+  DevBuf<int32_t> d_targets(targets, "targets");
+  s.Run("CrossEntropyForward",
+        k::CrossEntropyForward(d_losses.get(), d_lse.get(), d_logits.get(), d_targets.get(), N, V, s.stream()));
+  s.Run("CrossEntropyBackward", k::CrossEntropyBackward(d_dlogits.get(), d_logits.get(), d_lse.get(), d_targets.get(),
+                                                        d_dloss.get(), N, V, s.stream()));
+  s.Close("CrossEntropyForward losses (N=5, V=1000)", d_losses.Download(), losses, 1e-5, 1e-5);
+  s.Close("CrossEntropyForward lse", d_lse.Download(), lse, 1e-5, 1e-5);
+  s.Close("CrossEntropyBackward dlogits", d_dlogits.Download(), dlogits, 1e-5, 1e-6);
+
+  // Vocab-parallel pieces, tensor parallelism 2 simulated: the cross-rank reductions are done on the host.
+  const int64_t vstart[2] = {0, V0}, vlen[2] = {V0, V - V0};
+  std::vector<float> shard[2];
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t i = 0; i < N; ++i) {
+      shard[r].insert(shard[r].end(), logits.begin() + i * V + vstart[r], logits.begin() + i * V + vstart[r] + vlen[r]);
+    }
+  }
+  std::vector<float> mx(N, -std::numeric_limits<float>::infinity());
+  for (int r = 0; r < 2; ++r) {
+    DevBuf<float> d_shard(shard[r], "shard"), d_mx(N, "mx");
+    s.Run("VocabParallelRowMax", k::VocabParallelRowMax(d_mx.get(), d_shard.get(), N, vlen[r], s.stream()));
+    std::vector<float> want(N);
+    for (int64_t i = 0; i < N; ++i) {
+      want[i] = *std::max_element(shard[r].begin() + i * vlen[r], shard[r].begin() + (i + 1) * vlen[r]);
+    }
+    const std::vector<float> got = d_mx.Download();
+    s.Exact(fmt::format("VocabParallelRowMax (rank {} of 2)", r), got, want);
+    for (int64_t i = 0; i < N; ++i) mx[i] = std::max(mx[i], got[i]);
+  }
+  DevBuf<float> d_mx(mx, "mx");
+  std::vector<float> se(N, 0.0f), tl(N, 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    DevBuf<float> d_shard(shard[r], "shard"), d_se(N, "se"), d_tl(N, "tl");
+    s.Run("VocabParallelSumExpTarget",
+          k::VocabParallelSumExpTarget(d_se.get(), d_tl.get(), d_shard.get(), d_mx.get(), d_targets.get(), vstart[r], N,
+                                       vlen[r], s.stream()));
+    std::vector<float> want_se(N), want_tl(N);
+    for (int64_t i = 0; i < N; ++i) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < vlen[r]; ++j) acc += std::exp(static_cast<double>(shard[r][i * vlen[r] + j]) - mx[i]);
+      want_se[i] = static_cast<float>(acc);
+      const int64_t local = targets[i] - vstart[r];
+      want_tl[i] = (targets[i] >= 0 && local >= 0 && local < vlen[r]) ? shard[r][i * vlen[r] + local] : 0.0f;
+    }
+    const std::vector<float> got_se = d_se.Download(), got_tl = d_tl.Download();
+    s.Close(fmt::format("VocabParallelSumExpTarget sumexp (rank {} of 2)", r), got_se, want_se, 2e-6, 0.0);
+    s.Exact(fmt::format("VocabParallelSumExpTarget target logit (rank {} of 2)", r), got_tl, want_tl);
+    for (int64_t i = 0; i < N; ++i) {
+      se[i] += got_se[i];
+      tl[i] += got_tl[i];
+    }
+  }
+  DevBuf<float> d_se(se, "se"), d_tl(tl, "tl"), d_vlosses(N, "losses"), d_vlse(N, "lse");
+  s.Run("VocabParallelFinish", k::VocabParallelFinish(d_vlosses.get(), d_vlse.get(), d_mx.get(), d_se.get(), d_tl.get(),
+                                                      d_targets.get(), N, s.stream()));
+  s.Close("VocabParallelFinish losses (vs unsplit reference)", d_vlosses.Download(), losses, 1e-5, 1e-5);
+  s.Close("VocabParallelFinish lse", d_vlse.Download(), lse, 1e-5, 1e-5);
+  DevBuf<float> d_ref_lse(lse, "lse");
+  for (int r = 0; r < 2; ++r) {
+    DevBuf<float> d_shard(shard[r], "shard"), d_dshard(N * vlen[r], "dlogits");
+    s.Run("VocabParallelBackward", k::VocabParallelBackward(d_dshard.get(), d_shard.get(), d_ref_lse.get(),
+                                                            d_targets.get(), dloss, vstart[r], N, vlen[r], s.stream()));
+    std::vector<float> want;
+    for (int64_t i = 0; i < N; ++i) {
+      want.insert(want.end(), dlogits.begin() + i * V + vstart[r], dlogits.begin() + i * V + vstart[r] + vlen[r]);
+    }
+    s.Close(fmt::format("VocabParallelBackward dlogits (rank {} of 2)", r), d_dshard.Download(), want, 1e-5, 1e-6);
+  }
+}
+
+void SanityEmbedding(Sanity& s) {
+  const int64_t N = 50, V = 11, C = 37;
+  std::mt19937 rng(30);
+  std::vector<int32_t> ids(N);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % (V + 1)) - 1;  // -1 .. V-1, many repeats
+  const auto table = Random(V * C, 31), dout = Random(N * C, 32), dtable0 = Random(V * C, 33);
+  std::vector<float> out(N * C), dtable(dtable0);
+  ref::EmbeddingForward(out.data(), ids.data(), table.data(), N, C);
+  ref::EmbeddingBackward(dtable.data(), ids.data(), dout.data(), N, C);
+  DevBuf<int32_t> d_ids(ids, "ids");
+  DevBuf<float> d_table(table, "table"), d_out(N * C, "out"), d_dout(dout, "dout"), d_dtable(dtable0, "dtable");
+  s.Run("EmbeddingForward", k::EmbeddingForward(d_out.get(), d_ids.get(), d_table.get(), N, C, s.stream()));
+  s.Run("EmbeddingBackward", k::EmbeddingBackward(d_dtable.get(), d_ids.get(), d_dout.get(), N, C, s.stream()));
+  s.Exact("EmbeddingForward (N=50, V=11, C=37)", d_out.Download(), out);
+  s.Exact("EmbeddingBackward (accumulated)", d_dtable.Download(), dtable);
+}
+
+// Per tensor: p, g, m, v, u on the host and the device.
+struct OptTensor {
+  std::vector<float> p, g, m, v, u;
+  std::unique_ptr<DevBuf<float>> dp, dg, dm, dv, du;
+};
+
+std::vector<OptTensor> MakeOptTensors(const std::vector<int64_t>& sizes, uint32_t seed) {
+  std::vector<OptTensor> ts(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t n = static_cast<size_t>(sizes[i]);
+    const uint32_t sd = seed + 5 * static_cast<uint32_t>(i);
+    OptTensor& t = ts[i];
+    t.p = Random(n, sd);
+    t.g = Random(n, sd + 1);
+    t.m = Random(n, sd + 2, -0.1f, 0.1f);
+    t.v = Random(n, sd + 3, 0.0f, 0.01f);
+    t.u.assign(n, 0.0f);
+    t.dp = std::make_unique<DevBuf<float>>(t.p, "p");
+    t.dg = std::make_unique<DevBuf<float>>(t.g, "g");
+    t.dm = std::make_unique<DevBuf<float>>(t.m, "m");
+    t.dv = std::make_unique<DevBuf<float>>(t.v, "v");
+    t.du = std::make_unique<DevBuf<float>>(t.u, "u");
+  }
+  return ts;
+}
+
+void SanityOptimizers(Sanity& s) {
+  // 30 tensors (more than one launch's 24), with an empty, a single-element and odd sizes.
+  std::vector<int64_t> sizes = {257, 1, 2500, 0, 9000};
+  for (int i = 0; i < 25; ++i) sizes.push_back(1 + 37 * i);
+  const ms::ops::AdamParams hp{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  const k::AdamWHyper khp{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
+  const int64_t step = 3;
+  {
+    auto ts = MakeOptTensors(sizes, 100);
+    std::vector<k::AdamWTensor> list;
+    for (auto& t : ts) {
+      list.push_back({t.dp->get(), t.dg->get(), t.dm->get(), t.dv->get(), static_cast<int64_t>(t.p.size())});
+    }
+    s.Run("AdamWMultiTensor", k::AdamWMultiTensor(list.data(), static_cast<int>(list.size()), khp, step, s.stream()));
+    std::vector<float> got_p, got_m, got_v, want_p, want_m, want_v;
+    for (auto& t : ts) {
+      ref::AdamWStep(t.p.data(), t.g.data(), t.m.data(), t.v.data(), static_cast<int64_t>(t.p.size()), hp, step);
+      for (auto [got, want, dev, host] :
+           {std::tuple{&got_p, &want_p, t.dp.get(), &t.p}, std::tuple{&got_m, &want_m, t.dm.get(), &t.m},
+            std::tuple{&got_v, &want_v, t.dv.get(), &t.v}}) {
+        const auto d = dev->Download();
+        got->insert(got->end(), d.begin(), d.end());
+        want->insert(want->end(), host->begin(), host->end());
+      }
+    }
+    s.Close("AdamWMultiTensor p (30 tensors)", got_p, want_p, 1e-5, 1e-6);
+    s.Close("AdamWMultiTensor m", got_m, want_m, 1e-5, 1e-6);
+    s.Close("AdamWMultiTensor v", got_v, want_v, 1e-5, 1e-6);
+  }
+  {
+    const ms::ops::AdamParams lhp{1e-2f, 0.9f, 0.999f, 1e-6f, 0.01f};
+    const k::AdamWHyper lkhp{lhp.lr, lhp.beta1, lhp.beta2, lhp.eps, lhp.weight_decay};
+    auto ts = MakeOptTensors(sizes, 200);
+    std::vector<k::LambTensor> list;
+    for (auto& t : ts) {
+      list.push_back(
+          {t.du->get(), t.dp->get(), t.dg->get(), t.dm->get(), t.dv->get(), static_cast<int64_t>(t.p.size())});
+    }
+    s.Run("LambDirectionMultiTensor",
+          k::LambDirectionMultiTensor(list.data(), static_cast<int>(list.size()), lkhp, step, s.stream()));
+    std::vector<float> got_u, got_m, got_v, want_u, want_m, want_v;
+    for (auto& t : ts) {
+      ref::LambDirection(t.u.data(), t.p.data(), t.g.data(), t.m.data(), t.v.data(), static_cast<int64_t>(t.p.size()),
+                         lhp, step);
+      for (auto [got, want, dev, host] :
+           {std::tuple{&got_u, &want_u, t.du.get(), &t.u}, std::tuple{&got_m, &want_m, t.dm.get(), &t.m},
+            std::tuple{&got_v, &want_v, t.dv.get(), &t.v}}) {
+        const auto d = dev->Download();
+        got->insert(got->end(), d.begin(), d.end());
+        want->insert(want->end(), host->begin(), host->end());
+      }
+    }
+    s.Close("LambDirectionMultiTensor u (30 tensors)", got_u, want_u, 1e-5, 1e-6);
+    s.Close("LambDirectionMultiTensor m", got_m, want_m, 1e-5, 1e-6);
+    s.Close("LambDirectionMultiTensor v", got_v, want_v, 1e-5, 1e-6);
+
+    // Sums of squares of p, u and g of every tensor: 90 vectors, more than one launch pair's 64.
+    std::vector<const float*> xs;
+    std::vector<int64_t> ns;
+    std::vector<const std::vector<float>*> hosts;
+    for (auto& t : ts) {
+      t.u = t.du->Download();  // the kernel's u, so that the norms below check SumSquaresMulti alone
+      for (auto [dev, host] : {std::pair{t.dp.get(), &t.p}, std::pair{t.du.get(), &t.u}, std::pair{t.dg.get(), &t.g}}) {
+        xs.push_back(dev->get());
+        ns.push_back(static_cast<int64_t>(host->size()));
+        hosts.push_back(host);
+      }
+    }
+    const int nv = static_cast<int>(xs.size());
+    DevBuf<double> scratch(static_cast<size_t>(k::SumSquaresScratchDoubles(ns.data(), nv)), "scratch"),
+        d_sq(static_cast<size_t>(nv), "sums");
+    s.Run("SumSquaresMulti", k::SumSquaresMulti(d_sq.get(), scratch.get(), xs.data(), ns.data(), nv, s.stream()));
+    const std::vector<double> sq = d_sq.Download();
+    double worst = 0.0;
+    for (int i = 0; i < nv; ++i) {
+      const double want = ref::SumSquares(hosts[i]->data(), ns[i]);
+      const double err = std::fabs(sq[i] - want);
+      if (!(err <= 1e-12 * std::fabs(want))) {
+        Die(
+            fmt::format("SANITY CHECK FAILED: SumSquaresMulti: vector {} (n={}) gives {:.17g}, the CPU reference "
+                        "(ms::ops::ref::SumSquares) gives {:.17g} (rtol 1e-12). The kernel is broken: nothing is "
+                        "benchmarked.",
+                        i, ns[i], sq[i], want));
+      }
+      worst = std::max(worst, want != 0.0 ? err / std::fabs(want) : err);
+    }
+    s.Passed("SumSquaresMulti (90 vectors, double)", fmt::format("max rel err {:.2e} (rtol 1e-12)", worst));
+
+    // LambApply with each tensor's trust ratio from those sums.
+    std::vector<float> got_p, want_p;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      OptTensor& t = ts[i];
+      const int64_t n = static_cast<int64_t>(t.p.size());
+      const float trust = ms::ops::LambTrustRatio(sq[3 * i], sq[3 * i + 1]);
+      s.Run("LambApply", k::LambApply(t.dp->get(), t.du->get(), n, lhp.lr, trust, s.stream()));
+      ref::LambApply(t.p.data(), t.u.data(), n, lhp.lr, trust);
+      const auto d = t.dp->Download();
+      got_p.insert(got_p.end(), d.begin(), d.end());
+      want_p.insert(want_p.end(), t.p.begin(), t.p.end());
+    }
+    s.Close("LambApply p (30 tensors)", got_p, want_p, 1e-5, 1e-6);
+  }
+}
+
+// fp32 -> bf16 round to nearest even, written independently of cuda_bf16.h (as tests/kernels does).
+uint16_t Bf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays (quiet) NaN
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+void SanityCasts(Sanity& s) {
+  auto x = Random(4099, 40, -1e3f, 1e3f);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            1.00390625f /* tie: to 1 */,
+                            1.01171875f /* tie: up to even */,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  std::copy(std::begin(specials), std::end(specials), x.begin());
+  DevBuf<float> d_x(x, "x"), d_back(x.size(), "back");
+  DevBuf<bf16> d_b(x.size(), "bf16");
+  s.Run("CastFloatToBf16", k::CastFloatToBf16(d_b.get(), d_x.get(), static_cast<int64_t>(x.size()), s.stream()));
+  const auto got = d_b.Download();
+  std::vector<uint16_t> got_bits(x.size()), want_bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    std::memcpy(&got_bits[i], &got[i], 2);
+    want_bits[i] = Bf16Bits(x[i]);
+    if (std::isnan(x[i]) && std::isnan(__bfloat162float(got[i]))) got_bits[i] = want_bits[i];  // any NaN is fine
+  }
+  s.Exact("CastFloatToBf16 (round to nearest even, n=4099)", got_bits, want_bits);
+  s.Run("CastBf16ToFloat", k::CastBf16ToFloat(d_back.get(), d_b.get(), static_cast<int64_t>(x.size()), s.stream()));
+  std::vector<float> want_back(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint32_t u = static_cast<uint32_t>(got_bits[i]) << 16;
+    std::memcpy(&want_back[i], &u, 4);
+  }
+  auto back = d_back.Download();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(back[i]) && std::isnan(want_back[i])) back[i] = want_back[i];
+  }
+  s.Exact("CastBf16ToFloat (exact widening)", back, want_back);
+}
+
+void SanityElementwise(Sanity& s) {
+  const int64_t n = 1001;
+  const auto a = Random(n, 50), b = Random(n, 51);
+  {
+    DevBuf<float> d_a(a, "a"), d_b(b, "b"), d_out(n, "out");
+    std::vector<float> want(a);
+    ref::AddInPlace(want.data(), b.data(), n);
+    s.Run("AddInPlace", k::AddInPlace(d_a.get(), d_b.get(), n, s.stream()));
+    s.Exact("AddInPlace (n=1001)", d_a.Download(), want);
+    d_a.Upload(a);
+    ref::Add(want.data(), a.data(), b.data(), n);
+    s.Run("Add", k::Add(d_out.get(), d_a.get(), d_b.get(), n, s.stream()));
+    s.Exact("Add", d_out.Download(), want);
+    want = a;
+    ref::Scale(want.data(), -0.37f, n);
+    s.Run("Scale", k::Scale(d_a.get(), -0.37f, n, s.stream()));
+    s.Exact("Scale", d_a.Download(), want);
+  }
+  const int64_t R = 37, C = 130, m = R * C;
+  const auto x = Random(m, 52), part = Random(m, 53), bias = Random(C, 54), bias2 = Random(C, 55), db0 = Random(C, 56);
+  {
+    DevBuf<float> d_x(x, "x"), d_part(part, "part"), d_bias(bias, "bias"), d_bias2(bias2, "bias2"), d_out(m, "out");
+    std::vector<float> want(x);
+    for (int64_t r = 0; r < R; ++r) ref::AddInPlace(want.data() + r * C, bias.data(), C);
+    s.Run("AddRowBias", k::AddRowBias(d_x.get(), d_bias.get(), R, C, s.stream()));
+    s.Exact("AddRowBias (R=37, C=130)", d_x.Download(), want);
+    d_x.Upload(x);
+    for (int64_t i = 0; i < m; ++i) want[i] = ((x[i] + part[i]) + bias[i % C]) + bias2[i % C];
+    s.Run("ResidualAdd",
+          k::ResidualAdd(d_out.get(), d_x.get(), d_part.get(), d_bias.get(), d_bias2.get(), R, C, s.stream()));
+    s.Exact("ResidualAdd ((x + part) + bias) + bias2", d_out.Download(), want);
+    for (int64_t i = 0; i < m; ++i) want[i] = x[i] + part[i];
+    s.Run("ResidualAdd", k::ResidualAdd(d_out.get(), d_x.get(), d_part.get(), nullptr, nullptr, R, C, s.stream()));
+    s.Exact("ResidualAdd x + part (no biases)", d_out.Download(), want);
+  }
+  {
+    std::vector<float> want(db0);
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0.0;
+      for (int64_t r = 0; r < R; ++r) acc += x[r * C + c];
+      want[c] = static_cast<float>(db0[c] + acc);
+    }
+    DevBuf<float> d_dy(x, "dy"), d_db(db0, "db");
+    s.Run("BiasGrad", k::BiasGrad(d_db.get(), d_dy.get(), R, C, s.stream()));
+    s.Close("BiasGrad (accumulated, vs double)", d_db.Download(), want, 1e-5, 1e-5);
+  }
+  {
+    const int64_t T = 7, row0 = 5;
+    const auto wpe = Random(T * C, 57), dwpe0 = Random(T * C, 58);
+    std::vector<float> want_x(x), want_dwpe(dwpe0);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t t = (row0 + r) % T;
+      for (int64_t c = 0; c < C; ++c) {
+        want_x[r * C + c] += wpe[t * C + c];
+        want_dwpe[t * C + c] += x[r * C + c];
+      }
+    }
+    DevBuf<float> d_x(x, "x"), d_wpe(wpe, "wpe"), d_dwpe(dwpe0, "dwpe"), d_dx(x, "dx");
+    s.Run("AddPositions", k::AddPositions(d_x.get(), d_wpe.get(), R, C, T, row0, s.stream()));
+    s.Exact("AddPositions (R=37, C=130, T=7, row0=5)", d_x.Download(), want_x);
+    s.Run("PositionsBackward", k::PositionsBackward(d_dwpe.get(), d_dx.get(), R, C, T, row0, s.stream()));
+    s.Exact("PositionsBackward (accumulated)", d_dwpe.Download(), want_dwpe);
+  }
+}
+
+void SanityGemm(Sanity& s) {
+  struct Case {
+    bool ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+  };
+  uint32_t seed = 60;
+  for (const Case& c : {Case{false, false, 37, 50, 70, 1.0f, 0.0f}, Case{false, true, 37, 50, 70, 0.75f, 0.5f},
+                        Case{true, false, 33, 17, 129, 1.0f, 0.0f}}) {
+    const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N, ldc = c.N;
+    const int64_t a_rows = c.ta ? c.K : c.M, b_rows = c.tb ? c.N : c.K;
+    const auto a = ToBf16(Random(a_rows * lda, seed++)), b = ToBf16(Random(b_rows * ldb, seed++));
+    const auto c0 = Random(c.M * ldc, seed++);
+    std::vector<float> want(c0);
+    const auto af = FromBf16(a), bf = FromBf16(b);
+    ref::Gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, af.data(), lda, bf.data(), ldb, c.beta, want.data(), ldc);
+    DevBuf<bf16> d_a(a, "A"), d_b(b, "B");
+    DevBuf<float> d_c(c0, "C"), d_cb(c0, "C (cuBLAS)");
+    const std::string shape = fmt::format("{}{} M={} N={} K={} alpha={:g} beta={:g}", c.ta ? 'T' : 'N',
+                                          c.tb ? 'T' : 'N', c.M, c.N, c.K, c.alpha, c.beta);
+    s.Run("GemmBf16", k::GemmBf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, d_a.get(), lda, d_b.get(), ldb, c.beta, d_c.get(),
+                                  ldc, s.stream()));
+    s.Close("GemmBf16 " + shape, d_c.Download(), want, 1e-4, 1e-4);
+    BENCH_CUBLAS(GemmRowMajor(s.blas(), c.ta, c.tb, c.M, c.N, c.K, &c.alpha, d_a.get(), lda, d_b.get(), ldb, &c.beta,
+                              d_cb.get(), ldc));
+    SyncAfter("cublasGemmEx", s.stream());
+    s.Close("cuBLAS reference cublasGemmEx " + shape, d_cb.Download(), want, 1e-4, 1e-4);
+  }
+  // The batched reference of attention: S = Q K^T per batch (row-major, as in the benchmark).
+  const int64_t batch = 3, T = 33, D = 16;
+  const auto q = ToBf16(Random(batch * T * D, seed++)), kk = ToBf16(Random(batch * T * D, seed++));
+  const auto qf = FromBf16(q), kf = FromBf16(kk);
+  std::vector<float> want(batch * T * T, 0.0f);
+  for (int64_t i = 0; i < batch; ++i) {
+    ref::Gemm(false, true, T, T, D, 1.0f, qf.data() + i * T * D, D, kf.data() + i * T * D, D, 0.0f,
+              want.data() + i * T * T, T);
+  }
+  DevBuf<bf16> d_q(q, "Q"), d_k(kk, "K");
+  DevBuf<float> d_s(want.size(), "S");
+  const float one = 1.0f, zero = 0.0f;
+  BENCH_CUBLAS(GemmBatchedRowMajor(s.blas(), false, true, T, T, D, &one, d_q.get(), D, T * D, d_k.get(), D, T * D,
+                                   &zero, d_s.get(), T, T * T, batch));
+  SyncAfter("cublasGemmStridedBatchedEx", s.stream());
+  s.Close("cuBLAS reference cublasGemmStridedBatchedEx (3 x NT 33x33x16)", d_s.Download(), want, 1e-4, 1e-4);
+}
+
+// ---- timing -----------------------------------------------------------------------------------------------------
+
+struct Timing {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+};
+
+class Timer {
+ public:
+  Timer(cudaStream_t stream, int warmup, int iters) : stream_(stream), warmup_(warmup), iters_(iters) {
+    events_.resize(2 * static_cast<size_t>(iters));
+    for (auto& e : events_) BENCH_CUDA(cudaEventCreate(&e));
+  }
+  ~Timer() {
+    for (auto e : events_) (void)cudaEventDestroy(e);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+
+  // warmup launches, then iters launches each between a pair of events on the stream; median of the iters.
+  Timing Time(const std::string& what, const std::function<cudaError_t()>& launch) {
+    for (int i = 0; i < warmup_; ++i) CheckLaunch(what, launch());
+    SyncAfter(what + " (warm-up)", stream_);
+    for (int i = 0; i < iters_; ++i) {
+      BENCH_CUDA(cudaEventRecord(events_[2 * i], stream_));
+      CheckLaunch(what, launch());
+      BENCH_CUDA(cudaEventRecord(events_[2 * i + 1], stream_));
+    }
+    SyncAfter(what, stream_);
+    std::vector<double> ms(static_cast<size_t>(iters_));
+    for (int i = 0; i < iters_; ++i) {
+      float t = 0.0f;
+      BENCH_CUDA(cudaEventElapsedTime(&t, events_[2 * i], events_[2 * i + 1]));
+      ms[i] = t;
+    }
+    std::sort(ms.begin(), ms.end());
+    const size_t h = ms.size() / 2;
+    return {ms.size() % 2 ? ms[h] : 0.5 * (ms[h - 1] + ms[h]), ms.front(), ms.back()};
+  }
+
+ private:
+  cudaStream_t stream_;
+  int warmup_, iters_;
+  std::vector<cudaEvent_t> events_;
+};
+
+struct Row {
+  std::string set, kernel, shape;
+  Timing t;
+  double bytes = 0, flops = 0;
+  Timing ref;  // cuBLAS reference; ref.median_ms == 0: none
+  double ref_flops = 0;
+  std::string ref_what;
+
+  double gbps() const { return bytes / (t.median_ms * 1e-3) / 1e9; }
+  double tflops() const { return flops / (t.median_ms * 1e-3) / 1e12; }
+  double ref_tflops() const { return ref_flops / (ref.median_ms * 1e-3) / 1e12; }
+};
+
+struct Shape {
+  std::string name;
+  int64_t tokens, hidden, heads, vocab, seq, window, layers, tp;
+};
+
+class Bench {
+ public:
+  Bench(cudaStream_t stream, cublasHandle_t blas, int warmup, int iters, double peak_bw)
+      : stream_(stream), blas_(blas), timer_(stream, warmup, iters), peak_bw_(peak_bw) {}
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t blas() const { return blas_; }
+  Timer& timer() { return timer_; }
+  const std::vector<Row>& rows() const { return rows_; }
+  void set_name(const std::string& name) { set_ = name; }
+
+  Row Measure(const std::string& kernel, const std::string& shape, double bytes, double flops,
+              const std::function<cudaError_t()>& launch) {
+    Row r;
+    r.set = set_;
+    r.kernel = kernel;
+    r.shape = shape;
+    r.bytes = bytes;
+    r.flops = flops;
+    r.t = timer_.Time(kernel + " " + shape, launch);
+    return r;
+  }
+  void Emit(Row r) {
+    std::string flops = "-", ref = "-", ratio = "-";
+    if (r.flops > 0) flops = fmt::format("{:.2f}", r.tflops());
+    if (r.ref.median_ms > 0) {
+      ref = fmt::format("{:.2f}", r.ref_tflops());
+      ratio = fmt::format("{:.1f}%", 100.0 * r.tflops() / r.ref_tflops());
+    }
+    fmt::print("{:<28} {:<44} {:>9.4f} {:>9.4f} {:>8.1f} {:>6.1f}% {:>8} {:>8} {:>9}\n", r.kernel, r.shape,
+               r.t.median_ms, r.t.min_ms, r.gbps(), 100.0 * r.gbps() * 1e9 / peak_bw_, flops, ref, ratio);
+    std::fflush(stdout);
+    rows_.push_back(std::move(r));
+  }
+  void Run(const std::string& kernel, const std::string& shape, double bytes, double flops,
+           const std::function<cudaError_t()>& launch) {
+    Emit(Measure(kernel, shape, bytes, flops, launch));
+  }
+
+ private:
+  cudaStream_t stream_;
+  cublasHandle_t blas_;
+  Timer timer_;
+  double peak_bw_;
+  std::string set_;
+  std::vector<Row> rows_;
+};
+
+constexpr double F = 4.0;  // bytes of a float (and of an int32 id)
+
+void BenchLayerNormGelu(Bench& b, const Shape& s) {
+  const int64_t N = s.tokens, C = s.hidden, n = N * C;
+  {
+    DevBuf<float> x(n, "x"), w(C, "w"), bb(C, "b"), out(n, "out"), mean(N, "mean"), rstd(N, "rstd"), dout(n, "dout"),
+        dx(n, "dx"), dw(C, "dw"), db(C, "db");
+    const int64_t scratch_n = k::LayerNormBackwardScratchFloats(N, C);
+    DevBuf<float> scratch(static_cast<size_t>(scratch_n), "LayerNorm scratch");
+    Fill(x, 1, -2.0f, 3.0f);
+    Fill(w, 2);
+    Fill(bb, 3);
+    Fill(dout, 4);
+    Fill(dx, 5);
+    Fill(dw, 6);
+    Fill(db, 7);
+    const std::string shape = fmt::format("N={} C={}", N, C);
+    b.Run("LayerNormForward", shape, F * (2 * n + 2 * C + 2 * N), 0, [&] {
+      return k::LayerNormForward(out.get(), mean.get(), rstd.get(), x.get(), w.get(), bb.get(), N, C, 1e-5f,
+                                 b.stream());
+    });
+    b.Run("LayerNormBackward", shape, F * (2 * n + C + 2 * N + 2 * n + 4 * C + 2 * scratch_n), 0, [&] {
+      return k::LayerNormBackward(dx.get(), dw.get(), db.get(), scratch.get(), dout.get(), x.get(), w.get(), mean.get(),
+                                  rstd.get(), N, C, b.stream());
+    });
+  }
+  {
+    const int64_t C4 = 4 * C, m = N * C4;  // the MLP activation
+    DevBuf<float> x(m, "x"), dout(m, "dout"), y(m, "y"), dx(m, "dx"), bias(C4, "bias"), dbias(C4, "dbias");
+    Fill(x, 8, -3.0f, 3.0f);
+    Fill(dout, 9);
+    Fill(bias, 10);
+    Fill(dbias, 11);
+    const std::string shape_n = fmt::format("n={} (N={} x 4C={})", m, N, C4);
+    const std::string shape = fmt::format("N={} C={}", N, C4);
+    b.Run("GeluForward", shape_n, F * 2 * m, 0, [&] { return k::GeluForward(y.get(), x.get(), m, b.stream()); });
+    b.Run("GeluBackward", shape_n, F * 3 * m, 0,
+          [&] { return k::GeluBackward(dx.get(), x.get(), dout.get(), m, b.stream()); });
+    b.Run("BiasGeluForward", shape, F * (2 * m + C4), 0,
+          [&] { return k::BiasGeluForward(y.get(), x.get(), bias.get(), N, C4, b.stream()); });
+    b.Run("BiasGeluBackward", shape, F * (3 * m + 3 * C4), 0, [&] {
+      return k::BiasGeluBackward(dx.get(), dbias.get(), x.get(), bias.get(), dout.get(), N, C4, b.stream());
+    });
+  }
+}
+
+// sum over t < T of the keys query t sees: min(t + 1, window), or t + 1 without a window.
+double KeysSeen(int64_t T, int64_t window) {
+  double sum = 0;
+  for (int64_t t = 0; t < T; ++t) sum += static_cast<double>(window > 0 ? std::min(t + 1, window) : t + 1);
+  return sum;
+}
+
+void BenchAttention(Bench& b, const Shape& s) {
+  const int64_t T = s.seq, B = s.tokens / s.seq, H = s.heads, D = s.hidden / s.heads;
+  const int64_t n_qkv = B * T * 3 * H * D, n_out = B * T * H * D, n_lse = B * H * T;
+  const int64_t scratch_n = k::AttentionBackwardScratchFloats(B, T, H, D);
+
+  // cuBLAS reference: the two batched GEMMs of dense (unfused) attention, S = Q K^T (T x T x D) and O = P V
+  // (T x D x T), batch B*H, bf16 in, fp32 out; its FLOP rate is what the fused fp32 kernels are compared with.
+  Timing ref;
+  const int64_t BH = B * H;
+  const double ref_flops = 4.0 * static_cast<double>(BH) * T * T * D;
+  {
+    DevBuf<bf16> q(BH * T * D, "Q"), kk(BH * T * D, "K"), v(BH * T * D, "V"), p(BH * T * T, "P");
+    DevBuf<float> sc(BH * T * T, "S"), o(BH * T * D, "O");
+    Fill(q, 20);
+    Fill(kk, 21);
+    Fill(v, 22);
+    Fill(p, 23);
+    const float one = 1.0f, zero = 0.0f;
+    ref = b.timer().Time("cuBLAS attention reference", [&] {
+      BENCH_CUBLAS(GemmBatchedRowMajor(b.blas(), false, true, T, T, D, &one, q.get(), D, T * D, kk.get(), D, T * D,
+                                       &zero, sc.get(), T, T * T, BH));
+      BENCH_CUBLAS(GemmBatchedRowMajor(b.blas(), false, false, T, D, T, &one, p.get(), T, T * T, v.get(), D, T * D,
+                                       &zero, o.get(), D, T * D, BH));
+      return cudaSuccess;
+    });
+  }
+
+  DevBuf<float> qkv(n_qkv, "qkv"), out(n_out, "out"), lse(n_lse, "lse"), dout(n_out, "dout"), dqkv(n_qkv, "dqkv"),
+      scratch(static_cast<size_t>(scratch_n), "attention scratch");
+  Fill(qkv, 24, -2.0f, 2.0f);
+  Fill(dout, 25);
+  std::vector<int64_t> windows = {0};
+  if (s.window > 0) windows.push_back(s.window);
+  for (int64_t window : windows) {
+    const double fwd_flops = 4.0 * B * H * D * KeysSeen(T, window);
+    const std::string shape = fmt::format("B={} T={} H={} D={} window={}", B, T, H, D, window);
+    Row f = b.Measure("AttentionForward", shape, F * (n_qkv + n_out + n_lse), fwd_flops, [&] {
+      return k::AttentionForward(out.get(), lse.get(), qkv.get(), B, T, H, D, window, b.stream());
+    });
+    f.ref = ref;
+    f.ref_flops = ref_flops;
+    f.ref_what = "cublasGemmStridedBatchedEx S = Q K^T and O = P V";
+    b.Emit(f);
+    Row r = b.Measure("AttentionBackward", shape, F * (n_out + n_qkv + n_out + n_lse + n_qkv + 2 * scratch_n),
+                      2.5 * fwd_flops, [&] {
+                        return k::AttentionBackward(dqkv.get(), scratch.get(), dout.get(), qkv.get(), out.get(),
+                                                    lse.get(), B, T, H, D, window, b.stream());
+                      });
+    r.ref = ref;
+    r.ref_flops = ref_flops;
+    r.ref_what = f.ref_what;
+    b.Emit(r);
+  }
+}
+
+void BenchCrossEntropy(Bench& b, const Shape& s) {
+  const int64_t N = s.tokens, V = s.vocab;
+  DevBuf<float> logits(N * V, "logits"), dlogits(N * V, "dlogits"), losses(N, "losses"), lse(N, "lse"),
+      dloss(N, "dloss"), mx(N, "mx"), se(N, "se"), tl(N, "tl");
+  DevBuf<int32_t> targets(RandomIds(N, V, 30), "targets");
+  Fill(logits, 31, -4.0f, 4.0f);
+  Fill(dloss, 32, 0.1f, 1.0f);
+  const std::string shape = fmt::format("N={} V={}", N, V);
+  b.Run("CrossEntropyForward", shape, F * (N * V + 3 * N), 0,
+        [&] { return k::CrossEntropyForward(losses.get(), lse.get(), logits.get(), targets.get(), N, V, b.stream()); });
+  b.Run("CrossEntropyBackward", shape, F * (2 * N * V + 3 * N), 0, [&] {
+    return k::CrossEntropyBackward(dlogits.get(), logits.get(), lse.get(), targets.get(), dloss.get(), N, V,
+                                   b.stream());
+  });
+  // This rank's shard (vstart 0): the first N * (V / tp) floats of the logits buffer as an (N, V / tp) matrix.
+  const int64_t Vl = V / s.tp;
+  const std::string vshape = fmt::format("N={} V/tp={} (tp={})", N, Vl, s.tp);
+  b.Run("VocabParallelRowMax", vshape, F * (N * Vl + N), 0,
+        [&] { return k::VocabParallelRowMax(mx.get(), logits.get(), N, Vl, b.stream()); });
+  b.Run("VocabParallelSumExpTarget", vshape, F * (N * Vl + 4 * N), 0, [&] {
+    return k::VocabParallelSumExpTarget(se.get(), tl.get(), logits.get(), mx.get(), targets.get(), 0, N, Vl,
+                                        b.stream());
+  });
+  b.Run("VocabParallelFinish", fmt::format("N={}", N), F * 6 * N, 0, [&] {
+    return k::VocabParallelFinish(losses.get(), lse.get(), mx.get(), se.get(), tl.get(), targets.get(), N, b.stream());
+  });
+  b.Run("VocabParallelBackward", vshape, F * (2 * N * Vl + 2 * N), 0, [&] {
+    return k::VocabParallelBackward(dlogits.get(), logits.get(), lse.get(), targets.get(), 1.0f / N, 0, N, Vl,
+                                    b.stream());
+  });
+}
+
+void BenchEmbeddingPositions(Bench& b, const Shape& s) {
+  const int64_t N = s.tokens, C = s.hidden, V = s.vocab, T = s.seq, n = N * C;
+  const auto host_ids = RandomIds(N, V, 40);
+  const double unique = static_cast<double>(std::set<int32_t>(host_ids.begin(), host_ids.end()).size());
+  DevBuf<int32_t> ids(host_ids, "ids");
+  DevBuf<float> table(V * C, "table"), dtable(V * C, "dtable"), out(n, "out"), dout(n, "dout"), wpe(T * C, "wpe"),
+      dwpe(T * C, "dwpe");
+  Fill(table, 41);
+  Fill(dtable, 42);
+  Fill(dout, 43);
+  Fill(wpe, 44);
+  Fill(dwpe, 45);
+  const std::string shape = fmt::format("N={} C={} V={}", N, C, V);
+  b.Run("EmbeddingForward", shape, F * (N + 2 * n), 0,
+        [&] { return k::EmbeddingForward(out.get(), ids.get(), table.get(), N, C, b.stream()); });
+  b.Run("EmbeddingBackward", shape + fmt::format(" ({:.0f} ids)", unique), F * (N + n + 2 * unique * C), 0,
+        [&] { return k::EmbeddingBackward(dtable.get(), ids.get(), dout.get(), N, C, b.stream()); });
+  const std::string pshape = fmt::format("R={} C={} T={}", N, C, T);
+  b.Run("AddPositions", pshape, F * (2 * n + T * C), 0,
+        [&] { return k::AddPositions(out.get(), wpe.get(), N, C, T, 0, b.stream()); });
+  b.Run("PositionsBackward", pshape, F * (n + 2 * T * C), 0,
+        [&] { return k::PositionsBackward(dwpe.get(), dout.get(), N, C, T, 0, b.stream()); });
+}
+
+void BenchElementwise(Bench& b, const Shape& s) {
+  const int64_t N = s.tokens, C = s.hidden, n = N * C;
+  {
+    DevBuf<float> x(n, "x"), y(n, "y"), out(n, "out"), part(n, "part"), bias(C, "bias"), bias2(C, "bias2"), db(C, "db");
+    Fill(x, 50);
+    Fill(y, 51);
+    Fill(part, 52);
+    Fill(bias, 53);
+    Fill(bias2, 54);
+    Fill(db, 55);
+    const std::string shape_n = fmt::format("n={} (N x C)", n);
+    const std::string shape = fmt::format("R={} C={}", N, C);
+    b.Run("AddInPlace", shape_n, F * 3 * n, 0, [&] { return k::AddInPlace(y.get(), x.get(), n, b.stream()); });
+    b.Run("Add", shape_n, F * 3 * n, 0, [&] { return k::Add(out.get(), x.get(), y.get(), n, b.stream()); });
+    // x *= -1: exact, so repeated launches neither grow nor shrink the values.
+    b.Run("Scale", shape_n, F * 2 * n, 0, [&] { return k::Scale(x.get(), -1.0f, n, b.stream()); });
+    b.Run("AddRowBias", shape, F * (2 * n + C), 0,
+          [&] { return k::AddRowBias(y.get(), bias.get(), N, C, b.stream()); });
+    b.Run("ResidualAdd", shape + " +bias +bias2", F * (3 * n + 2 * C), 0,
+          [&] { return k::ResidualAdd(out.get(), x.get(), part.get(), bias.get(), bias2.get(), N, C, b.stream()); });
+    b.Run("BiasGrad", shape, F * (n + 2 * C), 0, [&] { return k::BiasGrad(db.get(), x.get(), N, C, b.stream()); });
+  }
+  {
+    const int64_t m = N * 4 * C;
+    DevBuf<float> x(m, "x"), back(m, "back");
+    DevBuf<bf16> h(m, "bf16");
+    Fill(x, 56);
+    const std::string shape = fmt::format("n={} (N x 4C)", m);
+    b.Run("CastFloatToBf16", shape, 6.0 * m, 0, [&] { return k::CastFloatToBf16(h.get(), x.get(), m, b.stream()); });
+    b.Run("CastBf16ToFloat", shape, 6.0 * m, 0, [&] { return k::CastBf16ToFloat(back.get(), h.get(), m, b.stream()); });
+  }
+}
+
+// The parameter tensors of a GPT-2 with s.layers layers (wte, wpe, per layer: ln1 w/b, qkv w/b, proj w/b,
+// ln2 w/b, fc w/b, fc proj w/b; final ln w/b).
+std::vector<int64_t> Gpt2ParamSizes(const Shape& s) {
+  const int64_t C = s.hidden;
+  std::vector<int64_t> sizes = {s.vocab * C, s.seq * C};
+  for (int64_t l = 0; l < s.layers; ++l) {
+    for (int64_t n : {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C}) sizes.push_back(n);
+  }
+  sizes.push_back(C);
+  sizes.push_back(C);
+  return sizes;
+}
+
+void BenchOptimizers(Bench& b, const Shape& s) {
+  const std::vector<int64_t> sizes = Gpt2ParamSizes(s);
+  // One allocation per state; each tensor starts at a multiple of 64 floats (256 bytes), as an allocator would.
+  std::vector<int64_t> offsets;
+  int64_t total = 0, params = 0;
+  for (int64_t n : sizes) {
+    offsets.push_back(total);
+    total += (n + 63) / 64 * 64;
+    params += n;
+  }
+  DevBuf<float> p(total, "params"), g(total, "grads"), m(total, "adam m"), v(total, "adam v"), u(total, "lamb u");
+  Fill(p, 60);
+  Fill(g, 61);
+  Fill(m, 62, -0.1f, 0.1f);
+  Fill(v, 63, 0.0f, 0.01f);
+  const int count = static_cast<int>(sizes.size());
+  std::vector<k::AdamWTensor> adam;
+  std::vector<k::LambTensor> lamb;
+  std::vector<const float*> xs;
+  std::vector<int64_t> ns;
+  for (int i = 0; i < count; ++i) {
+    const int64_t o = offsets[i], n = sizes[i];
+    adam.push_back({p.get() + o, g.get() + o, m.get() + o, v.get() + o, n});
+    lamb.push_back({u.get() + o, p.get() + o, g.get() + o, m.get() + o, v.get() + o, n});
+    xs.push_back(p.get() + o);  // the trust ratios need ||p|| and ||u|| of every tensor
+    xs.push_back(u.get() + o);
+    ns.push_back(n);
+    ns.push_back(n);
+  }
+  const k::AdamWHyper hp{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  const double P = static_cast<double>(params);
+  const std::string shape = fmt::format("{} tensors, {:.1f} M params (L={})", count, P / 1e6, s.layers);
+  b.Run("AdamWMultiTensor", shape, F * 7 * P, 0,
+        [&] { return k::AdamWMultiTensor(adam.data(), count, hp, 10, b.stream()); });
+  b.Run("LambDirectionMultiTensor", shape, F * 7 * P, 0,
+        [&] { return k::LambDirectionMultiTensor(lamb.data(), count, hp, 10, b.stream()); });
+  const int nv = static_cast<int>(xs.size());
+  DevBuf<double> scratch(static_cast<size_t>(k::SumSquaresScratchDoubles(ns.data(), nv)), "sumsq scratch"),
+      sums(static_cast<size_t>(nv), "sums");
+  b.Run("SumSquaresMulti", fmt::format("{} vectors (p, u), {:.1f} M floats", nv, 2 * P / 1e6), F * 2 * P, 0,
+        [&] { return k::SumSquaresMulti(sums.get(), scratch.get(), xs.data(), ns.data(), nv, b.stream()); });
+  b.Run("LambApply", fmt::format("{} launches (1 per tensor), {:.1f} M params", count, P / 1e6), F * 3 * P, 0, [&] {
+    for (int i = 0; i < count; ++i) {
+      const cudaError_t e = k::LambApply(p.get() + offsets[i], lamb[i].u, sizes[i], hp.lr, 0.9f, b.stream());
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  });
+}
+
+void BenchGemm(Bench& b, const Shape& s) {
+  const int64_t N = s.tokens, C = s.hidden, V = s.vocab;
+  struct G {
+    const char* what;
+    bool ta, tb;
+    int64_t M, N, K;
+  };
+  const G gemms[] = {
+      {"qkv fwd", false, true, N, 3 * C, C},         {"attn proj fwd", false, true, N, C, C},
+      {"fc fwd", false, true, N, 4 * C, C},          {"fc proj fwd", false, true, N, C, 4 * C},
+      {"fc proj bwd dx", false, false, N, 4 * C, C}, {"fc proj bwd dW", true, false, C, 4 * C, N},
+      {"lm head fwd", false, true, N, V, C},         {"lm head bwd dx", false, false, N, C, V},
+      {"lm head bwd dW", true, false, V, C, N},
+  };
+  uint32_t seed = 70;
+  for (const G& g : gemms) {
+    const int64_t lda = g.ta ? g.M : g.K, ldb = g.tb ? g.K : g.N, ldc = g.N;
+    DevBuf<bf16> a(g.M * g.K, "A"), bm(g.K * g.N, "B");
+    DevBuf<float> c(g.M * g.N, "C");
+    Fill(a, seed++);
+    Fill(bm, seed++);
+    const double flops = 2.0 * g.M * g.N * g.K;
+    const double bytes = 2.0 * (g.M * g.K + g.K * g.N) + F * g.M * g.N;
+    const std::string shape =
+        fmt::format("{}{} M={} N={} K={} ({})", g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', g.M, g.N, g.K, g.what);
+    Row r = b.Measure("GemmBf16", shape, bytes, flops, [&] {
+      return k::GemmBf16(g.ta, g.tb, g.M, g.N, g.K, 1.0f, a.get(), lda, bm.get(), ldb, 0.0f, c.get(), ldc, b.stream());
+    });
+    const float one = 1.0f, zero = 0.0f;
+    r.ref = b.timer().Time("cublasGemmEx " + shape, [&] {
+      BENCH_CUBLAS(
+          GemmRowMajor(b.blas(), g.ta, g.tb, g.M, g.N, g.K, &one, a.get(), lda, bm.get(), ldb, &zero, c.get(), ldc));
+      return cudaSuccess;
+    });
+    r.ref_flops = flops;
+    r.ref_what = "cublasGemmEx, same shape";
+    b.Emit(r);
+  }
+}
+
+// ---- machine ----------------------------------------------------------------------------------------------------
+
+struct Machine {
+  std::string gpu;
+  int device = 0, cc_major = 0, cc_minor = 0, sms = 0, l2_bytes = 0;
+  size_t mem_bytes = 0;
+  int driver = 0, runtime = 0, cublas = 0;
+  int sm_clock_khz = 0, mem_clock_khz = 0, bus_bits = 0;
+  double peak_bw = 0;  // bytes/s, from the memory clock and bus width
+  double copy_bw = 0;  // bytes/s, measured device-to-device copy
+  std::string peak_how;
+};
+
+std::string CudaVersion(int v) {
+  return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+}
+
+Machine DescribeMachine(int device, cublasHandle_t blas) {
+  Machine m;
+  m.device = device;
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
+  m.gpu = prop.name;
+  m.cc_major = prop.major;
+  m.cc_minor = prop.minor;
+  m.sms = prop.multiProcessorCount;
+  m.mem_bytes = prop.totalGlobalMem;
+  m.l2_bytes = prop.l2CacheSize;
+  BENCH_CUDA(cudaDriverGetVersion(&m.driver));
+  BENCH_CUDA(cudaRuntimeGetVersion(&m.runtime));
+  BENCH_CUBLAS(cublasGetVersion(blas, &m.cublas));
+  BENCH_CUDA(cudaDeviceGetAttribute(&m.sm_clock_khz, cudaDevAttrClockRate, device));
+  BENCH_CUDA(cudaDeviceGetAttribute(&m.mem_clock_khz, cudaDevAttrMemoryClockRate, device));
+  BENCH_CUDA(cudaDeviceGetAttribute(&m.bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  m.peak_bw = 2.0 * m.mem_clock_khz * 1e3 * m.bus_bits / 8.0;
+  m.peak_how = fmt::format(
+      "2 (double data rate) x {} MHz memory clock (cudaDevAttrMemoryClockRate) x {} bit bus "
+      "(cudaDevAttrGlobalMemoryBusWidth) / 8",
+      m.mem_clock_khz / 1000, m.bus_bits);
+  return m;
+}
+
+// Device-to-device copy bandwidth (read + write bytes / median time) of a 1 GiB buffer (or a quarter of the free
+// memory): a practical ceiling for streaming kernels, printed next to the nominal peak.
+double MeasureCopyBandwidth(Timer& timer, cudaStream_t stream) {
+  size_t free_b = 0, total_b = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const size_t bytes = std::min<size_t>(size_t{1} << 30, free_b / 4) / 2 * 2;
+  DevBuf<char> buf(bytes, "copy bandwidth buffer");
+  BENCH_CUDA(cudaMemset(buf.get(), 1, bytes));
+  const size_t half = bytes / 2;
+  const Timing t = timer.Time("cudaMemcpyAsync device to device", [&] {
+    return cudaMemcpyAsync(buf.get() + half, buf.get(), half, cudaMemcpyDeviceToDevice, stream);
+  });
+  return 2.0 * static_cast<double>(half) / (t.median_ms * 1e-3);
+}
+
+// ---- JSON -------------------------------------------------------------------------------------------------------
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonNumber(double v) {
+  return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null";
+}
+
+void WriteJson(const std::string& path, const Machine& m, const std::vector<Shape>& shapes, int warmup, int iters,
+               const std::vector<Row>& rows) {
+  std::string j = "{\n  \"machine\": {";
+  j += fmt::format(
+      "\"gpu\": {}, \"device\": {}, \"compute_capability\": \"{}.{}\", \"sms\": {}, \"memory_bytes\": {}, "
+      "\"l2_bytes\": {}, \"driver\": \"{}\", \"runtime\": \"{}\", \"cublas\": {}, \"sm_clock_mhz\": {}, "
+      "\"memory_clock_mhz\": {}, \"bus_width_bits\": {}, \"peak_bandwidth_gbps\": {}, \"peak_bandwidth_derivation\": "
+      "{}, \"copy_bandwidth_gbps\": {}}},\n",
+      JsonString(m.gpu), m.device, m.cc_major, m.cc_minor, m.sms, m.mem_bytes, m.l2_bytes, CudaVersion(m.driver),
+      CudaVersion(m.runtime), m.cublas, m.sm_clock_khz / 1000, m.mem_clock_khz / 1000, m.bus_bits,
+      JsonNumber(m.peak_bw / 1e9), JsonString(m.peak_how), JsonNumber(m.copy_bw / 1e9));
+  j += fmt::format("  \"timing\": {{\"warmup\": {}, \"iters\": {}, \"statistic\": \"median of cudaEvent pairs\"}},\n",
+                   warmup, iters);
+  j += "  \"formulas\": {\"gemm_flops\": \"2*M*N*K\", \"attention_forward_flops\": \"4*B*H*D*sum_t keys(t), keys(t) = "
+       "min(t+1, window) or t+1 without a window\", \"attention_backward_flops\": \"2.5 x forward\", "
+       "\"attention_cublas_reference\": \"cublasGemmStridedBatchedEx of S = Q K^T and O = P V, batch B*H, "
+       "4*B*H*T^2*D FLOPs\", \"bytes\": \"minimum traffic: inputs read once, outputs written once, accumulated "
+       "outputs read and written, scratch written and read\"},\n";
+  j += "  \"shapes\": [";
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& s = shapes[i];
+    j += fmt::format(
+        "{}{{\"name\": {}, \"tokens\": {}, \"hidden\": {}, \"heads\": {}, \"vocab\": {}, \"seq\": {}, "
+        "\"window\": {}, \"layers\": {}, \"tp\": {}}}",
+        i ? ", " : "", JsonString(s.name), s.tokens, s.hidden, s.heads, s.vocab, s.seq, s.window, s.layers, s.tp);
+  }
+  j += "],\n  \"results\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    j += fmt::format(
+        "    {{\"set\": {}, \"kernel\": {}, \"shape\": {}, \"median_ms\": {}, \"min_ms\": {}, \"max_ms\": {}, "
+        "\"bytes\": {}, \"gbps\": {}, \"fraction_of_peak_bandwidth\": {}",
+        JsonString(r.set), JsonString(r.kernel), JsonString(r.shape), JsonNumber(r.t.median_ms), JsonNumber(r.t.min_ms),
+        JsonNumber(r.t.max_ms), JsonNumber(r.bytes), JsonNumber(r.gbps()), JsonNumber(r.gbps() * 1e9 / m.peak_bw));
+    if (r.flops > 0) j += fmt::format(", \"flops\": {}, \"tflops\": {}", JsonNumber(r.flops), JsonNumber(r.tflops()));
+    if (r.ref.median_ms > 0) {
+      j += fmt::format(
+          ", \"cublas\": {{\"what\": {}, \"median_ms\": {}, \"flops\": {}, \"tflops\": {}}}, "
+          "\"fraction_of_cublas\": {}",
+          JsonString(r.ref_what), JsonNumber(r.ref.median_ms), JsonNumber(r.ref_flops), JsonNumber(r.ref_tflops()),
+          JsonNumber(r.tflops() / r.ref_tflops()));
+    }
+    j += i + 1 < rows.size() ? "},\n" : "}\n";
+  }
+  j += "  ]\n}\n";
+  std::ofstream f(path);
+  f << j;
+  f.close();
+  if (!f) Die("cannot write " + path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kernels_bench: GPU timings of the megascale kernels (kernels/*.cu) vs the peak memory bandwidth and cuBLAS.\n"
+      "Without shape flags both presets run (gpt2-small, gpt2-xl); any shape flag gives one shape: the preset of\n"
+      "--preset (default gpt2-small) with the flags' values."};
+  std::string preset = "all", json;
+  int iters = 50, warmup = 5, device = 0;
+  Shape custom{"custom", 8192, 768, 12, 50304, 1024, 256, 12, 1};
+  app.add_option("--preset", preset, "all | gpt2-small | gpt2-xl")
+      ->check(CLI::IsMember({"all", "gpt2-small", "gpt2-xl"}));
+  auto* o_tokens = app.add_option("--tokens", custom.tokens, "tokens per step N = B * seq (gpt2-small: 8192)");
+  auto* o_hidden = app.add_option("--hidden", custom.hidden, "hidden size C (768)");
+  auto* o_heads = app.add_option("--heads", custom.heads, "attention heads H; head size D = C / H <= 128 (12)");
+  auto* o_vocab = app.add_option("--vocab", custom.vocab, "vocabulary V (50304)");
+  auto* o_seq = app.add_option("--seq", custom.seq, "sequence length T (1024)");
+  auto* o_window = app.add_option("--window", custom.window,
+                                  "sliding window of the windowed attention rows; 0: full causal only (256)");
+  auto* o_layers = app.add_option("--layers", custom.layers, "layers of the optimizer's parameter list (12)");
+  auto* o_tp = app.add_option("--tp", custom.tp, "tensor parallelism: vocab-parallel pieces on V / tp columns (1)");
+  app.add_option("--iters", iters, "timed launches per kernel (median reported)")->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", warmup, "untimed launches first")->check(CLI::Range(0, 100000));
+  app.add_option("--device", device, "CUDA device ordinal")->check(CLI::NonNegativeNumber);
+  app.add_option("--json", json, "also write the results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  const Shape small{"gpt2-small", 8192, 768, 12, 50304, 1024, 256, 12, 1};
+  const Shape xl{"gpt2-xl", 8192, 1600, 25, 50304, 1024, 256, 48, 1};
+  std::vector<Shape> shapes;
+  bool custom_given = false;
+  for (auto* o : {o_tokens, o_hidden, o_heads, o_vocab, o_seq, o_window, o_layers, o_tp}) {
+    custom_given = custom_given || o->count() > 0;
+  }
+  if (custom_given) {
+    Shape s = preset == "gpt2-xl" ? xl : small;
+    s.name = "custom";
+    if (o_tokens->count()) s.tokens = custom.tokens;
+    if (o_hidden->count()) s.hidden = custom.hidden;
+    if (o_heads->count()) s.heads = custom.heads;
+    if (o_vocab->count()) s.vocab = custom.vocab;
+    if (o_seq->count()) s.seq = custom.seq;
+    if (o_window->count()) s.window = custom.window;
+    if (o_layers->count()) s.layers = custom.layers;
+    if (o_tp->count()) s.tp = custom.tp;
+    shapes.push_back(s);
+  } else {
+    if (preset != "gpt2-xl") shapes.push_back(small);
+    if (preset != "gpt2-small") shapes.push_back(xl);
+  }
+  for (const Shape& s : shapes) {
+    std::string bad;
+    if (s.tokens < 1 || s.hidden < 1 || s.heads < 1 || s.vocab < 1 || s.seq < 1 || s.window < 0 || s.layers < 0 ||
+        s.tp < 1) {
+      bad = "sizes must be positive (window, layers >= 0)";
+    } else if (s.tokens % s.seq != 0) {
+      bad = "--tokens must be a multiple of --seq";
+    } else if (s.hidden % s.heads != 0 || s.hidden / s.heads > k::kAttentionMaxHeadDim) {
+      bad = fmt::format("--hidden must be --heads x D with D <= {}", k::kAttentionMaxHeadDim);
+    } else if (s.vocab < s.tp) {
+      bad = "--vocab must be >= --tp";
+    } else if (s.vocab > std::numeric_limits<int32_t>::max() ||
+               s.tokens * std::max(s.hidden * 4, s.vocab) >= (int64_t{1} << 40)) {
+      bad = "shape too large";
+    }
+    if (!bad.empty()) Die(fmt::format("shape {}: {}", s.name, bad));
+  }
+
+  // A GPU first: without one, say so and fail.
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess) Die(fmt::format("no CUDA device: {} — this benchmark needs a GPU", CudaError(e)));
+  if (devices == 0) Die("no CUDA device: cudaGetDeviceCount found 0 devices — this benchmark needs a GPU");
+  if (device >= devices) Die(fmt::format("--device {}: only {} CUDA device(s)", device, devices));
+  BENCH_CUDA(cudaSetDevice(device));
+
+  cudaStream_t stream = nullptr;
+  BENCH_CUDA(cudaStreamCreate(&stream));  // blocking: ordered with the synchronous copies of the default stream
+  cublasHandle_t blas = nullptr;
+  BENCH_CUBLAS(cublasCreate(&blas));
+  BENCH_CUBLAS(cublasSetStream(blas, stream));
+
+  Machine m = DescribeMachine(device, blas);
+  {
+    Timer t(stream, warmup, iters);
+    m.copy_bw = MeasureCopyBandwidth(t, stream);
+  }
+  const int cb = m.cublas;
+  fmt::print("machine: {} (device {}), compute capability {}.{}, {} SMs, {:.1f} GiB, L2 {:.0f} MiB\n", m.gpu, device,
+             m.cc_major, m.cc_minor, m.sms, static_cast<double>(m.mem_bytes) / (1 << 30),
+             static_cast<double>(m.l2_bytes) / (1 << 20));
+  fmt::print("  driver (CUDA) {}, runtime {}, cuBLAS {}.{}.{}\n", CudaVersion(m.driver), CudaVersion(m.runtime),
+             cb / 10000, cb % 10000 / 100, cb % 100);
+  fmt::print("  clocks (peak, as reported by the runtime): SM {} MHz, memory {} MHz; memory bus {} bit\n",
+             m.sm_clock_khz / 1000, m.mem_clock_khz / 1000, m.bus_bits);
+  if (m.peak_bw <= 0) {
+    m.peak_bw = m.copy_bw;
+    m.peak_how = "the runtime reports no memory clock / bus width: the measured copy bandwidth is used as the peak";
+  }
+  fmt::print("  peak memory bandwidth {:.1f} GB/s = {}\n", m.peak_bw / 1e9, m.peak_how);
+  fmt::print(
+      "  measured device-to-device copy {:.1f} GB/s ({:.1f}% of that peak; cudaMemcpyAsync, read + write bytes "
+      "/ median time)\n\n",
+      m.copy_bw / 1e9, 100.0 * m.copy_bw / m.peak_bw);
+
+  fmt::print("sanity: every launcher once on a small shape against the CPU reference (ms::ops::ref)\n");
+  Sanity san(stream, blas);
+  SanityGelu(san);
+  SanityLayerNorm(san);
+  SanityAttention(san);
+  SanityCrossEntropy(san);
+  SanityEmbedding(san);
+  SanityOptimizers(san);
+  SanityCasts(san);
+  SanityElementwise(san);
+  SanityGemm(san);
+  fmt::print("sanity: all {} checks passed\n\n", san.checks());
+
+  fmt::print(
+      "timing: {} warm-up launches, then the median (and min) of {} launches, each between cudaEvents on one "
+      "stream\n",
+      warmup, iters);
+  fmt::print(
+      "bytes: the minimum traffic of each launcher (inputs read once, outputs written once, accumulated "
+      "outputs read and written, scratch written and read); GB/s = bytes / median; %peak vs {:.1f} GB/s\n",
+      m.peak_bw / 1e9);
+  fmt::print(
+      "FLOPs: GEMM 2*M*N*K; attention forward 4*B*H*D*sum_t keys(t) with keys(t) = min(t+1, window) "
+      "(t+1 without a window), backward 2.5x the forward\n");
+  fmt::print(
+      "cuBLAS: cublasGemmEx (bf16 A, B; fp32 C; CUBLAS_COMPUTE_32F; CUBLAS_GEMM_DEFAULT) of the same shape; "
+      "for attention, cublasGemmStridedBatchedEx of dense attention's S = Q K^T and O = P V (batch B*H, "
+      "4*B*H*T^2*D FLOPs); vs cuBLAS = kernel FLOP/s / cuBLAS FLOP/s\n");
+
+  Bench bench(stream, blas, warmup, iters, m.peak_bw);
+  for (const Shape& s : shapes) {
+    bench.set_name(s.name);
+    fmt::print(
+        "\n== {}: tokens {} (B {} x seq {}), hidden {}, heads {} (D {}), vocab {}, window {}, layers {}, tp {}\n",
+        s.name, s.tokens, s.tokens / s.seq, s.seq, s.hidden, s.heads, s.hidden / s.heads, s.vocab, s.window, s.layers,
+        s.tp);
+    fmt::print("{:<28} {:<44} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>9}\n", "kernel", "shape", "median ms", "min ms",
+               "GB/s", "%peak", "TFLOP/s", "cuBLAS", "vs cuBLAS");
+    BenchLayerNormGelu(bench, s);
+    BenchAttention(bench, s);
+    BenchCrossEntropy(bench, s);
+    BenchEmbeddingPositions(bench, s);
+    BenchElementwise(bench, s);
+    BenchOptimizers(bench, s);
+    BenchGemm(bench, s);
+  }
+  if (!json.empty()) {
+    WriteJson(json, m, shapes, warmup, iters, bench.rows());
+    fmt::print("\nwrote {}\n", json);
+  }
+  BENCH_CUBLAS(cublasDestroy(blas));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

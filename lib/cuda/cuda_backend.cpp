@@ -1,0 +1,333 @@
+// The CUDA ops backend: every op of ops::Backend enqueued on one stream of a CUDA device — the fused kernels
+// of kernels/ (launchers in kernels/kernels.h) and cuBLAS GEMMs with bf16 operands and fp32 accumulation.
+// Compiled twice (lib/cuda/CMakeLists.txt): against libcudart + cuBLAS + the nvcc-built kernels, and against
+// the SIMT emulator's runtime + cuBLAS subset + the emulated kernels.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cuda/cuda.h"
+#include "kernels.h"
+
+namespace ms::cuda {
+
+Flavor LinkedFlavor() {
+#if defined(MS_CUDA_FLAVOR_EMULATED)
+  return Flavor::kEmulated;
+#else
+  return Flavor::kGpu;
+#endif
+}
+
+const char* FlavorName(Flavor f) {
+  switch (f) {
+    case Flavor::kGpu:
+      return "gpu";
+    case Flavor::kEmulated:
+      return "emulated";
+    default:
+      return "none";
+  }
+}
+
+namespace {
+
+Status CudaStatus(cudaError_t e, std::string_view what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Internal("{}: CUDA error {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+Status BlasStatus(cublasStatus_t e, std::string_view what) {
+  if (e == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Internal("{}: cuBLAS error {} ({})", what, static_cast<int>(e), cublasGetStatusString(e));
+}
+#define MS_CUDA_OK(expr, what) MS_RETURN_IF_ERROR(CudaStatus((expr), (what)))
+#define MS_BLAS_OK(expr, what) MS_RETURN_IF_ERROR(BlasStatus((expr), (what)))
+
+// A device buffer that only grows; growing waits for the stream first (kernels may still read the old one).
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    if (ptr_) device_->Free(ptr_);
+  }
+  Result<void*> Get(device::Device* device, cudaStream_t stream, size_t bytes) {
+    bytes = std::max<size_t>(bytes, 256);
+    if (bytes <= bytes_) return ptr_;
+    if (ptr_) {
+      MS_CUDA_OK(cudaStreamSynchronize(stream), "growing a backend workspace");
+      device_->Free(ptr_);
+      ptr_ = nullptr;
+      bytes_ = 0;
+    }
+    device_ = device;
+    MS_ASSIGN_OR_RETURN(ptr_, device->Alloc(bytes));
+    bytes_ = bytes;
+    return ptr_;
+  }
+
+ private:
+  device::Device* device_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaBackend final : public ops::Backend {
+ public:
+  static Result<std::unique_ptr<ops::Backend>> Create(device::Device* device, bool bf16) {
+    std::unique_ptr<CudaBackend> b(new CudaBackend());
+    b->device_ = device;
+    b->bf16_ = bf16;
+    b->stream_ = device->CreateStream();
+    b->s_ = NativeStream(*b->stream_);
+    if (!b->s_)
+      return InvalidArgument("the CUDA backend needs a device made by MakeCudaDevice, got {}", device->name());
+    MS_BLAS_OK(cublasCreate(&b->blas_), "cublasCreate");
+    MS_BLAS_OK(cublasSetStream(b->blas_, b->s_), "cublasSetStream");
+    return std::unique_ptr<ops::Backend>(std::move(b));
+  }
+  ~CudaBackend() override {
+    if (s_) (void)cudaStreamSynchronize(s_);
+    if (blas_) (void)cublasDestroy(blas_);
+  }
+
+  const char* name() const override { return LinkedFlavor() == Flavor::kEmulated ? "cuda (emulated)" : "cuda"; }
+  device::Device* device() override { return device_; }
+  bool bf16_gemm() const override { return bf16_; }
+
+  Status Zero(void* dst, size_t bytes) override {
+    if (!bytes) return Status::Ok();
+    MS_CUDA_OK(cudaMemsetAsync(dst, 0, bytes, s_), "cudaMemsetAsync");
+    return Status::Ok();
+  }
+  Status Copy(void* dst, const void* src, size_t bytes) override {
+    if (!bytes || dst == src) return Status::Ok();
+    MS_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_), "device-to-device copy");
+    return Status::Ok();
+  }
+  Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return Status::Ok();
+    // Pageable source: the call returns once the source has been staged, so the caller may reuse it.
+    MS_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_), "host-to-device copy");
+    return Status::Ok();
+  }
+  Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return Status::Ok();
+    MS_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_), "device-to-host copy");
+    MS_CUDA_OK(cudaStreamSynchronize(s_), "device-to-host copy");
+    return Status::Ok();
+  }
+  Status Synchronize() override {
+    MS_CUDA_OK(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
+    return Status::Ok();
+  }
+
+  // ---- GEMMs: row-major problems mapped onto column-major cuBLAS (a row-major X is a column-major X^T) ----
+  Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                       int64_t OC) override {
+    if (N == 0 || OC == 0) return Status::Ok();
+    MS_ASSIGN_OR_RETURN(auto* a, Bf16(0, inp, N * IC));
+    MS_ASSIGN_OR_RETURN(auto* b, Bf16(1, w, OC * IC));
+    // out^T (OC, N) = w (OC, IC) . inp^T (IC, N): A = w stored column-major (IC, OC) -> op T.
+    MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, out, OC, "linear forward"));
+    if (bias) MS_RETURN_IF_ERROR(Launch(kernels::AddRowBias(out, bias, N, OC, s_), "bias add"));
+    return Status::Ok();
+  }
+  Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                        int64_t N, int64_t IC, int64_t OC) override {
+    if (N == 0 || OC == 0 || IC == 0) return Status::Ok();
+    MS_ASSIGN_OR_RETURN(auto* g, Bf16(0, dout, N * OC));
+    if (dinp) {
+      MS_ASSIGN_OR_RETURN(auto* wb, Bf16(1, w, OC * IC));
+      // dinp^T (IC, N) += w^T (IC, OC) . dout^T (OC, N)
+      MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, 1.0f, dinp, IC, "linear dinp"));
+    }
+    MS_ASSIGN_OR_RETURN(auto* x, Bf16(2, inp, N * IC));
+    // dw^T (IC, OC) += inp^T (IC, N) . dout (N, OC)
+    MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, x, IC, g, OC, 1.0f, dw, IC, "linear dweight"));
+    if (dbias) MS_RETURN_IF_ERROR(Launch(kernels::BiasGrad(dbias, dout, N, OC, s_), "bias gradient"));
+    return Status::Ok();
+  }
+
+  Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                          int64_t N, int64_t C, float eps) override {
+    return Launch(kernels::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, s_), "LayerNorm forward");
+  }
+  Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+    MS_ASSIGN_OR_RETURN(void* scratch,
+                        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::LayerNormBackwardScratchFloats(N, C)));
+    return Launch(
+        kernels::LayerNormBackward(dx, dw, db, static_cast<float*>(scratch), dout, x, w, mean, rstd, N, C, s_),
+        "LayerNorm backward");
+  }
+  Status GeluForward(float* out, const float* x, int64_t n) override {
+    return Launch(kernels::GeluForward(out, x, n, s_), "GeLU forward");
+  }
+  Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) override {
+    return Launch(kernels::GeluBackward(dx, x, dout, n, s_), "GeLU backward");
+  }
+  Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                          int64_t window) override {
+    return Launch(kernels::AttentionForward(out, lse, qkv, B, T, H, D, window, s_), "attention forward");
+  }
+  Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) override {
+    MS_ASSIGN_OR_RETURN(
+        void* scratch,
+        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::AttentionBackwardScratchFloats(B, T, H, D)));
+    return Launch(
+        kernels::AttentionBackward(dqkv, static_cast<float*>(scratch), dout, qkv, out, lse, B, T, H, D, window, s_),
+        "attention backward");
+  }
+  Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
+                             int64_t V) override {
+    return Launch(kernels::CrossEntropyForward(losses, lse, logits, targets, N, V, s_), "cross-entropy forward");
+  }
+  Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                              const float* dloss, int64_t N, int64_t V) override {
+    return Launch(kernels::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, s_),
+                  "cross-entropy backward");
+  }
+  Status VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V) override {
+    return Launch(kernels::VocabParallelRowMax(mx, logits, N, V, s_), "vocab-parallel row max");
+  }
+  Status VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx, const int32_t* targets,
+                                   int64_t vstart, int64_t N, int64_t V) override {
+    return Launch(kernels::VocabParallelSumExpTarget(se, tl, logits, mx, targets, vstart, N, V, s_),
+                  "vocab-parallel sum of exponentials");
+  }
+  Status VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
+                             const int32_t* targets, int64_t N) override {
+    return Launch(kernels::VocabParallelFinish(losses, lse, mx, se, tl, targets, N, s_), "vocab-parallel loss");
+  }
+  Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                               float dloss, int64_t vstart, int64_t N, int64_t V) override {
+    return Launch(kernels::VocabParallelBackward(dlogits, logits, lse, targets, dloss, vstart, N, V, s_),
+                  "vocab-parallel cross-entropy backward");
+  }
+  Status EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) override {
+    return Launch(kernels::EmbeddingForward(out, ids, table, N, C, s_), "embedding forward");
+  }
+  Status EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C) override {
+    return Launch(kernels::EmbeddingBackward(dtable, ids, dout, N, C, s_), "embedding backward");
+  }
+  Status AddInPlace(float* y, const float* x, int64_t n) override {
+    return Launch(kernels::AddInPlace(y, x, n, s_), "add");
+  }
+  Status Add(float* out, const float* a, const float* b, int64_t n) override {
+    return Launch(kernels::Add(out, a, b, n, s_), "add");
+  }
+  Status Scale(float* x, float a, int64_t n) override { return Launch(kernels::Scale(x, a, n, s_), "scale"); }
+  Status AddRowBias(float* y, const float* b, int64_t R, int64_t C) override {
+    return Launch(kernels::AddRowBias(y, b, R, C, s_), "bias add");
+  }
+  Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
+                     int64_t C) override {
+    return Launch(kernels::ResidualAdd(out, x, part, bias, bias2, R, C, s_), "residual add");
+  }
+  Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {
+    return Launch(kernels::BiasGrad(db, dy, R, C, s_), "bias gradient");
+  }
+  Status AddPositions(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0) override {
+    return Launch(kernels::AddPositions(x, wpe, R, C, T, row0, s_), "position embedding");
+  }
+  Status PositionsBackward(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t T, int64_t row0) override {
+    return Launch(kernels::PositionsBackward(dwpe, dx, R, C, T, row0, s_), "position embedding backward");
+  }
+  Status SumSquares(const float* const* xs, const int64_t* ns, int count, double* out) override {
+    if (count == 0) return Status::Ok();
+    MS_ASSIGN_OR_RETURN(void* res, ws_[kNorms].Get(device_, s_, sizeof(double) * count));
+    MS_ASSIGN_OR_RETURN(void* scratch,
+                        ws_[kScratch].Get(device_, s_, sizeof(double) * kernels::SumSquaresScratchDoubles(ns, count)));
+    MS_RETURN_IF_ERROR(
+        Launch(kernels::SumSquaresMulti(static_cast<double*>(res), static_cast<double*>(scratch), xs, ns, count, s_),
+               "sums of squares"));
+    return CopyToHost(out, res, sizeof(double) * count);
+  }
+  Status AdamW(const ops::AdamWTensor* t, int count, int64_t step) override {
+    // One multi-tensor launch per run of tensors with the same hyper-parameters (weight decay on/off).
+    std::vector<kernels::AdamWTensor> group;
+    for (int i = 0; i < count;) {
+      const ops::AdamParams& hp = t[i].hp;
+      group.clear();
+      int j = i;
+      for (; j < count && SameHp(t[j].hp, hp); ++j) group.push_back({t[j].p, t[j].g, t[j].m, t[j].v, t[j].n});
+      const kernels::AdamWHyper h{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
+      MS_RETURN_IF_ERROR(
+          Launch(kernels::AdamWMultiTensor(group.data(), static_cast<int>(group.size()), h, step, s_), "AdamW step"));
+      i = j;
+    }
+    return Status::Ok();
+  }
+  Status LambDirection(const ops::LambTensor* t, int count, int64_t step) override {
+    std::vector<kernels::LambTensor> group;
+    for (int i = 0; i < count;) {
+      const ops::AdamParams& hp = t[i].hp;
+      group.clear();
+      int j = i;
+      for (; j < count && SameHp(t[j].hp, hp); ++j) {
+        group.push_back({t[j].u, t[j].p, t[j].g, t[j].m, t[j].v, t[j].n});
+      }
+      const kernels::AdamWHyper h{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
+      MS_RETURN_IF_ERROR(
+          Launch(kernels::LambDirectionMultiTensor(group.data(), static_cast<int>(group.size()), h, step, s_),
+                 "LAMB direction"));
+      i = j;
+    }
+    return Status::Ok();
+  }
+  Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio) override {
+    return Launch(kernels::LambApply(p, u, n, lr, trust_ratio, s_), "LAMB update");
+  }
+
+ private:
+  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kNumWorkspaces };
+  CudaBackend() = default;
+
+  static bool SameHp(const ops::AdamParams& a, const ops::AdamParams& b) {
+    return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+           a.weight_decay == b.weight_decay;
+  }
+  Status Launch(cudaError_t e, std::string_view what) { return CudaStatus(e, what); }
+  // A GEMM operand: `src` (n floats) rounded to bf16 in workspace `slot` (0..2) when bf16_, else src itself.
+  Result<const void*> Bf16(int slot, const float* src, int64_t n) {
+    if (!bf16_) return static_cast<const void*>(src);
+    MS_ASSIGN_OR_RETURN(void* p, ws_[kBf16A + slot].Get(device_, s_, sizeof(__nv_bfloat16) * n));
+    auto* dst = static_cast<__nv_bfloat16*>(p);
+    MS_RETURN_IF_ERROR(Launch(kernels::CastFloatToBf16(dst, src, n, s_), "fp32 -> bf16 cast"));
+    return static_cast<const void*>(dst);
+  }
+  // Column-major C (m, n) = op(A) op(B) + beta C: A, B bf16 (or fp32), C fp32, fp32 accumulation.
+  Status Gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+              const void* B, int64_t ldb, float beta, float* C, int64_t ldc, const char* what) {
+    const float alpha = 1.0f;
+    const cudaDataType_t in = bf16_ ? CUDA_R_16BF : CUDA_R_32F;
+    MS_BLAS_OK(cublasGemmEx(blas_, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, A, in,
+                            static_cast<int>(lda), B, in, static_cast<int>(ldb), &beta, C, CUDA_R_32F,
+                            static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               what);
+    return Status::Ok();
+  }
+
+  device::Device* device_ = nullptr;
+  std::unique_ptr<device::Stream> stream_;
+  cudaStream_t s_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  bool bf16_ = true;
+  Workspace ws_[kNumWorkspaces];
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm) {
+  if (!device) return InvalidArgument("MakeCudaBackend: no device");
+  return CudaBackend::Create(device, bf16_gemm);
+}
+
+}  // namespace ms::cuda

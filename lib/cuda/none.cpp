@@ -1,0 +1,35 @@
+// The CUDA backend of a build without nvcc: every factory says so.
+#include "cuda/cuda.h"
+
+namespace ms::cuda {
+
+Flavor LinkedFlavor() {
+  return Flavor::kNone;
+}
+const char* FlavorName(Flavor f) {
+  switch (f) {
+    case Flavor::kGpu:
+      return "gpu";
+    case Flavor::kEmulated:
+      return "emulated";
+    default:
+      return "none";
+  }
+}
+Result<std::unique_ptr<device::Device>> MakeCudaDevice(int) {
+  return Unavailable(
+      "this megascale was built without nvcc, so it has no CUDA backend: install the CUDA toolkit and rebuild, or "
+      "run the emulated backend with megascale-emu");
+}
+cudaStream_t NativeStream(device::Stream&) {
+  return nullptr;
+}
+AllocatorStats GetAllocatorStats(device::Device&) {
+  return {};
+}
+void ReleaseCachedMemory(device::Device&) {}
+Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool) {
+  return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
+}
+
+}  // namespace ms::cuda
