@@ -231,6 +231,13 @@ class CudaBackend final : public ops::Backend {
                      int64_t C) override {
     return Launch(kernels::ResidualAdd(out, x, part, bias, bias2, R, C, s_), "residual add");
   }
+  Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) override {
+    return Launch(kernels::BiasGeluForward(out, x, bias, R, C, s_), "bias + GeLU forward");
+  }
+  Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
+                          int64_t C) override {
+    return Launch(kernels::BiasGeluBackward(dx, dbias, x, bias, dout, R, C, s_), "bias + GeLU backward");
+  }
   Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {
     return Launch(kernels::BiasGrad(db, dy, R, C, s_), "bias gradient");
   }

@@ -569,8 +569,10 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), P(w.qkvb), rows, C, 3 * HlD);
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
-      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), P(w.fcb), rows, C, Fl));
-      return be_->GeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, rows * Fl);
+      // fch holds the GEMM output without its bias: the bias is fused into the GeLU (and its gradient into the
+      // GeLU backward).
+      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), nullptr, rows, C, Fl));
+      return be_->BiasGeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C);
@@ -738,14 +740,15 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C));
-      return be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl);
+      return be_->BiasGeluBackward(dfch + row0 * Fl, G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
+                                   dfch_gelu + row0 * Fl, rows, Fl);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {
       return be_->MatmulBackward(datty + row0 * HlD, G(w.projw), nullptr, dy, y.atty.data() + row0 * HlD, P(w.projw),
                                  rows, HlD, C);
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulBackward(dst, G(w.fcw), G(w.fcb), dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl);
+      return be_->MatmulBackward(dst, G(w.fcw), nullptr, dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl);
     };
     auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulBackward(dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, ln1in + row0 * C, P(w.qkvw), rows, C,

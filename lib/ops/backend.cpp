@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ops/ops.h"
 
@@ -162,6 +163,25 @@ class CpuBackend final : public Backend {
       }
     }
     return Status::Ok();
+  }
+  Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      float* o = out + r * C;
+      ops::Add(o, x + r * C, bias, C);  // the same float ops as a GEMM bias followed by GeLU
+      ops::GeluForward(o, o, C);
+    }
+    return Status::Ok();
+  }
+  Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
+                          int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      std::vector<float> t(static_cast<size_t>(C));
+      ops::Add(t.data(), x + r * C, bias, C);
+      ops::GeluBackward(dx + r * C, t.data(), dout + r * C, C);
+    }
+    return BiasGrad(dbias, dx, R, C);
   }
   Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {
 #pragma omp parallel for schedule(static)

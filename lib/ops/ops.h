@@ -231,6 +231,11 @@ class Backend {
   // biases (out may equal x or part).
   virtual Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2,
                              int64_t R, int64_t C) = 0;
+  // out (R, C) = gelu(x + bias[c]) (WRITES): the fc bias fused into the GeLU (x is the GEMM output without bias).
+  virtual Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) = 0;
+  // dx (R, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES).
+  virtual Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout,
+                                  int64_t R, int64_t C) = 0;
   // db (C) += column sums of dy (R, C), rows in order.
   virtual Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) = 0;
   // x (R, C) += wpe[((row0 + r) % T)] for each row r: learned positions.

@@ -115,7 +115,7 @@ TEST_CASE("cuda backend (emulated): linear layer forward/backward, fp32 GEMMs (r
   }
 }
 
-TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, attention, cross-entropy, embedding (rtol 1e-4)") {
+TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cross-entropy, embedding (rtol 1e-4)") {
   Pair p;
   const int64_t N = 37, C = 24;
   Compare(
@@ -134,6 +134,15 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, attention, cross-entropy, e
         REQUIRE(be.GeluBackward(t[3], t[0], t[2], N * C).ok());
       },
       {{1, N * C}, {3, N * C}}, 1e-4f, 1e-6f, "gelu");
+  Compare(
+      p,
+      {Random(N * C, 1, -3, 3), Random(C, 2), std::vector<float>(N * C), Random(N * C, 3), std::vector<float>(N * C),
+       Random(C, 4)},
+      [&](ops::Backend& be, std::vector<float*>& t) {
+        REQUIRE(be.BiasGeluForward(t[2], t[0], t[1], N, C).ok());
+        REQUIRE(be.BiasGeluBackward(t[4], t[5], t[0], t[1], t[3], N, C).ok());
+      },
+      {{2, N * C}, {4, N * C}, {5, C}}, 1e-4f, 1e-6f, "bias + gelu");
   for (int64_t window : {0, 5}) {
     const int64_t B = 2, T = 19, H = 3, D = 8;
     Compare(

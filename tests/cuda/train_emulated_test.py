@@ -8,8 +8,9 @@ CUDA runtime on their CPU implementations), trains a tiny GPT and must match the
   the gradient norms of every step within the same tolerances;
 
 on one rank (1.1.1) and on two data-parallel ranks (1.1.2, Gloo through the embedded Redis), with the parallel
-and the sequential block, AdamW and LAMB, and a sliding window. Also: the checkpoint written by the emulated
-CUDA run (parameters staged from device memory) resumes on the CPU backend and continues on the same losses.
+and the sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoint written by the emulated
+CUDA run (parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU
+checkpoint resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses.
 
 Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu]
   (--gpu: MEGASCALE_EMU is a megascale built with nvcc and the runs use the real GPU: the `gpu` ctest label)
@@ -109,5 +110,53 @@ case("bf16-111-parallel", "", ["train.precision=bf16"], 5e-3)
 case("fp32-112-parallel", "parallel: {dp: 2}", ["train.precision=fp32"], 1e-4)
 case("bf16-112-sequential-zero1", "parallel: {dp: 2, zero: 1}", ["train.precision=bf16", "model.block=sequential"], 5e-3)
 
-print(f"{5 - len(failures)} passed, {len(failures)} failed")
+
+
+def checkpoint_crossover():
+    """A checkpoint written from device memory (staged through the host) resumes on the CPU backend, and a CPU
+    checkpoint resumes on the CUDA backend (restored through the host): steps 4-6 continue on the losses of
+    the uninterrupted CPU run (fp32 tolerance)."""
+    path = os.path.join(WORK, "ckpt.yaml")
+    spec(path, os.path.join(WORK, "ckpt-ref"), "checkpoint: {interval: 3}")
+    rc, _, err = run(BIN, "train", path)
+    if rc != 0:
+        return f"reference run failed: {err.strip()[-800:]}"
+    ref = series(os.path.join(WORK, "ckpt-ref"), "loss")
+    for first, then, first_args, then_args in (
+            (EMU, BIN, ["--set", "runtime.backend=cuda"], []),
+            (BIN, EMU, [], ["--set", "runtime.backend=cuda"])):
+        d = os.path.join(WORK, f"ckpt-{os.path.basename(first)}-then-{os.path.basename(then)}")
+        rc, _, err = run(first, "train", path, "--set", f"log.run_dir={d}", *first_args)
+        if rc != 0:
+            return f"{os.path.basename(first)} run failed: {err.strip()[-800:]}"
+        steps = sorted(glob.glob(os.path.join(d, "checkpoints", "step-*")))
+        if [os.path.basename(x) for x in steps] != ["step-00000003", "step-00000006"]:
+            return f"expected checkpoints at steps 3 and 6, found {steps}"
+        shutil.rmtree(steps[-1])
+        rc, _, err = run(then, "resume", path, "--set", f"log.run_dir={d}", *then_args)
+        if rc != 0:
+            return f"{os.path.basename(then)} resume failed: {err.strip()[-800:]}"
+        rows = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
+        train = [r for r in rows if r["phase"] == "train"]
+        # metrics.jsonl is appended to: steps 1-6 of the first run, then 4-6 of the resumed one.
+        if [r["step"] for r in train] != [1, 2, 3, 4, 5, 6, 4, 5, 6]:
+            return f"train steps in metrics.jsonl: {[r['step'] for r in train]}"
+        resumed = {r["step"]: r["loss"] for r in train[6:]}
+        worst = max(abs(resumed[k] - ref[k]) / abs(ref[k]) for k in resumed)
+        print(f"     {os.path.basename(first)} -> {os.path.basename(then)}: resumed steps 4-6, worst relative loss "
+              f"difference {worst:.2e} (tolerance 1e-4)")
+        if not worst <= 1e-4:
+            return f"resumed losses {resumed} differ from the uninterrupted run {ref}"
+    return None
+
+
+if not GPU:
+    err = checkpoint_crossover()
+    print(("ok   " if err is None else "FAIL ") + "checkpoint-crossover" + ("" if err is None else ": " + err))
+    if err is not None:
+        failures.append("checkpoint-crossover")
+    total = 6
+else:
+    total = 5
+print(f"{total - len(failures)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)
