@@ -53,5 +53,8 @@ void ReleaseCachedMemory(device::Device& device);
 // and multiplied with fp32 accumulation into fp32 outputs, else fp32 throughout), everything else by the kernels
 // of kernels/. Parameters, gradients and optimizer state stay fp32 (the masters).
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm = true);
+// The cudaStream_t a backend made by MakeCudaBackend enqueues on (as void*, so that callers need no CUDA
+// headers); nullptr for other backends. Communicators order their work after it (comm::NcclOptions).
+void* BackendStream(ops::Backend& backend);
 
 }  // namespace ms::cuda

@@ -99,6 +99,7 @@ class CudaBackend final : public ops::Backend {
   const char* name() const override { return LinkedFlavor() == Flavor::kEmulated ? "cuda (emulated)" : "cuda"; }
   device::Device* device() override { return device_; }
   bool bf16_gemm() const override { return bf16_; }
+  cudaStream_t stream() const { return s_; }
 
   Status Zero(void* dst, size_t bytes) override {
     if (!bytes) return Status::Ok();
@@ -331,6 +332,11 @@ class CudaBackend final : public ops::Backend {
 };
 
 }  // namespace
+
+void* BackendStream(ops::Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  return b ? static_cast<void*>(b->stream()) : nullptr;
+}
 
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm) {
   if (!device) return InvalidArgument("MakeCudaBackend: no device");

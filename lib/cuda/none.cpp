@@ -28,6 +28,9 @@ AllocatorStats GetAllocatorStats(device::Device&) {
   return {};
 }
 void ReleaseCachedMemory(device::Device&) {}
+void* BackendStream(ops::Backend&) {
+  return nullptr;
+}
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -14,6 +15,9 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#if defined(MS_HAVE_NCCL)
+#include "comm/nccl_comm.h"
+#endif
 #include "runner/checkpointing.h"
 #include "runner/runner.h"
 
@@ -310,6 +314,34 @@ Status RunWorker(const std::string& job_spec_path, const TrainOptions& options) 
     rt.embedding =
         make(g.embedding, fmt::format("embedding[{}]", grid.GroupIndex(bootstrap::GroupKind::kEmbedding, me.rank)));
   }
+#if defined(MS_HAVE_NCCL)
+  // NCCL groups for the CUDA backend on GPUs: the same members and group ranks as the Gloo groups, each created
+  // from an id its leader publishes in the store, in the Gloo groups' order (no rank waits on a group it is not
+  // in). Not run in CI (no GPU).
+  rt.use_nccl = [holder, grid, timeout, rank = me.rank](Runtime& r, void* stream) -> Status {
+    const auto& groups = holder->first;
+    auto make = [&](bootstrap::GroupKind kind) -> Result<std::unique_ptr<comm::Communicator>> {
+      const auto& members = groups.members[static_cast<int>(kind)];
+      auto pos = std::find(members.begin(), members.end(), rank);
+      if (pos == members.end())
+        return Internal("rank {} is not in its own {} group", rank, bootstrap::GroupKindName(kind));
+      const int index = grid.GroupIndex(kind, rank);
+      comm::NcclOptions o;
+      o.name = fmt::format("nccl-{}[{}]", bootstrap::GroupKindName(kind), index);
+      o.compute_stream = static_cast<cudaStream_t>(stream);
+      return bootstrap::CreateNcclCommunicator(
+          *holder->second, fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
+          static_cast<int>(pos - members.begin()), static_cast<int>(members.size()), timeout, o);
+    };
+    MS_ASSIGN_OR_RETURN(r.tp, make(bootstrap::GroupKind::kTp));
+    MS_ASSIGN_OR_RETURN(r.pp, make(bootstrap::GroupKind::kPp));
+    MS_ASSIGN_OR_RETURN(r.dp, make(bootstrap::GroupKind::kDp));
+    if (r.embedding) {
+      MS_ASSIGN_OR_RETURN(r.embedding, make(bootstrap::GroupKind::kEmbedding));
+    }
+    return Status::Ok();
+  };
+#endif
   MS_ASSIGN_OR_RETURN(auto ckpt_store, holder->second->Clone());
   rt.coordinator = MakeStoreCoordinator(std::move(ckpt_store));
   rt.keepalive = holder;

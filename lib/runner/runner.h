@@ -24,6 +24,7 @@
 // parallel layout of the same model.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -65,6 +66,10 @@ struct Runtime {
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, world_comm;  // embedding: null if none
   std::shared_ptr<void> keepalive;                       // owns what the communicators use (process groups, store)
   std::shared_ptr<checkpoint::Coordinator> coordinator;  // checkpoint durability across ranks (null: one rank)
+  // Replaces tp, pp, dp and embedding by NCCL communicators on device memory, ordered after `compute_stream`
+  // (the CUDA backend's cudaStream_t); world_comm stays on the host. Set by the worker entry in builds with
+  // NCCL (MS_HAVE_NCCL); null otherwise. Used by multi-rank jobs on the CUDA backend with real GPUs.
+  std::function<Status(Runtime&, void* compute_stream)> use_nccl;
 };
 // The runtime of a single-rank job: every group is this rank alone.
 std::unique_ptr<Runtime> SingleRankRuntime();

@@ -67,7 +67,7 @@ struct Compute {
   std::unique_ptr<device::Device> device;
   std::unique_ptr<ops::Backend> backend;  // null: the model's own CPU backend
 };
-Result<Compute> MakeCompute(const config::JobSpec& spec, const Runtime& rt) {
+Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
   Compute c;
   bool use_cuda = spec.runtime.backend == config::Backend::kCuda;
   const int ordinal = rt.local_world > 0 ? rt.rank % rt.local_world : 0;
@@ -87,12 +87,11 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, const Runtime& rt) {
     c.device = device::MakeCpuDevice();
     return c;
   }
-  if (cuda::LinkedFlavor() == cuda::Flavor::kGpu && rt.world > 1) {
+  const bool nccl = cuda::LinkedFlavor() == cuda::Flavor::kGpu && rt.world > 1;
+  if (nccl && !rt.use_nccl) {
     return Unimplemented(
-        "{}: runtime.backend: cuda with {} ranks: multi-rank training on GPUs needs NCCL process groups, which the "
-        "runner does not create yet (the communicators are Gloo, on host memory); run one rank (tp=pp=dp=1) on the "
-        "GPU, "
-        "or the same layout on the emulated CUDA backend with megascale-emu",
+        "{}: runtime.backend: cuda with {} ranks needs NCCL process groups, and this megascale was built without "
+        "NCCL; run one rank (tp=pp=dp=1), or the layout on the emulated CUDA backend with megascale-emu",
         spec.source, rt.world);
   }
   if (!c.device) {
@@ -104,6 +103,12 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, const Runtime& rt) {
                       cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16));
   LogInfo("compute: {} on {} (GEMMs {})", c.backend->name(), c.device->name(),
           c.backend->bf16_gemm() ? "bf16 inputs, fp32 accumulation" : "fp32");
+  if (nccl) {
+    // Device buffers travel through NCCL, on streams ordered after the backend's (world_comm stays Gloo: it
+    // carries host scalars).
+    MS_RETURN_IF_ERROR_CTX(rt.use_nccl(rt, cuda::BackendStream(*c.backend)), "creating the NCCL groups");
+    LogInfo("tensor-, pipeline- and data-parallel communicators: NCCL");
+  }
   return c;
 }
 
@@ -124,19 +129,24 @@ Status FetchBatch(const data::Sampler& sampler, bool train, int64_t first, int c
 // them, sends completed lazily (before their buffer is reused, and at the end of the step).
 class PipeComm {
  public:
-  PipeComm(comm::Communicator* pp, int64_t floats, metrics::Trace* trace) : pp_(pp), floats_(floats), trace_(trace) {}
+  // Receive buffers are memory of the backend's device (the pipeline communicator moves device buffers).
+  PipeComm(comm::Communicator* pp, ops::Backend* backend, int64_t floats, metrics::Trace* trace)
+      : pp_(pp), be_(backend), floats_(floats), trace_(trace) {}
   // kind 0: activation (forward), 1: gradient (backward); gchunk: the receiving global chunk.
   static int Tag(int kind, int micro, int gchunk) { return (kind * 4096 + micro) * 256 + gchunk; }
-  void PostRecv(int peer, int tag) {
-    if (recvs_.count(tag)) return;
-    auto& r = recvs_[tag];
-    r.buf.assign(floats_, 0.0f);
+  Status PostRecv(int peer, int tag) {
+    if (recvs_.count(tag)) return Status::Ok();
+    PendingRecv r;
+    MS_RETURN_IF_ERROR_CTX(r.buf.Allocate(be_, floats_), "pipeline receive buffer");
+    MS_RETURN_IF_ERROR(be_->Synchronize());  // the buffer is zeroed before the transfer writes it
     r.work = pp_->Recv(r.buf.data(), floats_, peer, tag);
     r.posted = NowSeconds();
+    recvs_[tag] = std::move(r);
+    return Status::Ok();
   }
   // Waits for the message and returns its buffer (valid until the next TakeRecv with the same tag).
   Result<const float*> TakeRecv(int peer, int tag) {
-    PostRecv(peer, tag);
+    MS_RETURN_IF_ERROR(PostRecv(peer, tag));
     auto& r = recvs_[tag];
     const double t0 = NowSeconds();
     Status s = r.work->Wait();
@@ -175,7 +185,7 @@ class PipeComm {
     int tag;
   };
   struct PendingRecv {
-    std::vector<float> buf;
+    model::DeviceArray<float> buf;
     std::unique_ptr<comm::Work> work;
     double posted = 0;
   };
@@ -187,11 +197,12 @@ class PipeComm {
     return st.WithContext(fmt::format("pipeline send (tag {})", s.tag));
   }
   comm::Communicator* pp_;
+  ops::Backend* be_;
   int64_t floats_;
   metrics::Trace* trace_;
   std::map<int, PendingRecv> recvs_;
   std::map<std::pair<int, int>, std::vector<Pending>> sends_;
-  std::vector<float> held_;
+  model::DeviceArray<float> held_;
   double wait_s_ = 0;
 };
 
@@ -357,8 +368,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   trace.set_enabled(spec.log.trace);
 
   // Model shard, data-parallel engine, optimizer.
+  MS_ASSIGN_OR_RETURN(Compute compute, MakeCompute(spec, rt));  // may swap the communicators for NCCL ones
   TimedComm tp_timed(rt.tp.get());
-  MS_ASSIGN_OR_RETURN(Compute compute, MakeCompute(spec, rt));
   device::Device* device = compute.device.get();
   model::ShardSpec shard;
   shard.tp_size = par.tp;
@@ -391,7 +402,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   };
   MS_ASSIGN_OR_RETURN(auto schedule, parallel::PipelineSchedule(par.pp, rt.pp_rank, par.virtual_stages, n_micro));
   const int slots = parallel::MaxInFlight(schedule, par.virtual_stages);
-  PipeComm pipe(rt.pp.get(), gpt->boundary_floats(), spec.log.trace ? &trace : nullptr);
+  PipeComm pipe(rt.pp.get(), gpt->backend(), gpt->boundary_floats(), spec.log.trace ? &trace : nullptr);
   const int next_rank = (rt.pp_rank + 1) % par.pp, prev_rank = (rt.pp_rank + par.pp - 1) % par.pp;
 
   const double flops_per_seq = model::TrainingFlopsPerSequence(m);
@@ -509,9 +520,9 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         const parallel::Action& nx = schedule[ai + 1];
         const int g = gpt->global_chunk(nx.chunk);
         if (nx.kind == parallel::ActionKind::kForward && !gpt->has_embedding(nx.chunk)) {
-          pipe.PostRecv(prev_rank, PipeComm::Tag(0, nx.micro, g));
+          MS_RETURN_IF_ERROR(pipe.PostRecv(prev_rank, PipeComm::Tag(0, nx.micro, g)));
         } else if (nx.kind == parallel::ActionKind::kBackward && !gpt->has_head(nx.chunk)) {
-          pipe.PostRecv(next_rank, PipeComm::Tag(1, nx.micro, g));
+          MS_RETURN_IF_ERROR(pipe.PostRecv(next_rank, PipeComm::Tag(1, nx.micro, g)));
         }
       }
       const int c = a.chunk, g = gpt->global_chunk(c), slot = a.micro % slots;

@@ -13,7 +13,8 @@ CUDA run (parameters and optimizer state staged from device memory) resumes on t
 checkpoint resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses.
 
 Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu]
-  (--gpu: MEGASCALE_EMU is a megascale built with nvcc and the runs use the real GPU: the `gpu` ctest label)
+  (--gpu: MEGASCALE_EMU is a megascale built with nvcc and the runs use the real GPU: the `gpu` ctest label; the
+   two-rank cases then use NCCL groups and two GPUs, and are skipped on a machine with one)
 """
 import glob
 import json
@@ -27,6 +28,7 @@ BIN, EMU, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 GPU = "--gpu" in sys.argv[4:]
 EXPECT = "cuda on" if GPU else "cuda (emulated)"
 failures = []
+skipped = []
 
 
 def run(binary, *args):
@@ -79,16 +81,19 @@ def compare(name, extra, sets, rtol):
     return None
 
 
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
 def case(name, *a):
-    if GPU and "-112-" in name:
-        # The runner refuses multi-rank CUDA jobs on GPUs until it creates NCCL groups; check that it says so.
-        path = os.path.join(WORK, name + ".yaml")
-        spec(path, os.path.join(WORK, name + "-gpu"), a[0])
-        rc, _, err = run(EMU, "train", path, "--set", "runtime.backend=cuda")
-        ok = rc != 0 and "needs NCCL process groups" in err
-        print(("ok   " if ok else "FAIL ") + name + " (multi-rank on a GPU: refused with a clear error)")
-        if not ok:
-            failures.append(name)
+    if GPU and "-112-" in name and gpu_count() < 2:
+        # Two ranks on one host use devices 0 and 1 (NCCL groups): not possible on a one-GPU machine.
+        print(f"skip {name}: two ranks need two GPUs, {gpu_count()} visible")
+        skipped.append(name)
         return
     err = compare(name, *a)
     print(("ok   " if err is None else "FAIL ") + name + ("" if err is None else ": " + err))
@@ -158,5 +163,5 @@ if not GPU:
     total = 6
 else:
     total = 5
-print(f"{total - len(failures)} passed, {len(failures)} failed")
+print(f"{total - len(failures) - len(skipped)} passed, {len(failures)} failed, {len(skipped)} skipped")
 sys.exit(1 if failures else 0)
