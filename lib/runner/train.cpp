@@ -112,6 +112,27 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
   return c;
 }
 
+// The best GEMM rate of a backend: three linear-layer forwards of an n x n x n problem (the backend's precision),
+// each timed to completion. The MFU denominator when log.peak_flops is not set.
+Result<double> MeasureBackendGemmPeak(ops::Backend& be, int64_t n) {
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n * n);
+  device::Device* dev = be.device();
+  MS_ASSIGN_OR_RETURN(device::Buffer a, device::Buffer::Allocate(dev, static_cast<size_t>(n * n)));
+  MS_ASSIGN_OR_RETURN(device::Buffer w, device::Buffer::Allocate(dev, static_cast<size_t>(n * n)));
+  MS_ASSIGN_OR_RETURN(device::Buffer out, device::Buffer::Allocate(dev, static_cast<size_t>(n * n)));
+  MS_RETURN_IF_ERROR(be.Zero(a.data(), bytes));
+  MS_RETURN_IF_ERROR(be.Zero(w.data(), bytes));
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {
+    const double t0 = NowSeconds();
+    MS_RETURN_IF_ERROR(be.MatmulForward(out.f32(), a.f32(), w.f32(), nullptr, n, n, n));
+    MS_RETURN_IF_ERROR(be.Synchronize());
+    const double dt = NowSeconds() - t0;
+    if (i > 0 && dt > 0) best = std::max(best, 2.0 * n * n * n / dt);  // the first call warms up
+  }
+  return best;
+}
+
 // Fills inputs/targets [count, T] from samples first..first+count-1 of a split.
 Status FetchBatch(const data::Sampler& sampler, bool train, int64_t first, int count, int T, std::vector<int32_t>* seq,
                   std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
@@ -406,7 +427,18 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   const int next_rank = (rt.pp_rank + 1) % par.pp, prev_rank = (rt.pp_rank + par.pp - 1) % par.pp;
 
   const double flops_per_seq = model::TrainingFlopsPerSequence(m);
-  const double peak = spec.log.peak_flops > 0 ? spec.log.peak_flops : metrics::MeasureGemmPeakFlops();
+  // The peak: configured, else measured on this rank's backend (a GPU's cuBLAS GEMM; the emulator's CPU cuBLAS on a
+  // small problem, where MFU means little; the CPU's oneDNN GEMM).
+  double peak = spec.log.peak_flops;
+  const char* peak_source = "configured";
+  if (peak <= 0 && compute.backend) {
+    const bool emulated = cuda::LinkedFlavor() == cuda::Flavor::kEmulated;
+    MS_ASSIGN_OR_RETURN(peak, MeasureBackendGemmPeak(*compute.backend, emulated ? 256 : 8192));
+    peak_source = compute.backend->bf16_gemm() ? "measured bf16 cuBLAS GEMM" : "measured fp32 cuBLAS GEMM";
+  } else if (peak <= 0) {
+    peak = metrics::MeasureGemmPeakFlops();
+    peak_source = "measured fp32 GEMM";
+  }
   if (rank0) {
     int64_t n_params = 0;
     for (const auto& name : model::AllTensorNames(m)) (void)name;
@@ -419,8 +451,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         par.sequence_parallel ? "on" : "off", par.zero, threads, spec.train.global_batch, micro, n_micro, par.dp,
         n_params);
     LogInfo("data {}: {} tokens, {} train / {} validation samples of {} tokens; peak {:.1f} GFLOP/s per rank ({})",
-            spec.data.path, ds.num_tokens(), sampler.num_train(), sampler.num_valid(), T, peak / 1e9,
-            spec.log.peak_flops > 0 ? "configured" : "measured fp32 GEMM");
+            spec.data.path, ds.num_tokens(), sampler.num_train(), sampler.num_valid(), T, peak / 1e9, peak_source);
   }
 
   // Which inputs a chunk needs: tokens for the embedding chunk, targets for the head chunk.
