@@ -4,6 +4,7 @@
 
 #include "cmd/megascale/commands.h"
 #include "cmd/megascale/job_spec_args.h"
+#include "runner/runner.h"
 
 namespace ms::cmd {
 
@@ -13,14 +14,14 @@ CLI::App* AddValidateCommand(CLI::App& parent, RunFn* run) {
   auto args = std::make_shared<JobSpecArgs>();
   auto no_files = std::make_shared<bool>(false);
   args->Bind(sub);
-  sub->add_flag("--no-files", *no_files, "Skip the check that the data files exist");
+  sub->add_flag("--no-files", *no_files, "Skip the checks of the data files and of runtime.redis_password_file");
   *run = [args, no_files]() -> int {
     auto spec = args->Load();
     if (!spec.ok()) return ReportError(spec.status());
-    if (!*no_files) {
-      Status files = config::CheckDataFiles(*spec);
-      if (!files.ok()) return ReportError(files);
-    }
+    // What the driver checks before it launches anything: the build's backends, the tokenizer, the
+    // store address; and (unless --no-files) the data files and the password file.
+    Status pre = runner::PreflightCheck(*spec, !*no_files);
+    if (!pre.ok()) return ReportError(pre);
     std::fputs(config::ToYaml(*spec).c_str(), stdout);
     std::fprintf(stderr, "%s: valid\n", args->path.c_str());
     return 0;

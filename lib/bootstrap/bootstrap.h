@@ -159,6 +159,9 @@ class Store {
   // Deletes every key starting with prefix (within the namespace); returns how many.
   virtual Result<int64_t> DeletePrefix(std::string_view prefix) = 0;
 
+  // An id of the server instance (Redis: its run_id). It changes when the server was restarted,
+  // which loses every key: a waiter compares it to know that keys written earlier are gone.
+  virtual Result<std::string> ServerId() = 0;
   // A new, independent connection to the same store and namespace (its counters start with the
   // connection handshake: AUTH if a password is set, PING).
   virtual Result<std::unique_ptr<Store>> Clone() const = 0;
@@ -168,9 +171,10 @@ class Store {
 };
 
 struct StoreOptions {
-  // redis://[:password@]host:port[/db]; the password may also come from MEGASCALE_REDIS_PASSWORD
-  // (the URL wins). Never logged.
+  // redis://[[user][:password]@]host:port[/db] or host:port. Never logged.
   std::string url = "redis://127.0.0.1:6379";
+  // The password when the URL has none; empty: MEGASCALE_REDIS_PASSWORD, if set. Never logged.
+  std::string password;
   std::string job_id = "megascale";  // namespace: "<job_id>/<attempt>/"
   int attempt = 0;
   Millis connect_timeout{5000};  // per connection try
@@ -182,11 +186,12 @@ struct StoreOptions {
 struct RedisEndpoint {
   std::string host;
   int port = 6379;
+  std::string user;      // empty: the default user (AUTH password); else an ACL user (AUTH user password)
   std::string password;  // empty: none
   int db = 0;
 };
-// Parses redis://[:password@]host:port[/db] (also redis://[user:password@]...); InvalidArgument
-// (with the URL redacted) on anything else.
+// Parses redis://[[user][:password]@]host:port[/db], and the bare host:port; InvalidArgument (with
+// the URL redacted) on anything else.
 Result<RedisEndpoint> ParseRedisUrl(std::string_view url);
 // The URL with its password replaced by "***".
 std::string RedactUrl(std::string_view url);
@@ -206,17 +211,23 @@ struct EmbeddedRedisOptions {
   int max_clients = 10000;                  // --maxclients; the server caps it at the fd limit (~19,968 here)
   std::string executable = "redis-server";  // looked up in PATH
   std::string temp_parent;                  // parent of the private directory; empty: $TMPDIR or /tmp
+  std::string bind_address = "127.0.0.1";   // the one address it listens on (a multi-host job: this host's
+                                            // address on the interface that reaches the other hosts)
   Millis startup_timeout{10000};            // until PING answers
-  Millis stop_timeout{5000};                // SIGTERM, then SIGKILL
+  Millis stop_timeout{5000};                // SHUTDOWN NOSAVE, then SIGKILL
 };
 
-// A redis-server child process on a free 127.0.0.1 port, with no persistence, a random password
-// (written to a 0600 config file, never on the command line), --tcp-backlog 4096, and its pid
-// file and log in a private temporary directory. RAII: the destructor stops it by its PID
-// (SIGTERM, SIGKILL after stop_timeout) and removes the directory. Movable, not copyable.
-// The child also gets PR_SET_PDEATHSIG(SIGTERM): if the thread that called Start() dies (even by
-// SIGKILL), the server goes too -- call Start() from a thread that lives as long as the job.
-// Not thread-safe; Stop() is idempotent.
+// A redis-server child process on a free port of one address, with no persistence, a random
+// password (written to a 0600 config file, never on the command line or in url()), --tcp-backlog
+// 4096, and its pid file and log in a private temporary directory. RAII: the destructor stops it
+// and removes the directory. Movable, not copyable.
+//
+// Signals: the server is started with SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 blocked, so a
+// signal sent to every process of a job (Slurm's SIGTERM at a time limit, `kill` of a process
+// group, scancel) leaves it running until the ranks have used it for their last checkpoint; the
+// owner stops it with SHUTDOWN NOSAVE (SIGKILL when that fails). PR_SET_PDEATHSIG(SIGKILL): if the
+// thread that called Start() dies (even by SIGKILL), the server goes too -- call Start() from a
+// thread that lives as long as the job. Not thread-safe; Stop() is idempotent.
 class EmbeddedRedis {
  public:
   // NotFound (telling to run scripts/setup.sh) if redis-server is missing; Unavailable if it
@@ -229,23 +240,38 @@ class EmbeddedRedis {
   EmbeddedRedis& operator=(const EmbeddedRedis&) = delete;
   ~EmbeddedRedis();
 
-  // Stops the server (by PID) and removes its directory. OK if already stopped.
+  // Stops the server (SHUTDOWN NOSAVE, SIGKILL after stop_timeout) and removes its directory. OK
+  // if already stopped.
   Status Stop();
+  // Reaps the server if it has exited (waitpid on its PID only): its wait status, and from then
+  // on running() is false; nullopt while it runs (or when it was stopped by Stop()).
+  std::optional<int> PollExit();
+  // Starts a new server on the same address, port and password after the old one died, so that
+  // clients reconnect to it (keys are lost). Unavailable when the port was taken meanwhile.
+  Status Restart();
 
   bool running() const { return pid_ > 0; }
-  // redis://:<password>@127.0.0.1:<port>/0 -- contains the password: pass it on, do not log it.
+  // redis://<address>:<port>/0 -- without the password (see password()).
   const std::string& url() const { return url_; }
+  // The random password: pass it on in the environment (MEGASCALE_REDIS_PASSWORD), never log it.
+  const std::string& password() const { return password_; }
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
+  const std::string& address() const { return options_.bind_address; }
   const std::string& dir() const { return dir_; }
+  // The tail of the server's log (for messages after it died).
+  std::string LogTail() const;
 
  private:
   EmbeddedRedis() = default;
+  Status Launch(int port);  // writes the config, forks and execs, waits for PING
   pid_t pid_ = -1;
   int port_ = 0;
   std::string url_;
+  std::string password_;
   std::string dir_;
-  Millis stop_timeout_{5000};
+  std::string exe_;
+  EmbeddedRedisOptions options_;
 };
 
 // ---- rendezvous --------------------------------------------------------------------------

@@ -453,7 +453,8 @@ Result<InitTestReport> RunInitTest(const InitTestOptions& opt) {
     eo.max_clients = std::min(opt.ranks + 256, 19900);
     MS_ASSIGN_OR_RETURN(EmbeddedRedis r, EmbeddedRedis::Start(eo));
     embedded.emplace(std::move(r));
-    url = embedded->url();
+    // Internal to this process and its workers (the password is stripped before anything is printed).
+    url = fmt::format("redis://:{}@{}:{}/0", embedded->password(), embedded->address(), embedded->port());
   } else {
     MS_RETURN_IF_ERROR(ParseRedisUrl(url).status());
   }

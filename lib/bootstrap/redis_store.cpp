@@ -242,7 +242,7 @@ class RedisStore final : public Store {
 
   Result<int64_t> Add(std::string_view key, int64_t delta) override {
     std::string k = Full(key), d = std::to_string(delta);
-    MS_ASSIGN_OR_RETURN(auto replies, Exec({{"INCRBY", k, d}}, "INCRBY"));
+    MS_ASSIGN_OR_RETURN(auto replies, Exec({{"INCRBY", k, d}}, "INCRBY", std::nullopt, /*idempotent=*/false));
     redisReply* r = replies[0].get();
     MS_RETURN_IF_ERROR(CheckNotError(r, "INCRBY", key));
     if (r->type != REDIS_REPLY_INTEGER) return Internal("redis {}: INCRBY {}: unexpected reply", Addr(), key);
@@ -254,7 +254,9 @@ class RedisStore final : public Store {
     std::string k = Full(key), n = k + std::string(kNotifySuffix);
     std::string_view absent = expected ? "0" : "1";
     std::string_view exp = expected ? std::string_view(*expected) : std::string_view();
-    MS_ASSIGN_OR_RETURN(auto replies, Exec({{"EVAL", kCasScript, "2", k, n, absent, exp, desired}}, "EVAL(cas)"));
+    MS_ASSIGN_OR_RETURN(auto replies,
+                        Exec({{"EVAL", kCasScript, "2", k, n, absent, exp, desired}}, "EVAL(cas)", std::nullopt,
+                             /*idempotent=*/false));
     redisReply* r = replies[0].get();
     MS_RETURN_IF_ERROR(CheckNotError(r, "compare-and-set", key));
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || r->element[0]->type != REDIS_REPLY_INTEGER) {
@@ -296,6 +298,20 @@ class RedisStore final : public Store {
     return deleted;
   }
 
+  Result<std::string> ServerId() override {
+    MS_ASSIGN_OR_RETURN(auto replies, Exec({{"INFO", "server"}}, "INFO"));
+    redisReply* r = replies[0].get();
+    MS_RETURN_IF_ERROR(CheckNotError(r, "INFO", "server"));
+    if (r->type != REDIS_REPLY_STRING) {
+      return Internal("redis {}: INFO: unexpected reply type {}", Addr(), r->type);
+    }
+    std::string_view info(r->str, r->len);
+    const size_t at = info.find("run_id:");
+    if (at == std::string_view::npos) return Internal("redis {}: INFO server has no run_id", Addr());
+    std::string_view id = info.substr(at + 7);
+    return std::string(id.substr(0, id.find_first_of("\r\n")));
+  }
+
   Result<std::unique_ptr<Store>> Clone() const override {
     auto s = std::make_unique<RedisStore>(ep_, opt_);
     MS_RETURN_IF_ERROR(s->Connect());
@@ -305,7 +321,8 @@ class RedisStore final : public Store {
   StoreStats stats() const override { return stats_; }
 
   std::string Describe() const override {
-    return fmt::format("redis://{}:{}/{} ns={}", ep_.host, ep_.port, ep_.db, ns_);
+    return fmt::format("redis://{}{}:{}/{} ns={}", ep_.user.empty() ? "" : ep_.user + "@", ep_.host, ep_.port, ep_.db,
+                       ns_);
   }
 
  private:
@@ -319,16 +336,21 @@ class RedisStore final : public Store {
 
   Status Handshake() {
     if (!ep_.password.empty()) {
-      MS_ASSIGN_OR_RETURN(auto replies, Exec({{"AUTH", ep_.password}}, "AUTH"));
+      // AUTH password (the default user), or AUTH user password (a Redis 6+ ACL user).
+      std::vector<std::string_view> auth{"AUTH"};
+      if (!ep_.user.empty()) auth.push_back(ep_.user);
+      auth.push_back(ep_.password);
+      MS_ASSIGN_OR_RETURN(auto replies, ExecOnce({auth}, "AUTH", std::nullopt));
       redisReply* r = replies[0].get();
       if (r->type == REDIS_REPLY_ERROR) {
         return FailedPrecondition(
-            "redis at {} refused authentication ({}); check the password in the URL or in MEGASCALE_REDIS_PASSWORD",
-            Addr(), std::string_view(r->str, r->len));
+            "redis at {} refused authentication{} ({}); check the password (MEGASCALE_REDIS_PASSWORD or "
+            "runtime.redis_password_file)",
+            Addr(), ep_.user.empty() ? "" : fmt::format(" of user '{}'", ep_.user), std::string_view(r->str, r->len));
       }
     }
     if (!ep_.password.empty()) return SelectDb();  // a successful AUTH proves the connection
-    MS_ASSIGN_OR_RETURN(auto replies, Exec({{"PING"}}, "PING"));
+    MS_ASSIGN_OR_RETURN(auto replies, ExecOnce({{"PING"}}, "PING", std::nullopt));
     redisReply* r = replies[0].get();
     if (r->type == REDIS_REPLY_ERROR) {
       std::string_view msg(r->str, r->len);
@@ -346,7 +368,7 @@ class RedisStore final : public Store {
   Status SelectDb() {
     if (ep_.db != 0) {
       std::string db = std::to_string(ep_.db);
-      MS_ASSIGN_OR_RETURN(auto sel, Exec({{"SELECT", db}}, "SELECT"));
+      MS_ASSIGN_OR_RETURN(auto sel, ExecOnce({{"SELECT", db}}, "SELECT", std::nullopt));
       if (sel[0]->type == REDIS_REPLY_ERROR) {
         return InvalidArgument("redis at {}: SELECT {} failed: {}", Addr(), ep_.db, sel[0]->str);
       }
@@ -375,9 +397,22 @@ class RedisStore final : public Store {
   }
 
   // Sends the commands pipelined and reads one reply each. On a transport error the connection
-  // is dropped (the next call reconnects) and the error names the server.
+  // is dropped and the error names the server. A connection lost on an idempotent command (all
+  // but INCRBY and compare-and-set) is re-established and the command sent once more, so that a
+  // restarted server (same address, same password) is transparent to its clients.
   Result<std::vector<ReplyPtr>> Exec(const std::vector<std::vector<std::string_view>>& cmds, std::string_view what,
-                                     std::optional<Millis> socket_timeout = std::nullopt) {
+                                     std::optional<Millis> socket_timeout = std::nullopt, bool idempotent = true) {
+    const bool was_connected = c_ != nullptr;
+    auto r = ExecOnce(cmds, what, socket_timeout);
+    if (!r.ok() && idempotent && was_connected && r.status().code() == Code::kUnavailable) {
+      LogWarn("redis {}: {}; reconnecting and sending {} again", Addr(), r.status().message(), what);
+      return ExecOnce(cmds, what, socket_timeout);
+    }
+    return r;
+  }
+
+  Result<std::vector<ReplyPtr>> ExecOnce(const std::vector<std::vector<std::string_view>>& cmds, std::string_view what,
+                                         std::optional<Millis> socket_timeout) {
     if (!c_) {
       Status s = Connect();
       if (!s.ok()) return s.WithContext(fmt::format("reconnecting for {}", what));
@@ -453,16 +488,24 @@ std::string RedactUrl(std::string_view url) {
 Result<RedisEndpoint> ParseRedisUrl(std::string_view url) {
   constexpr std::string_view kScheme = "redis://";
   auto bad = [&](std::string_view why) {
-    return InvalidArgument("bad redis URL '{}': {} (expected redis://[:password@]host:port[/db])", RedactUrl(url), why);
+    return InvalidArgument(
+        "bad redis address '{}': {} (expected host:port or redis://[user[:password]@]host:port[/db])", RedactUrl(url),
+        why);
   };
-  if (!url.starts_with(kScheme)) return bad("it must start with redis://");
-  std::string_view rest = url.substr(kScheme.size());
+  std::string_view rest = url;
+  if (rest.starts_with(kScheme)) {
+    rest.remove_prefix(kScheme.size());
+  } else if (rest.find("://") != std::string_view::npos) {
+    return bad("the scheme must be redis://");
+  }
   RedisEndpoint ep;
   size_t at = rest.rfind('@');
   if (at != std::string_view::npos) {
+    if (!url.starts_with(kScheme)) return bad("a user or password needs the redis:// form");
     std::string_view userinfo = rest.substr(0, at);
     size_t colon = userinfo.find(':');
-    ep.password = std::string(colon == std::string_view::npos ? userinfo : userinfo.substr(colon + 1));
+    ep.user = std::string(userinfo.substr(0, colon));
+    if (colon != std::string_view::npos) ep.password = std::string(userinfo.substr(colon + 1));
     rest = rest.substr(at + 1);
   }
   size_t slash = rest.find('/');
@@ -486,8 +529,13 @@ Result<RedisEndpoint> ParseRedisUrl(std::string_view url) {
 
 Result<std::unique_ptr<Store>> ConnectRedisStore(const StoreOptions& options) {
   MS_ASSIGN_OR_RETURN(RedisEndpoint ep, ParseRedisUrl(options.url));
+  if (ep.password.empty()) ep.password = options.password;
   if (ep.password.empty()) {
     if (auto pw = GetEnv("MEGASCALE_REDIS_PASSWORD")) ep.password = *pw;
+  }
+  if (!ep.user.empty() && ep.password.empty()) {
+    return InvalidArgument("redis user '{}' at {}:{} needs a password (MEGASCALE_REDIS_PASSWORD or a password file)",
+                           ep.user, ep.host, ep.port);
   }
   if (options.job_id.empty() || options.job_id.find_first_of(" \t\n/") != std::string::npos) {
     return InvalidArgument("job id '{}' must be non-empty, without spaces or '/'", options.job_id);

@@ -110,6 +110,8 @@ struct Layout {
 class Coordinator {
  public:
   virtual ~Coordinator() = default;
+  // Called by each rank's writer when it starts writing `step` (before any other call for it).
+  virtual Status BeginStep(int64_t /*step*/) { return Status::Ok(); }
   // Called by each rank once its file for `step` is durable.
   virtual Status MarkDurable(int64_t step, int rank, const FileInfo& info) = 0;
   // Called by a rank that will not provide a file for `step` (write failed, or skipped).
@@ -168,6 +170,13 @@ struct SnapshotInfo {
   int64_t bytes = 0;           // payload copied
 };
 
+// The end of one background write (rank 0: the manifest committed, or not).
+struct WriteOutcome {
+  int64_t step = 0;
+  Status status;       // OK: durable (rank 0: committed); else why not (files removed)
+  double seconds = 0;  // the write, fsyncs and coordination
+};
+
 class AsyncCheckpointer {
  public:
   // Creates the root directory if needed and proves it writable (creates and removes a probe
@@ -190,6 +199,9 @@ class AsyncCheckpointer {
   Status LastError() const;
   // Steps whose write completed on this rank (rank 0: manifest committed), in order.
   std::vector<int64_t> CompletedSteps() const;
+  // The writes that ended (succeeded or failed) since the last call, in order: for a caller that
+  // reports each checkpoint's fate while training goes on.
+  std::vector<WriteOutcome> TakeOutcomes();
   // Seconds the last completed background write took (file write + fsync + coordination).
   double LastWriteSeconds() const;
 
@@ -247,6 +259,8 @@ class Checkpoint {
   // The whole global tensor (numel of its global shape floats).
   Status ReadGlobal(const std::string& kind, const std::string& tensor, float* out) const;
   void DropCache() const;
+  // Frees the cached reassembly of one tensor of one kind (if any).
+  void DropCache(const std::string& kind, const std::string& tensor) const;
 
  private:
   struct Impl;
@@ -257,6 +271,8 @@ class Checkpoint {
 // Scans root/step-* newest first and opens the first valid checkpoint. Every newer rejected
 // one is logged (LogWarn) with its reason: missing manifest, unparsable manifest, missing
 // file, truncated file, checksum mismatch. None valid: NotFound listing what was rejected.
+// An I/O or permission error (Code::kIo) on the root or on a checkpoint stops the scan with that
+// error instead of falling back to an older checkpoint.
 // If `root` itself holds a manifest.json it is opened as a step directory.
 Result<Checkpoint> FindLatestValid(const std::string& root, Verify verify = Verify::kFull);
 

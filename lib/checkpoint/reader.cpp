@@ -383,6 +383,11 @@ void Checkpoint::DropCache() const {
   impl_->cache.clear();
 }
 
+void Checkpoint::DropCache(const std::string& kind, const std::string& tensor) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->cache.erase(std::make_pair(kind, tensor));
+}
+
 Result<Checkpoint> Checkpoint::Open(const std::string& step_dir_in, Verify verify) {
   std::string step_dir = step_dir_in;
   while (step_dir.size() > 1 && step_dir.back() == '/') step_dir.pop_back();
@@ -442,11 +447,20 @@ Result<Checkpoint> FindLatestValid(const std::string& root_in, Verify verify) {
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   if (internal::PathExists(root + "/" + kManifestName)) return Checkpoint::Open(root, verify);
   auto dirs = internal::ListStepDirs(root);
-  if (!dirs.ok()) return NotFound("no checkpoint: {}", dirs.status().message());
+  if (!dirs.ok()) {
+    if (dirs.status().code() == Code::kNotFound) return NotFound("no checkpoint: {}", dirs.status().message());
+    return dirs.status();  // EACCES, EIO: not the same as "no checkpoint"
+  }
   if (dirs->empty()) return NotFound("no checkpoint in {} (no step-* directories)", root);
   std::vector<std::string> rejected;
   for (const auto& [step, path] : *dirs) {
     auto c = Checkpoint::Open(path, verify);
+    if (!c.ok() && c.status().code() == Code::kIo) {
+      // An I/O or permission error says nothing about the checkpoint's contents: falling back to
+      // an older one would silently discard this one's progress.
+      return c.status().WithContext(fmt::format(
+          "checkpoint {} cannot be read (fix its access, or remove it to fall back to an older checkpoint)", path));
+    }
     if (c.ok()) {
       if (!rejected.empty()) {
         LogWarn("checkpoint: using {} after rejecting {} newer one(s)", path, rejected.size());

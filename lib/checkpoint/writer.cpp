@@ -157,6 +157,7 @@ struct AsyncCheckpointer::Impl {
   Status wait_error;  // first error since the last Wait()
   Status last_error;
   std::vector<int64_t> completed;
+  std::vector<WriteOutcome> outcomes;  // not yet taken
   double last_write_s = 0;
 
   Staging staging;  // the data region of the next file
@@ -351,6 +352,11 @@ std::vector<int64_t> AsyncCheckpointer::CompletedSteps() const {
   return impl_->completed;
 }
 
+std::vector<WriteOutcome> AsyncCheckpointer::TakeOutcomes() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return std::exchange(impl_->outcomes, {});
+}
+
 double AsyncCheckpointer::LastWriteSeconds() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->last_write_s;
@@ -371,6 +377,7 @@ void AsyncCheckpointer::Impl::Loop() {
     const double dt = NowSeconds() - t0;
     if (!s.ok()) LogError("{}", s.message());
     std::lock_guard<std::mutex> lock(mu);
+    outcomes.push_back({j.step, s, dt});
     if (s.ok()) {
       completed.push_back(j.step);
       last_write_s = dt;
@@ -534,7 +541,9 @@ Status AsyncCheckpointer::Impl::WriteJob(const Job& j) {
   };
 
   Hook("write", j.step);
-  Status s = MakeDirs(step_dir);
+  Status s = coord->BeginStep(j.step);
+  if (!s.ok()) return fail(s);
+  s = MakeDirs(step_dir);
   if (!s.ok()) return fail(s);
   s = FsyncPath(opt.dir);
   if (!s.ok()) return fail(s);

@@ -100,17 +100,24 @@ struct DataSpec {
 };
 
 struct CheckpointSpec {
-  std::string dir;              // empty -> <run_dir>/checkpoints (filled by ResolveAndValidate)
-  int64_t interval = 0;         // steps between checkpoints; 0 = never
-  int keep = 3;                 // newest checkpoints kept on disk
-  std::string resume = "none";  // none | auto (newest valid checkpoint in dir, if any)
+  std::string dir;                      // empty -> <run_dir>/checkpoints (filled by ResolveAndValidate)
+  int64_t interval = 0;                 // steps between checkpoints; 0 = never
+  int keep = 3;                         // newest checkpoints kept on disk
+  std::string resume = "none";          // none | auto (newest valid checkpoint in dir, if any)
+  int max_failures = 3;                 // consecutive failed checkpoints that stop the job; 0 = never stop
+  double coordination_timeout_s = 600;  // rank 0's wait for every rank's file of one checkpoint
   bool operator==(const CheckpointSpec&) const = default;
 };
 
 struct RuntimeSpec {
-  Backend backend = Backend::kCpu;  // cuda on a build without CUDA is rejected by the runner, not here
-  int threads = 0;                  // per rank; 0 -> all cores / ranks per host
-  std::string redis;                // host:port; empty -> embedded redis-server started by the driver
+  Backend backend = Backend::kCpu;    // cuda on a build without CUDA is rejected by the runner, not here
+  int threads = 0;                    // per rank; 0 -> all cores / ranks per host
+  std::string redis;                  // host:port or redis://[user@]host:port[/db]; empty -> embedded redis-server
+  std::string redis_password_file;    // file (mode 0600) holding the password of runtime.redis; empty -> none, or
+                                      // MEGASCALE_REDIS_PASSWORD
+  double collective_timeout_s = 60;   // a collective (or a wait on a peer) with no progress for this long fails
+  double rendezvous_timeout_s = 120;  // rank registration and process-group creation
+  double stop_grace_s = 0;            // time ranks get to save and exit after SIGTERM; 0 -> sized from the model
   bool operator==(const RuntimeSpec&) const = default;
 };
 
@@ -171,8 +178,11 @@ Status ResolveAndValidate(JobSpec* spec);
 
 // Checks that <data.path>.bin and <data.path>.idx exist (relative paths as ResolveAndValidate
 // resolves them). NotFound names the missing file and hints at scripts/make_demo_data.sh and
-// `megascale prepare-data`.
+// `megascale prepare-data`. Then CheckPasswordFile.
 Status CheckDataFiles(const JobSpec& spec);
+// runtime.redis_password_file, when set, is a regular file only its owner can read (mode 0600 or
+// stricter): NotFound / InvalidArgument naming the file and the fix.
+Status CheckPasswordFile(const JobSpec& spec);
 
 // The spec as YAML: every field, defaults included, sections in the order above. ParseJobSpec of
 // the result gives a spec with SameSettings(...) == true.

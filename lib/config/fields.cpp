@@ -358,10 +358,16 @@ std::vector<Field> BuildFields() {
   f.push_back(Integer("checkpoint.interval", MS_FIELD(checkpoint.interval), AtLeast(0)));
   f.push_back(Integer("checkpoint.keep", MS_FIELD(checkpoint.keep), AtLeast(1)));
   f.push_back(String("checkpoint.resume", MS_FIELD(checkpoint.resume), true, {"none", "auto"}));
+  f.push_back(Integer("checkpoint.max_failures", MS_FIELD(checkpoint.max_failures), AtLeast(0)));
+  f.push_back(Real("checkpoint.coordination_timeout_s", MS_FIELD(checkpoint.coordination_timeout_s), Positive()));
   // runtime
   f.push_back(Enum("runtime.backend", MS_FIELD(runtime.backend)));
   f.push_back(Integer("runtime.threads", MS_FIELD(runtime.threads), AtLeast(0)));
   f.push_back(String("runtime.redis", MS_FIELD(runtime.redis), false));
+  f.push_back(String("runtime.redis_password_file", MS_FIELD(runtime.redis_password_file), false));
+  f.push_back(Real("runtime.collective_timeout_s", MS_FIELD(runtime.collective_timeout_s), Positive()));
+  f.push_back(Real("runtime.rendezvous_timeout_s", MS_FIELD(runtime.rendezvous_timeout_s), Positive()));
+  f.push_back(Real("runtime.stop_grace_s", MS_FIELD(runtime.stop_grace_s), AtLeast(0)));
   // log
   f.push_back(String("log.run_dir", MS_FIELD(log.run_dir), true));
   f.push_back(Integer("log.interval", MS_FIELD(log.interval), AtLeast(1)));

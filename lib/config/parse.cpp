@@ -231,7 +231,16 @@ Status ApplyOverride(JobSpec* spec, std::string_view dotted_key_equals_value) {
                            value.empty() ? std::string("nothing (an empty value)") : Quote(value),
                            internal::BadValueHint(f, value, true));
   }
-  spec->overrides[key] = std::string(text);
+  // Override texts are shown in messages and written (as comments) into <run_dir>/job.yaml: a
+  // password in a URL is masked there (ResolveAndValidate then refuses it).
+  std::string shown(text);
+  if (key == "runtime.redis") {
+    const size_t scheme = shown.find("://"), at = shown.rfind('@');
+    const size_t colon = scheme == std::string::npos ? std::string::npos : shown.find(':', scheme + 3);
+    if (at != std::string::npos && colon != std::string::npos && colon < at)
+      shown.replace(colon + 1, at - colon - 1, "***");
+  }
+  spec->overrides[key] = shown;
   return Status::Ok();
 }
 

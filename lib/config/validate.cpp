@@ -1,5 +1,11 @@
 // ResolveAndValidate (derived values, cross-field rules) and CheckDataFiles.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <initializer_list>
 #include <limits>
@@ -238,6 +244,45 @@ Status ValidateTraining(const JobSpec& spec) {
   return Status::Ok();
 }
 
+// runtime.redis: "host:port" or "redis://[user@]host:port[/db]", and never a password (the spec is written to
+// <run_dir>/job.yaml and printed by validate).
+Status ValidateRuntime(const JobSpec& spec) {
+  const std::string& url = spec.runtime.redis;
+  if (url.empty()) return Status::Ok();
+  std::string_view rest = url;
+  const bool scheme = rest.starts_with("redis://");
+  if (scheme) rest.remove_prefix(8);
+  if (rest.find("://") != std::string_view::npos) {
+    return Fail(spec, "runtime.redis", "expected host:port or redis://host:port, found a URL of another scheme");
+  }
+  const size_t at = rest.rfind('@');
+  if (at != std::string_view::npos) {
+    if (rest.substr(0, at).find(':') != std::string_view::npos) {
+      return Fail(spec, "runtime.redis",
+                  "the URL holds a password, which would be written to <run_dir>/job.yaml and printed; remove it and "
+                  "give the password in the environment (MEGASCALE_REDIS_PASSWORD) or in a file named by "
+                  "runtime.redis_password_file (mode 0600)");
+    }
+    if (!scheme) return Fail(spec, "runtime.redis", "a user name needs the URL form redis://USER@host:port");
+    rest.remove_prefix(at + 1);
+  }
+  const std::string_view hostport = rest.substr(0, rest.find('/'));
+  const size_t colon = hostport.rfind(':');
+  const std::string_view host = colon == std::string_view::npos ? hostport : hostport.substr(0, colon);
+  const std::string_view port = colon == std::string_view::npos ? "" : hostport.substr(colon + 1);
+  int port_value = 0;
+  const bool port_ok = !port.empty() && port.size() <= 5 &&
+                       std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                       (port_value = std::stoi(std::string(port))) >= 1 && port_value <= 65535;
+  if (host.empty() || !port_ok) {
+    return Fail(spec, "runtime.redis",
+                "expected host:port (e.g. redis-host:6379) or redis://[user@]host:port[/db], found {}; leave it "
+                "empty to let the driver start its own redis-server",
+                internal::Quote(url));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ResolveAndValidate(JobSpec* spec) {
@@ -246,6 +291,7 @@ Status ResolveAndValidate(JobSpec* spec) {
   MS_RETURN_IF_ERROR(ValidateLayout(*spec));
   MS_RETURN_IF_ERROR(ResolveBatch(spec));
   MS_RETURN_IF_ERROR(ValidateTraining(*spec));
+  MS_RETURN_IF_ERROR(ValidateRuntime(*spec));
   if (spec->data.path.empty()) {
     return Fail(*spec, "data.path",
                 "expected the path prefix of the token dataset (<path>.bin and <path>.idx), found nothing; add "
@@ -282,6 +328,31 @@ Status CheckDataFiles(const JobSpec& spec) {
           "<path>.idx",
           KeyLocation(spec, "data.path"), file);
     }
+  }
+  return CheckPasswordFile(spec);
+}
+
+Status CheckPasswordFile(const JobSpec& spec) {
+  const std::string& path = spec.runtime.redis_password_file;
+  if (path.empty()) return Status::Ok();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return NotFound("{}: runtime.redis_password_file: {}: {}; write the password of runtime.redis into it (chmod 600)",
+                    KeyLocation(spec, "runtime.redis_password_file"), path, std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgument("{}: runtime.redis_password_file: {} is not a regular file",
+                           KeyLocation(spec, "runtime.redis_password_file"), path);
+  }
+  if ((st.st_mode & 077) != 0) {
+    return InvalidArgument(
+        "{}: runtime.redis_password_file: {} can be read by other users (mode {:04o}); a password file must be "
+        "private: chmod 600 {}",
+        KeyLocation(spec, "runtime.redis_password_file"), path, st.st_mode & 07777, path);
+  }
+  if (::access(path.c_str(), R_OK) != 0) {
+    return InvalidArgument("{}: runtime.redis_password_file: {} is not readable: {}",
+                           KeyLocation(spec, "runtime.redis_password_file"), path, std::strerror(errno));
   }
   return Status::Ok();
 }

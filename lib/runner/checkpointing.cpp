@@ -1,29 +1,74 @@
 #include "runner/checkpointing.h"
 
+#include <algorithm>
+#include <condition_variable>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "bootstrap/bootstrap.h"
+#include "runner/fault_injection.h"
 
 namespace ms::runner {
 namespace {
 
+// Two connections: the marks (any thread, short) and rank 0's wait (its writer thread, up to the
+// coordination timeout) never share a lock, so a MarkFailed from the training thread (a skipped
+// snapshot) is never held up by a wait in progress.
 class StoreCoordinator : public checkpoint::Coordinator {
  public:
-  explicit StoreCoordinator(std::unique_ptr<bootstrap::Store> store) : store_(std::move(store)) {}
+  StoreCoordinator(std::unique_ptr<bootstrap::Store> marks, std::unique_ptr<bootstrap::Store> waits)
+      : marks_(std::move(marks)), waits_(std::move(waits)) {}
+  // The server instance when this rank began writing `step`: if the store restarts before the
+  // step is committed, the marks written before the restart are lost and the wait must not hang.
+  Status BeginStep(int64_t step) override {
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    MS_ASSIGN_OR_RETURN(std::string id, marks_->ServerId());
+    std::lock_guard<std::mutex> ids(ids_mu_);
+    server_at_begin_[step] = std::move(id);
+    while (server_at_begin_.size() > 16) server_at_begin_.erase(server_at_begin_.begin());
+    return Status::Ok();
+  }
   Status MarkDurable(int64_t step, int rank, const checkpoint::FileInfo& info) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return store_->Set(Key(step, rank), info.ToJson());
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    return marks_->Set(Key(step, rank), info.ToJson());
   }
   Status MarkFailed(int64_t step, int rank, const Status& why) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return store_->Set(Key(step, rank), "!error " + why.ToString());
+    std::lock_guard<std::mutex> lock(marks_mu_);
+    return marks_->Set(Key(step, rank), "!error " + why.ToString());
   }
   Result<std::vector<checkpoint::FileInfo>> WaitAllDurable(int64_t step, int world, double timeout_s) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(waits_mu_);
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back(Key(step, r));
-    MS_ASSIGN_OR_RETURN(auto values, store_->WaitGet(keys, bootstrap::Millis(static_cast<int64_t>(timeout_s * 1000))));
+    std::string begin_id;
+    {
+      std::lock_guard<std::mutex> ids(ids_mu_);
+      begin_id = server_at_begin_[step];
+    }
+    // Waits in slices, checking between them that the server is the one the step began on.
+    const double deadline = NowSeconds() + timeout_s;
+    Result<std::vector<std::string>> got = Timeout("not waited");
+    while (true) {
+      MS_ASSIGN_OR_RETURN(std::string id, waits_->ServerId());
+      if (!begin_id.empty() && id != begin_id) {
+        return Unavailable(
+            "the store (redis) was restarted while checkpoint step {} was being coordinated: the ranks' marks "
+            "written before the restart are lost, so this checkpoint is abandoned (the next one is coordinated on "
+            "the new server)",
+            step);
+      }
+      const double left = deadline - NowSeconds();
+      if (left <= 0) break;
+      got = waits_->WaitGet(keys, bootstrap::Millis(static_cast<int64_t>(std::min(left, 1.0) * 1000) + 1));
+      if (got.ok() || got.status().code() != Code::kTimeout) break;
+    }
+    if (!got.ok()) {
+      return got.status().WithContext(
+          fmt::format("checkpoint step {}: waiting {:.0f} s for every rank's file", step, timeout_s));
+    }
+    auto& values = *got;
     std::vector<checkpoint::FileInfo> infos;
     for (int r = 0; r < world; ++r) {
       if (values[r].rfind("!error ", 0) == 0) {
@@ -32,20 +77,24 @@ class StoreCoordinator : public checkpoint::Coordinator {
       MS_ASSIGN_OR_RETURN(auto info, checkpoint::FileInfo::FromJson(values[r]));
       infos.push_back(std::move(info));
     }
-    store_->DeletePrefix(fmt::format("ckpt/{}/", step)).status().IgnoreError();
+    waits_->DeletePrefix(fmt::format("ckpt/{}/", step)).status().IgnoreError();
     return infos;
   }
 
  private:
   static std::string Key(int64_t step, int rank) { return fmt::format("ckpt/{}/{}", step, rank); }
-  std::mutex mu_;
-  std::unique_ptr<bootstrap::Store> store_;
+  std::mutex marks_mu_, waits_mu_, ids_mu_;
+  std::unique_ptr<bootstrap::Store> marks_, waits_;
+  std::map<int64_t, std::string> server_at_begin_;
 };
 
 }  // namespace
 
-std::shared_ptr<checkpoint::Coordinator> MakeStoreCoordinator(std::unique_ptr<bootstrap::Store> store) {
-  return std::make_shared<StoreCoordinator>(std::move(store));
+Result<std::shared_ptr<checkpoint::Coordinator>> MakeStoreCoordinator(const bootstrap::Store& store) {
+  MS_ASSIGN_OR_RETURN(auto marks, store.Clone());
+  MS_ASSIGN_OR_RETURN(auto waits, store.Clone());
+  return std::shared_ptr<checkpoint::Coordinator>(
+      std::make_shared<StoreCoordinator>(std::move(marks), std::move(waits)));
 }
 
 std::string ModelSignature(const config::ModelSpec& m) {
@@ -145,6 +194,56 @@ Result<std::vector<checkpoint::PieceRef>> RankPieces(const model::Gpt& gpt, opti
   return pieces;
 }
 
+Status WaitForLeader(bootstrap::Store* store, const std::string& key, bool leader, double silence_s,
+                     const std::function<Status()>& work) {
+  if (!store) return leader ? work() : Status::Ok();
+  const std::string done_key = key + "/done", beat_key = key + "/beat";
+  if (leader) {
+    MS_ASSIGN_OR_RETURN(std::unique_ptr<bootstrap::Store> beat_store, store->Clone());
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    std::thread beat([&] {
+      const auto period = std::chrono::duration<double>(std::clamp(silence_s / 4, 0.05, 1.0));
+      std::unique_lock<std::mutex> lock(mu);
+      for (int64_t n = 1; !cv.wait_for(lock, period, [&] { return finished; }); ++n) {
+        Status s = beat_store->Set(beat_key, std::to_string(n));
+        if (!s.ok()) LogWarn("{}: progress beat: {}", key, s.message());
+      }
+    });
+    Status s = work();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+    }
+    cv.notify_all();
+    beat.join();
+    MS_RETURN_IF_ERROR(store->Set(done_key, s.ok() ? std::string("ok") : "!error " + s.message()));
+    return s;
+  }
+  std::string last_beat;
+  double last_progress = NowSeconds();
+  while (true) {
+    auto v = store->WaitGet({done_key}, bootstrap::Millis(1000));
+    if (v.ok()) {
+      if ((*v)[0].rfind("!error ", 0) == 0) return Aborted("{}: the leader failed: {}", key, (*v)[0].substr(7));
+      return Status::Ok();
+    }
+    if (v.status().code() != Code::kTimeout) return v.status().WithContext(fmt::format("waiting for {}", key));
+    auto beat = store->Get(beat_key);
+    if (beat.ok() && *beat != last_beat) {
+      last_beat = *beat;
+      last_progress = NowSeconds();
+    } else if (!beat.ok() && beat.status().code() != Code::kNotFound) {
+      return beat.status().WithContext(fmt::format("waiting for {}", key));
+    }
+    if (NowSeconds() - last_progress > silence_s) {
+      return Timeout("{}: the leader made no progress for {:.0f} s (runtime.collective_timeout_s); is it alive?", key,
+                     silence_s);
+    }
+  }
+}
+
 Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::Optimizer& opt, Runtime& rt) {
   const auto& params = gpt.params();
   ops::Backend* be = gpt.backend();
@@ -171,30 +270,50 @@ Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::O
     t.end = end;
     return t;
   };
-  // Parameters: every data-parallel replica needs the same shard: read once, broadcast.
-  if (rt.dp_rank == 0) {
-    for (const auto& p : params) {
+  // Tensor by tensor: a resharded read reassembles the global tensor, which is dropped as soon as
+  // this rank has cut out what it needs, so at most one global tensor is held at a time.
+  const auto& segs = opt.segments();
+  std::vector<std::vector<size_t>> segs_of(params.size());
+  for (size_t i = 0; i < segs.size(); ++i) segs_of[segs[i].param].push_back(i);
+  auto read_state = [&](size_t pi) -> Status {
+    const auto& p = params[pi];
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+      float* base = std::string_view(kind) == "exp_avg" ? m_base : v_base;
+      for (size_t i : segs_of[pi]) {
+        const auto t = target(p, segs[i].begin, segs[i].begin + segs[i].len);
+        MS_RETURN_IF_ERROR_CTX(ckpt.Read(kind, p.name, t, base + opt.state_offset(i)), "restoring {} of {}", kind,
+                               p.name);
+      }
+      ckpt.DropCache(kind, p.name);
+    }
+    return Status::Ok();
+  };
+  // Parameters: every data-parallel replica needs the same shard: data-parallel rank 0 reads it and
+  // broadcasts it. The others read their optimizer state meanwhile, then wait for it through the
+  // store (not in a collective: a long read is not a hang while it makes progress).
+  const bool reader = rt.dp_rank == 0;
+  if (!reader) {
+    for (size_t pi = 0; pi < params.size(); ++pi) MS_RETURN_IF_ERROR(read_state(pi));
+  }
+  const std::string key = fmt::format("restore/{}/{}", ckpt.step(), rt.pp_rank * gpt.shard().tp_size + rt.tp_rank);
+  MS_RETURN_IF_ERROR(WaitForLeader(rt.store.get(), key, reader, rt.collective_timeout_s, [&]() -> Status {
+    InjectDelay("restore_read", rt.rank);
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      const auto& p = params[pi];
       MS_RETURN_IF_ERROR_CTX(ckpt.Read("param", p.name, target(p, 0, p.numel), param_base + p.offset), "restoring {}",
                              p.name);
+      ckpt.DropCache("param", p.name);
+      MS_RETURN_IF_ERROR(read_state(pi));
     }
     if (!host) {
       MS_RETURN_IF_ERROR_CTX(be->CopyFromHost(gpt.param_data(), param_base, sizeof(float) * gpt.num_params()),
                              "copying restored parameters to the device");
     }
-  }
-  MS_RETURN_IF_ERROR(be->Synchronize());
+    return be->Synchronize();
+  }));
   if (rt.dp && rt.dp->size() > 1) {
     MS_RETURN_IF_ERROR_CTX(rt.dp->Broadcast(gpt.param_data(), gpt.num_params(), 0)->Wait(),
                            "broadcasting restored parameters over data-parallel ranks");
-  }
-  // Optimizer state: each rank reads the ranges it updates.
-  const auto& segs = opt.segments();
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const auto& p = params[segs[i].param];
-    const auto t = target(p, segs[i].begin, segs[i].begin + segs[i].len);
-    const int64_t o = opt.state_offset(i);
-    MS_RETURN_IF_ERROR_CTX(ckpt.Read("exp_avg", p.name, t, m_base + o), "restoring exp_avg of {}", p.name);
-    MS_RETURN_IF_ERROR_CTX(ckpt.Read("exp_avg_sq", p.name, t, v_base + o), "restoring exp_avg_sq of {}", p.name);
   }
   if (!host) {
     MS_RETURN_IF_ERROR_CTX(be->CopyFromHost(opt.exp_avg().data(), m_base, sizeof(float) * st.exp_avg.size()),

@@ -1,6 +1,7 @@
 // Internal to the runner: what a rank saves in a checkpoint and how it restores it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,8 +19,9 @@ class Store;
 namespace ms::runner {
 
 // A Coordinator over the job's Redis store: key ckpt/<step>/<rank> holds the rank's FileInfo
-// (or "!error ..."); rank 0 waits for all of them. Thread-safe (one store connection, locked).
-std::shared_ptr<checkpoint::Coordinator> MakeStoreCoordinator(std::unique_ptr<bootstrap::Store> store);
+// (or "!error ..."); rank 0 waits for all of them. Thread-safe: two new connections (clones of
+// `store`), one for the marks and one for rank 0's wait, so a mark never waits behind a wait.
+Result<std::shared_ptr<checkpoint::Coordinator>> MakeStoreCoordinator(const bootstrap::Store& store);
 
 // The model description a checkpoint must match to be loaded into `spec`'s model.
 std::string ModelSignature(const config::ModelSpec& m);
@@ -41,8 +43,15 @@ struct HostStaging {
 };
 Result<std::vector<checkpoint::PieceRef>> RankPieces(const model::Gpt& gpt, optim::Optimizer& opt, int dp_rank,
                                                      HostStaging* staging, bool stage = true);
-// Restores parameters (read by data-parallel rank 0, broadcast over dp) and optimizer state; a non-host device
-// is filled through host staging buffers.
+// Runs `work` on the leader of a group (leader = true) while its other members wait for it
+// through `store`, under `key` (unique per use). A waiter fails when the leader reports a failure
+// or stops making progress (its beat thread stops) for `silence_s`; a long but live leader is
+// never timed out. store == nullptr (one rank): runs work when leader.
+Status WaitForLeader(bootstrap::Store* store, const std::string& key, bool leader, double silence_s,
+                     const std::function<Status()>& work);
+// Restores parameters (read by data-parallel rank 0, broadcast over dp; the others wait for the
+// read through WaitForLeader) and optimizer state, tensor by tensor, dropping each reassembled
+// global tensor once read; a non-host device is filled through host staging buffers.
 Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::Optimizer& opt, Runtime& rt);
 
 }  // namespace ms::runner

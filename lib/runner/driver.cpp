@@ -1,35 +1,41 @@
-// The driver (launch and supervise local ranks) and the worker entry point.
-#include <fcntl.h>
+// The driver: RunJob checks, locks and prepares the run, then trains in-process (one rank) or
+// launches an attempt of worker processes and supervises it (see runner.h for the contract).
+#include <limits.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <climits>
-#include <cstdlib>
-#include <cstring>
+#include <chrono>
+#include <filesystem>
+#include <optional>
 #include <thread>
-#include <vector>
+
+#include <fmt/ranges.h>
 
 #include "bootstrap/bootstrap.h"
-#if defined(MS_HAVE_NCCL)
-#include "comm/nccl_comm.h"
-#endif
-#include "runner/checkpointing.h"
+#include "runner/attempt.h"
+#include "runner/driver.h"
+#include "runner/run_dir.h"
 #include "runner/runner.h"
-
-extern char** environ;
+#include "runner/signals.h"
 
 namespace ms::runner {
-namespace {
 
-std::atomic<int> g_driver_signal{0};
-extern "C" void OnDriverSignal(int sig) {
-  g_driver_signal.store(sig);
+int ExitCode(JobEnd end) {
+  switch (end) {
+    case JobEnd::kCompleted:
+      return kExitCompleted;
+    case JobEnd::kSavedOnSignal:
+      return kExitSaved;
+    case JobEnd::kInterrupted:
+      return kExitInterrupted;
+  }
+  return kExitFailed;
 }
+
+namespace {
 
 std::string RandomHex(int bytes) {
   Rng rng(static_cast<uint64_t>(NowSeconds() * 1e9) ^ (static_cast<uint64_t>(getpid()) << 32));
@@ -38,85 +44,141 @@ std::string RandomHex(int bytes) {
   return s;
 }
 
-struct Child {
-  int rank;
-  pid_t pid;
-  bool done = false;
-  int status = 0;
+// Exit code of a rank, or -1 when it was killed by a signal.
+int RankCode(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+bool RankFailed(int status) {
+  const int code = RankCode(status);
+  return code != kExitCompleted && code != kExitSaved && code != kExitInterrupted;
+}
+
+struct SuperviseOptions {
+  std::string run_dir;
+  double grace_s = 60;
+  bootstrap::EmbeddedRedis* redis = nullptr;  // restarted if it dies; null: external
 };
 
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  return "unknown status";
-}
-
-// Stops every child still running: SIGTERM, then SIGKILL after `grace`.
-void StopChildren(std::vector<Child>& children, double grace) {
-  for (auto& c : children) {
-    if (!c.done) kill(c.pid, SIGTERM);
-  }
-  const double deadline = NowSeconds() + grace;
-  for (;;) {
-    bool all = true;
-    for (auto& c : children) {
-      if (c.done) continue;
-      pid_t r = waitpid(c.pid, &c.status, WNOHANG);
-      if (r == c.pid) {
-        c.done = true;
+// Watches an attempt until every rank has exited. Policy:
+//   - SIGTERM/SIGINT to the driver: forwarded; the ranks get grace_s to save (SIGTERM) and exit.
+//     A second stop signal during that grace kills them at once (the pending save is given up;
+//     earlier checkpoints are intact). SIGUSR1 is forwarded (a checkpoint on demand).
+//   - The first rank that fails (non-zero exit other than kExitSaved / kExitInterrupted, or a
+//     signal) stops the others: SIGTERM, then SIGKILL after 10 s. The cause named is a rank that
+//     died by a signal if there is one (its peers then fail in their collectives), else the first.
+//   - The embedded Redis dying is noticed (its PID only) and it is restarted on its port.
+Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o) {
+  enum class Phase { kRunning, kStopping, kFailing } phase = Phase::kRunning;
+  double deadline = 0;
+  int stop_signal = 0;
+  std::optional<RankExit> cause;
+  std::vector<RankExit> exits;
+  bool killed_on_second = false, grace_expired = false;
+  while (!attempt.AllExited()) {
+    const SignalCounts sig = TakeSignals();
+    if (phase == Phase::kRunning && (sig.terminate || sig.interrupt)) {
+      stop_signal = sig.terminate ? SIGTERM : SIGINT;  // both at once: saving is the safer reading
+      phase = Phase::kStopping;
+      deadline = NowSeconds() + o.grace_s;
+      LogWarn("driver got {}: {} all {} ranks after their current step (grace {:.0f} s; send it again to stop at once)",
+              strsignal(stop_signal), stop_signal == SIGTERM ? "checkpointing and stopping" : "stopping", world,
+              o.grace_s);
+      attempt.Signal(stop_signal);
+    } else if (phase != Phase::kRunning && (sig.terminate || sig.interrupt)) {
+      LogError("driver got a second stop signal ({}): killing every rank now; {}",
+               strsignal(sig.terminate ? SIGTERM : SIGINT),
+               stop_signal == SIGTERM ? "the checkpoint of this stop is given up (earlier checkpoints are intact)"
+                                      : "nothing is saved");
+      killed_on_second = true;
+      attempt.Kill();
+    } else if (sig.save) {
+      if (phase == Phase::kRunning) {
+        LogInfo("SIGUSR1: asking all {} ranks for a checkpoint", world);
+        attempt.Signal(SIGUSR1);
       } else {
-        all = false;
+        LogInfo("SIGUSR1 ignored: the ranks are already stopping");
       }
     }
-    if (all) return;
-    if (NowSeconds() > deadline) break;
+    if (o.redis) {
+      if (auto status = o.redis->PollExit()) {
+        LogError("the embedded redis-server (port {}) died ({}); restarting it on the same port. Its log: {}",
+                 o.redis->port(), DescribeExit(*status), o.redis->LogTail());
+        Status restarted = o.redis->Restart();
+        if (!restarted.ok()) {
+          LogError(
+              "restarting the embedded redis-server failed: {}; checkpoints cannot be coordinated until the "
+              "job ends",
+              restarted.message());
+        }
+      }
+    }
+    for (RankExit& e : attempt.Poll()) {
+      exits.push_back(e);
+      if (phase != Phase::kFailing && RankFailed(e.status) && !killed_on_second) {
+        // Its peers fail within moments (their collectives break): reap them first, so that the
+        // rank that died by a signal -- the cause -- is the one named.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        for (RankExit& more : attempt.Poll()) exits.push_back(more);
+        cause = e;
+        for (const RankExit& x : exits) {
+          if (RankFailed(x.status) && WIFSIGNALED(x.status) && !WIFSIGNALED(cause->status)) cause = x;
+        }
+        for (const RankExit& x : exits) {
+          if (RankFailed(x.status)) LogError("rank {} on {} failed: {}", x.rank, x.host, DescribeExit(x.status));
+        }
+        if (!attempt.Running().empty()) LogError("stopping the other {} ranks", attempt.Running().size());
+        attempt.Signal(SIGTERM);
+        phase = Phase::kFailing;
+        deadline = NowSeconds() + 10.0;
+      }
+    }
+    if (phase != Phase::kRunning && !attempt.AllExited() && NowSeconds() > deadline) {
+      auto running = attempt.Running();
+      if (phase == Phase::kStopping) {
+        grace_expired = true;
+        LogError("rank(s) {} did not exit within the grace of {:.0f} s (runtime.stop_grace_s); killing them",
+                 fmt::join(running, ", "), o.grace_s);
+      }
+      attempt.Kill();
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  for (auto& c : children) {
-    if (c.done) continue;
-    kill(c.pid, SIGKILL);
-    if (waitpid(c.pid, &c.status, 0) == c.pid) c.done = true;
+  for (RankExit& e : attempt.Poll()) exits.push_back(e);
+  auto failure = [&](const RankExit& e) {
+    const std::string log = fmt::format("{}/logs/rank-{}.log", o.run_dir, e.rank);
+    return Aborted(
+        "rank {} on {} failed ({}); {}", e.rank, e.host, DescribeExit(e.status),
+        std::filesystem::exists(log) ? "its log: " + log : std::string("it wrote no log (it failed during start-up)"));
+  };
+  if (cause) return failure(*cause);
+  if (killed_on_second) {
+    return Aborted("job stopped by a second {} before the ranks had finished stopping", strsignal(stop_signal));
   }
+  if (grace_expired)
+    return Aborted("job stopped by {}: the ranks did not exit within the grace", strsignal(stop_signal));
+  int saved = 0, interrupted = 0;
+  for (const RankExit& e : exits) {
+    if (RankFailed(e.status)) return failure(e);
+    saved += RankCode(e.status) == kExitSaved;
+    interrupted += RankCode(e.status) == kExitInterrupted;
+  }
+  if (interrupted > 0) return JobEnd::kInterrupted;
+  // Ranks that completed after a SIGTERM got it after their last step: a completed run.
+  return saved > 0 ? JobEnd::kSavedOnSignal : JobEnd::kCompleted;
 }
 
-Result<pid_t> SpawnWorker(const std::string& exe, const std::vector<std::string>& args,
-                          const std::vector<std::string>& env) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<std::string> envs;
-  for (char** e = environ; *e; ++e) {
-    std::string_view kv(*e);
-    bool overridden = false;
-    for (const auto& o : env) {
-      if (kv.substr(0, kv.find('=') + 1) == std::string_view(o).substr(0, o.find('=') + 1)) overridden = true;
-    }
-    if (!overridden) envs.emplace_back(kv);
-  }
-  envs.insert(envs.end(), env.begin(), env.end());
-  std::vector<char*> envp;
-  for (auto& e : envs) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return ErrnoError("fork of a worker", errno);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a rank never outlives its driver
-    execve(exe.c_str(), argv.data(), envp.data());
-    std::fprintf(stderr, "error: cannot exec %s: %s\n", exe.c_str(), std::strerror(errno));
-    _exit(127);
-  }
-  return pid;
-}
-
-Status RunLocalRanks(const config::JobSpec& spec, const TrainOptions& options) {
-  const int world = config::WorldSize(spec.parallel);
+Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options) {
+  const int world = static_cast<int>(config::WorldSize(spec.parallel));
   const std::string& run_dir = spec.log.run_dir;
-  MS_RETURN_IF_ERROR_CTX(MakeDirs(run_dir), "creating run directory log.run_dir={}", run_dir);
   const std::string spec_path = run_dir + "/job.yaml";
   MS_RETURN_IF_ERROR(WriteFileAtomic(spec_path, config::ToYaml(spec)));
 
   std::optional<bootstrap::EmbeddedRedis> redis;
-  std::string url = spec.runtime.redis;
+  std::string url = spec.runtime.redis, password;
+  if (!spec.runtime.redis_password_file.empty()) {
+    MS_ASSIGN_OR_RETURN(password, ReadFile(spec.runtime.redis_password_file));
+    while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) password.pop_back();
+  }
   if (url.empty()) {
     bootstrap::EmbeddedRedisOptions ro;
     ro.max_clients = std::max(1000, 4 * world);
@@ -128,224 +190,110 @@ Status RunLocalRanks(const config::JobSpec& spec, const TrainOptions& options) {
     MS_ASSIGN_OR_RETURN(auto r, bootstrap::EmbeddedRedis::Start(ro));
     redis.emplace(std::move(r));
     url = redis->url();
-    LogInfo("started redis-server (pid {}) on 127.0.0.1:{} for the rank bootstrap", redis->pid(), redis->port());
+    password = redis->password();
+    LogInfo("started redis-server (pid {}) on {}:{} for the rank bootstrap", redis->pid(), redis->address(),
+            redis->port());
   }
-  const std::string job_id = fmt::format("{}-{}", spec.name, RandomHex(6));
+  const std::string job_id = JobId(spec.name);
   const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, NumCores() / world);
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n < 0) return ErrnoError("readlink /proc/self/exe", errno);
   exe[n] = 0;
 
-  struct sigaction sa {
-  }, old_int{}, old_term{};
-  sa.sa_handler = OnDriverSignal;
-  sigemptyset(&sa.sa_mask);
-  g_driver_signal = 0;
-  struct sigaction old_usr1 {};
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  sigaction(SIGUSR1, &sa, &old_usr1);
-  struct Restore {
-    struct sigaction* i;
-    struct sigaction* t;
-    struct sigaction* u;
-    ~Restore() {
-      sigaction(SIGINT, i, nullptr);
-      sigaction(SIGTERM, t, nullptr);
-      sigaction(SIGUSR1, u, nullptr);
-    }
-  } restore{&old_int, &old_term, &old_usr1};
-
-  LogInfo("launching {} local ranks ({} threads each), job id {}", world, threads, job_id);
-  std::vector<Child> children;
-  for (int r = 0; r < world; ++r) {
-    std::vector<std::string> args = {exe, "worker", spec_path};
+  LaunchPlan plan;
+  plan.exe = exe;
+  plan.world = world;
+  plan.args = [&](int r) {
+    std::vector<std::string> args = {"worker", spec_path};
     if (!options.progress || r != 0) args.push_back("--no-progress");
-    if (options.resume) args.push_back("--resume");
+    if (options.resume_step >= 0) {
+      args.push_back("--resume-step");
+      args.push_back(std::to_string(options.resume_step));
+    }
     if (!options.dump_params_dir.empty()) {
       args.push_back("--dump-params");
       args.push_back(options.dump_params_dir);
     }
-    std::vector<std::string> env = {
-        fmt::format("MEGASCALE_RANK={}", r),        fmt::format("MEGASCALE_WORLD={}", world),
-        fmt::format("MEGASCALE_LOCAL_RANK={}", r),  fmt::format("MEGASCALE_LOCAL_WORLD={}", world),
-        fmt::format("MEGASCALE_STORE_URL={}", url), fmt::format("MEGASCALE_JOB_ID={}", job_id),
-        fmt::format("OMP_NUM_THREADS={}", threads)};
-    auto pid = SpawnWorker(exe, args, env);
-    if (!pid.ok()) {
-      StopChildren(children, 5.0);
-      return pid.status();
-    }
-    children.push_back({r, *pid});
+    return args;
+  };
+  // The password travels in the environment only (never on a command line, in a file or a log).
+  plan.env = {fmt::format("MEGASCALE_WORLD={}", world), fmt::format("MEGASCALE_LOCAL_WORLD={}", world),
+              fmt::format("MEGASCALE_STORE_URL={}", url), fmt::format("MEGASCALE_JOB_ID={}", job_id),
+              fmt::format("OMP_NUM_THREADS={}", threads)};
+  if (!password.empty()) plan.env.push_back("MEGASCALE_REDIS_PASSWORD=" + password);
+  plan.rank_env = [](int r) {
+    return std::vector<std::string>{fmt::format("MEGASCALE_RANK={}", r), fmt::format("MEGASCALE_LOCAL_RANK={}", r)};
+  };
+  LogInfo("launching {} local ranks ({} threads each), job id {}", world, threads, job_id);
+  MS_ASSIGN_OR_RETURN(auto attempt, LaunchLocal(plan));
+  SuperviseOptions so;
+  so.run_dir = run_dir;
+  so.grace_s = StopGraceSeconds(spec);
+  so.redis = redis ? &*redis : nullptr;
+  Result<JobEnd> end = Supervise(*attempt, world, so);
+  attempt.reset();
+  if (redis) {
+    Status stopped = redis->Stop();  // after the ranks: they needed it for their last checkpoint
+    if (!stopped.ok()) LogWarn("stopping the embedded redis-server: {}", stopped.message());
   }
-  // Supervise: the first failure stops the job.
-  Status result;
-  int remaining = world;
-  while (remaining > 0) {
-    if (int sig = g_driver_signal.exchange(0)) {
-      if (sig == SIGUSR1) {
-        LogInfo("SIGUSR1: asking all {} ranks for a checkpoint", world);
-        for (auto& c : children) {
-          if (!c.done) kill(c.pid, SIGUSR1);
-        }
-        continue;
-      }
-      // Ranks finish their step (SIGTERM: and save a checkpoint), then exit.
-      LogWarn("driver got signal {} ({}): stopping all {} ranks", sig, strsignal(sig), world);
-      for (auto& c : children) {
-        if (!c.done) kill(c.pid, sig);
-      }
-      const double deadline = NowSeconds() + 120.0;
-      bool clean = true;
-      for (auto& c : children) {
-        while (!c.done && NowSeconds() < deadline) {
-          if (waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
-            c.done = true;
-            clean &= WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
-          } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          }
-        }
-      }
-      StopChildren(children, 5.0);  // whoever did not stop in time
-      if (!(sig == SIGTERM && clean)) result = Aborted("job stopped by signal {} ({})", sig, strsignal(sig));
-      break;
-    }
-    int status = 0;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid < 0 && errno != EINTR && errno != ECHILD) return ErrnoError("waitpid", errno);
-    if (pid <= 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    for (auto& c : children) {
-      if (c.pid != pid) continue;
-      c.done = true;
-      c.status = status;
-      --remaining;
-      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        // A rank that died makes its peers fail within milliseconds: give them a moment to be
-        // reaped too, then name the rank that died by a signal (the cause) before the others.
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        for (auto& o : children) {
-          if (!o.done && waitpid(o.pid, &o.status, WNOHANG) == o.pid) o.done = true;
-        }
-        const Child* cause = &c;
-        for (const auto& o : children) {
-          if (o.done && WIFSIGNALED(o.status) && !WIFSIGNALED(cause->status)) cause = &o;
-        }
-        for (const auto& o : children) {
-          if (o.done && !(WIFEXITED(o.status) && WEXITSTATUS(o.status) == 0)) {
-            LogError("rank {} (pid {}) failed: {}", o.rank, o.pid, DescribeExit(o.status));
-          }
-        }
-        LogError("stopping the other ranks");
-        StopChildren(children, 10.0);
-        result = Aborted("rank {} failed ({}); see {}/logs/rank-{}.log", cause->rank, DescribeExit(cause->status),
-                         run_dir, cause->rank);
-        remaining = 0;
-      }
-    }
-  }
-  if (redis) MS_RETURN_IF_ERROR(redis->Stop());
-  return result;
+  return end;
 }
 
 }  // namespace
 
-Status RunJob(const config::JobSpec& spec, const TrainOptions& options) {
+std::string JobId(const std::string& name) {
+  std::string id;
+  for (char c : name) {
+    const bool keep =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (id.size() < 40) id += keep ? c : '-';
+  }
+  if (id.empty()) id = "job";
+  return id + "-" + RandomHex(6);
+}
+
+double ApproxParams(const config::ModelSpec& m) {
+  const double C = m.hidden, F = m.ffn_hidden, V = m.vocab, T = m.seq_len, L = m.layers;
+  return V * C * (m.tied_embeddings ? 1 : 2) + T * C + L * (4 * C * C + 2 * C * F + 9 * C + F) + 2 * C;
+}
+
+double StopGraceSeconds(const config::JobSpec& spec) {
+  if (spec.runtime.stop_grace_s > 0) return spec.runtime.stop_grace_s;
+  return 60.0 + ApproxParams(spec.model) * 12.0 / 100e6;
+}
+
+Result<JobEnd> RunJob(const config::JobSpec& spec, const TrainOptions& options_in) {
+  InstallStopSignals();
+  MS_RETURN_IF_ERROR(PreflightCheck(spec, /*files=*/true));
+  const std::string holder =
+      fmt::format("pid {} on host {}, job \"{}\", started {}", getpid(), HostName(), spec.name, WallClockIso8601());
+  MS_ASSIGN_OR_RETURN(DirLock run_lock, DirLock::Acquire(spec.log.run_dir, "log.run_dir", holder));
+  std::optional<DirLock> ckpt_lock;
+  std::error_code ec;
+  if (!std::filesystem::exists(spec.checkpoint.dir) ||
+      !std::filesystem::equivalent(spec.checkpoint.dir, spec.log.run_dir, ec)) {
+    MS_ASSIGN_OR_RETURN(DirLock l, DirLock::Acquire(spec.checkpoint.dir, "checkpoint.dir", holder));
+    ckpt_lock.emplace(std::move(l));
+  }
+  TrainOptions options = options_in;
+  MS_ASSIGN_OR_RETURN(options.resume_step, ChooseStart(spec, options));
+  // A stop signal that came while the driver was preparing: nothing was launched, nothing is lost.
+  const SignalCounts early = TakeSignals();
+  if (early.terminate || early.interrupt) {
+    LogWarn("stopped by {} before any rank was launched", early.terminate ? "SIGTERM" : "SIGINT");
+    return early.terminate ? JobEnd::kSavedOnSignal : JobEnd::kInterrupted;
+  }
+  ReturnSignals(early);  // a SIGUSR1: honoured by the ranks after their first step
   if (config::WorldSize(spec.parallel) == 1) {
     auto rt = SingleRankRuntime();
-    return Train(spec, options, *rt).status();
+    MS_ASSIGN_OR_RETURN(TrainSummary summary, Train(spec, options, *rt));
+    return summary.end;
   }
   if (GetEnv("SLURM_JOB_ID")) {
     LogWarn("inside a Slurm allocation: launching ranks locally (srun launch is not built yet)");
   }
-  return RunLocalRanks(spec, options);
-}
-
-Status RunWorker(const std::string& job_spec_path, const TrainOptions& options) {
-  MS_ASSIGN_OR_RETURN(config::JobSpec spec, config::LoadJobSpec(job_spec_path));
-  MS_RETURN_IF_ERROR(config::ResolveAndValidate(&spec));
-  const int world = config::WorldSize(spec.parallel);
-  MS_ASSIGN_OR_RETURN(bootstrap::RankInfo me, bootstrap::RankInfoFromEnv(-1));
-  if (me.rank < 0 || me.rank >= world) {
-    return InvalidArgument("worker rank {} (MEGASCALE_RANK) outside the job's world of {}", me.rank, world);
-  }
-  SetLogRank(me.rank);
-  auto url = GetEnv("MEGASCALE_STORE_URL");
-  auto job_id = GetEnv("MEGASCALE_JOB_ID");
-  if (!url || !job_id)
-    return InvalidArgument("worker needs MEGASCALE_STORE_URL and MEGASCALE_JOB_ID (set by the driver)");
-  bootstrap::StoreOptions so;
-  so.url = *url;
-  so.job_id = *job_id;
-  MS_ASSIGN_OR_RETURN(auto store, bootstrap::ConnectRedisStore(so));
-  MS_ASSIGN_OR_RETURN(auto grid, bootstrap::ParallelGrid::Make(world, spec.parallel.tp, spec.parallel.pp));
-  const bootstrap::Millis timeout(120000);
-  MS_ASSIGN_OR_RETURN(auto topo, bootstrap::Rendezvous(*store, me, world, grid, timeout));
-  bootstrap::ProcessGroupOptions po;
-  po.timeout = timeout;
-  po.listen_address = me.address;
-  MS_ASSIGN_OR_RETURN(auto groups, bootstrap::CreateProcessGroups(*store, topo, po));
-  auto holder = std::make_shared<std::pair<bootstrap::ProcessGroups, std::unique_ptr<bootstrap::Store>>>(
-      std::move(groups), std::move(store));
-  auto& g = holder->first;
-  const auto coords = grid.CoordsOf(me.rank);
-  Runtime rt;
-  rt.rank = me.rank;
-  rt.world = world;
-  rt.local_world = topo.local_world;
-  rt.tp_rank = coords.tp;
-  rt.pp_rank = coords.pp;
-  rt.dp_rank = coords.dp;
-  auto make = [&](const std::shared_ptr<gloo::Context>& ctx, std::string name) {
-    comm::GlooOptions go;
-    go.name = std::move(name);
-    go.timeout = std::chrono::milliseconds(60000);
-    return comm::MakeGlooCommunicator(ctx, go);
-  };
-  rt.tp = make(g.tp, fmt::format("tp[{}]", grid.GroupIndex(bootstrap::GroupKind::kTp, me.rank)));
-  rt.pp = make(g.pp, fmt::format("pp[{}]", grid.GroupIndex(bootstrap::GroupKind::kPp, me.rank)));
-  rt.dp = make(g.dp, fmt::format("dp[{}]", grid.GroupIndex(bootstrap::GroupKind::kDp, me.rank)));
-  rt.world_comm = make(g.world, "world");
-  if (spec.parallel.pp > 1 && spec.model.tied_embeddings && g.embedding) {
-    rt.embedding =
-        make(g.embedding, fmt::format("embedding[{}]", grid.GroupIndex(bootstrap::GroupKind::kEmbedding, me.rank)));
-  }
-#if defined(MS_HAVE_NCCL)
-  // NCCL groups for the CUDA backend on GPUs: the same members and group ranks as the Gloo groups, each created
-  // from an id its leader publishes in the store, in the Gloo groups' order (no rank waits on a group it is not
-  // in). Not run in CI (no GPU).
-  rt.use_nccl = [holder, grid, timeout, rank = me.rank](Runtime& r, void* stream) -> Status {
-    const auto& groups = holder->first;
-    auto make = [&](bootstrap::GroupKind kind) -> Result<std::unique_ptr<comm::Communicator>> {
-      const auto& members = groups.members[static_cast<int>(kind)];
-      auto pos = std::find(members.begin(), members.end(), rank);
-      if (pos == members.end())
-        return Internal("rank {} is not in its own {} group", rank, bootstrap::GroupKindName(kind));
-      const int index = grid.GroupIndex(kind, rank);
-      comm::NcclOptions o;
-      o.name = fmt::format("nccl-{}[{}]", bootstrap::GroupKindName(kind), index);
-      o.compute_stream = static_cast<cudaStream_t>(stream);
-      return bootstrap::CreateNcclCommunicator(
-          *holder->second, fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
-          static_cast<int>(pos - members.begin()), static_cast<int>(members.size()), timeout, o);
-    };
-    MS_ASSIGN_OR_RETURN(r.tp, make(bootstrap::GroupKind::kTp));
-    MS_ASSIGN_OR_RETURN(r.pp, make(bootstrap::GroupKind::kPp));
-    MS_ASSIGN_OR_RETURN(r.dp, make(bootstrap::GroupKind::kDp));
-    if (r.embedding) {
-      MS_ASSIGN_OR_RETURN(r.embedding, make(bootstrap::GroupKind::kEmbedding));
-    }
-    return Status::Ok();
-  };
-#endif
-  MS_ASSIGN_OR_RETURN(auto ckpt_store, holder->second->Clone());
-  rt.coordinator = MakeStoreCoordinator(std::move(ckpt_store));
-  rt.keepalive = holder;
-  return Train(spec, options, rt).status();
+  return RunRanks(spec, options);
 }
 
 }  // namespace ms::runner

@@ -1,27 +1,38 @@
 // The job: the driver that launches and supervises ranks, the worker entry point, and the
 // training loop every rank runs.
 //
-// RunJob (what `megascale train` calls):
-//   world = tp*pp*dp == 1: trains in this process (no Redis, no sockets).
-//   world > 1, no Slurm: starts the embedded redis-server (unless runtime.redis names one),
-//     launches `world` local worker processes of this binary (`megascale worker`), like
-//     torchrun, with OMP threads split so the ranks do not oversubscribe the cores, and
-//     supervises them: one failing rank stops the others; SIGINT/SIGTERM stop every rank; the
-//     job's exit status is the first failure's. Redis is stopped by its PID at the end.
+// RunJob (what `megascale train` and `megascale resume` call), in order:
+//   1. PreflightCheck: everything about the spec, its files and this build that can be checked
+//      before any process starts (the same checks `megascale validate` runs).
+//   2. Locks log.run_dir and checkpoint.dir (flock, for the job's lifetime): a second job on the
+//      same directories fails at once naming the holder.
+//   3. Chooses the checkpoint to start from (checkpoint.resume: auto, or `megascale resume`):
+//      the newest valid one, verified by the driver itself before launch (no rank waits on it).
+//      Checkpoints that exist but none of which is usable are an error naming each, unless the
+//      user asks to start over (--start-over). A run that starts from step 1 moves the step
+//      directories of an earlier run aside and never truncates metrics.jsonl (see run_dir.h).
+//   4. world = tp*pp*dp == 1: trains in this process. world > 1: starts the embedded
+//      redis-server (unless runtime.redis names one), launches one ATTEMPT of `world` worker
+//      processes (attempt.h) and supervises it: the first failing rank stops the others and is
+//      named with its host and cause; SIGINT/SIGTERM/SIGUSR1 are forwarded; a second stop signal
+//      during the grace kills the ranks at once; a dead embedded Redis is restarted on its port.
 // RunWorker (hidden `megascale worker`): rendezvous through the store, builds the process
 //   groups (Gloo), then Train().
 // Train: data, model shard, data-parallel engine, optimizer, pipeline schedule; per step
-//   metrics and the progress line (rank 0), evaluation, optional Chrome trace per rank.
+//   metrics and the progress line (rank 0), evaluation, checkpoints, optional Chrome trace.
+//
+// Signals (caught from the first instruction, see InstallStopSignals): SIGUSR1 asks for a
+// checkpoint; SIGTERM (Slurm's warning before a time limit, scancel, preemption) saves a
+// checkpoint and stops: the job exits kExitSaved (75) once it is committed; SIGINT stops after
+// the current step without saving (kExitInterrupted, 130). All ranks agree on the step through a
+// small all-reduce of the signal flags after every step (each flag reduced on its own).
 //
 // Run directory (log.run_dir): job.yaml (the resolved spec), metrics.jsonl (rank 0: one JSON
-// object per step and per evaluation), train.log (rank 0's log), logs/rank-N.log (world > 1),
+// object per step, per evaluation and per checkpoint), train.log (one rank) or logs/rank-N.log,
 // trace/rank-N.json (log.trace: true; open in Perfetto or chrome://tracing).
 // Checkpoints (checkpoint.dir, default <run_dir>/checkpoints): every checkpoint.interval steps,
-// on SIGUSR1, and on SIGTERM (Slurm's warning before a time limit or preemption: the job saves
-// and exits with status 0). All ranks agree on the step through a tiny all-reduce of the
-// signal flags after every step. SIGINT stops after the current step without saving (Aborted).
-// checkpoint.resume: auto (or `megascale resume`) starts from the newest valid checkpoint, in any
-// parallel layout of the same model.
+// on SIGUSR1 and on SIGTERM; a failed one is recorded in metrics.jsonl and shown on the console,
+// and checkpoint.max_failures failures in a row stop the job.
 #pragma once
 
 #include <functional>
@@ -38,8 +49,28 @@ class Gpt;
 namespace ms::checkpoint {
 class Coordinator;
 }
+namespace ms::bootstrap {
+class Store;
+}
 
 namespace ms::runner {
+
+// How a job (or one rank) ended when it did not fail.
+enum class JobEnd {
+  kCompleted,      // trained every step
+  kSavedOnSignal,  // SIGTERM: stopped after committing a checkpoint ("saved, requeue me")
+  kInterrupted,    // SIGINT: stopped after a step without saving
+};
+// Exit statuses of `megascale train` / `resume` and of every worker process (docs/slurm.md).
+inline constexpr int kExitCompleted = 0;
+inline constexpr int kExitFailed = 1;         // any error; the message names the cause
+inline constexpr int kExitSaved = 75;         // EX_TEMPFAIL: stopped by SIGTERM with its checkpoint committed
+inline constexpr int kExitInterrupted = 130;  // 128 + SIGINT
+int ExitCode(JobEnd end);
+
+// Catches SIGINT, SIGTERM and SIGUSR1 for the job (counted, acted on at step boundaries). Call it
+// first thing in a process that will run a job; idempotent.
+void InstallStopSignals();
 
 struct TrainSummary {
   int64_t steps_done = 0;
@@ -50,22 +81,29 @@ struct TrainSummary {
   double tokens_per_second = 0;
   double mfu = 0;
   std::string run_dir;
+  JobEnd end = JobEnd::kCompleted;
 };
 
 struct TrainOptions {
   bool progress = true;         // show the progress line on stdout (rank 0 only)
   std::string dump_params_dir;  // testing aid: each rank writes its final parameter shards here
   bool resume = false;          // `megascale resume`: start from the newest valid checkpoint (error if none)
+  bool start_over = false;      // start from step 1 although checkpoint.dir holds checkpoints (moved aside)
+  // The checkpoint step to restore, -1 for none: chosen by the driver, passed to the workers.
+  int64_t resume_step = -1;
 };
 
 // Where this rank sits and how it talks to the others.
 struct Runtime {
   int rank = 0, world = 1;
+  int local_rank = 0;   // position among the ranks of this host (from the launcher): picks the GPU
   int local_world = 1;  // ranks on this host
   int tp_rank = 0, pp_rank = 0, dp_rank = 0;
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, world_comm;  // embedding: null if none
   std::shared_ptr<void> keepalive;                       // owns what the communicators use (process groups, store)
   std::shared_ptr<checkpoint::Coordinator> coordinator;  // checkpoint durability across ranks (null: one rank)
+  std::shared_ptr<bootstrap::Store> store;               // the job's store, for waits on one rank (null: one rank)
+  double collective_timeout_s = 60;                      // runtime.collective_timeout_s
   // Replaces tp, pp, dp and embedding by NCCL communicators on device memory, ordered after `compute_stream`
   // (the CUDA backend's cudaStream_t); world_comm stays on the host. Set by the worker entry in builds with
   // NCCL (MS_HAVE_NCCL); null otherwise. Used by multi-rank jobs on the CUDA backend with real GPUs.
@@ -73,11 +111,20 @@ struct Runtime {
 };
 // The runtime of a single-rank job: every group is this rank alone.
 std::unique_ptr<Runtime> SingleRankRuntime();
+// The GPU a rank drives: its local rank (not rank % ranks per host, which collides under any
+// placement other than consecutive blocks).
+int DeviceOrdinal(const Runtime& rt);
 
-// spec must have passed config::ResolveAndValidate and config::CheckDataFiles.
-Status RunJob(const config::JobSpec& spec, const TrainOptions& options = {});
+// Everything that can be checked before a process is launched: the spec's cross-field rules
+// (config::ResolveAndValidate must have run), this build's backends (CUDA, NCCL), the tokenizer
+// against model.vocab, runtime.redis; with `files`: the data files (and their largest token id
+// against model.vocab) and runtime.redis_password_file. `megascale validate` and RunJob call it.
+Status PreflightCheck(const config::JobSpec& spec, bool files);
+
+// spec must have passed config::ResolveAndValidate. Runs PreflightCheck itself.
+Result<JobEnd> RunJob(const config::JobSpec& spec, const TrainOptions& options = {});
 // Entry of a worker process launched by RunJob; reads its rank from the environment.
-Status RunWorker(const std::string& job_spec_path, const TrainOptions& options);
+Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& options);
 // Writes the rank's parameter shards: <dir>/rank-N.f32 (the flat buffer) and rank-N.json (the
 // tensor table: name, shard kind, global/local shape, offset, tp rank) — used by the layout
 // equivalence test to reassemble and compare full tensors.

@@ -1,10 +1,10 @@
 // The training loop of one rank: data, model shard, pipeline schedule, data-parallel engine,
 // optimizer, metrics.
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -17,49 +17,12 @@
 #include "optim/optim.h"
 #include "parallel/parallel.h"
 #include "runner/checkpointing.h"
+#include "runner/fault_injection.h"
 #include "runner/runner.h"
+#include "runner/signals.h"
 
 namespace ms::runner {
 namespace {
-
-// Signal flags: 1 = SIGINT (stop), 2 = SIGTERM (save and stop), 4 = SIGUSR1 (save).
-std::atomic<int> g_signal_flags{0};
-extern "C" void OnStopSignal(int sig) {
-  g_signal_flags.fetch_or(sig == SIGINT ? 1 : sig == SIGTERM ? 2 : 4);
-}
-
-// Installs SIGINT/SIGTERM/SIGUSR1 handlers for the lifetime of the object, restoring the old ones.
-class StopSignals {
- public:
-  StopSignals() {
-    g_signal_flags = 0;
-    struct sigaction sa {};
-    sa.sa_handler = OnStopSignal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-    sigaction(SIGUSR1, &sa, &old_usr1_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-    sigaction(SIGUSR1, &old_usr1_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{}, old_usr1_{};
-};
-
-Status CheckSupported(const config::JobSpec& spec) {
-  if (spec.runtime.backend == config::Backend::kCuda && cuda::LinkedFlavor() == cuda::Flavor::kNone) {
-    return Unavailable(
-        "{}: runtime.backend: cuda, but this megascale was built without nvcc: install the CUDA toolkit and rebuild, "
-        "use runtime.backend: cpu, or run the kernels on the emulator with megascale-emu",
-        spec.source);
-  }
-  return Status::Ok();
-}
 
 // The device and ops backend of a rank: runtime.backend cpu, cuda (the linked flavor: a GPU, or the emulator in
 // megascale-emu), or auto (cuda when this binary drives GPUs and one is present, else cpu).
@@ -70,7 +33,7 @@ struct Compute {
 Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
   Compute c;
   bool use_cuda = spec.runtime.backend == config::Backend::kCuda;
-  const int ordinal = rt.local_world > 0 ? rt.rank % rt.local_world : 0;
+  const int ordinal = DeviceOrdinal(rt);
   if (spec.runtime.backend == config::Backend::kAuto && cuda::LinkedFlavor() == cuda::Flavor::kGpu) {
     auto probe = cuda::MakeCudaDevice(ordinal);
     if (probe.ok()) {
@@ -311,6 +274,10 @@ Status DumpParams(const model::Gpt& gpt, const std::string& dir, int rank) {
                          std::string_view(reinterpret_cast<const char*>(host.data()), sizeof(float) * host.size()));
 }
 
+int DeviceOrdinal(const Runtime& rt) {
+  return rt.local_rank >= 0 ? rt.local_rank : 0;
+}
+
 std::unique_ptr<Runtime> SingleRankRuntime() {
   auto rt = std::make_unique<Runtime>();
   rt->tp = comm::MakeSelfCommunicator();
@@ -321,7 +288,6 @@ std::unique_ptr<Runtime> SingleRankRuntime() {
 }
 
 Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& options, Runtime& rt) {
-  MS_RETURN_IF_ERROR(CheckSupported(spec));
   const auto& m = spec.model;
   const auto& par = spec.parallel;
   const int T = m.seq_len;
@@ -346,31 +312,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   }
   MS_ASSIGN_OR_RETURN(auto sampler, data::Sampler::Create(&ds, T, spec.data.valid_fraction, spec.train.seed));
 
-  // Resuming: rank 0 finds the newest valid checkpoint (verifying checksums), everyone agrees.
-  std::vector<int64_t> found{-1};
-  if (options.resume || spec.checkpoint.resume == "auto") {
-    std::string why;
-    if (rank0) {
-      auto latest = checkpoint::FindLatestValid(spec.checkpoint.dir, checkpoint::Verify::kFull);
-      if (latest.ok()) {
-        MS_RETURN_IF_ERROR(CheckCompatible(*latest, spec));
-        found[0] = latest->step();
-      } else {
-        why = latest.status().message();
-      }
-    }
-    if (rt.world > 1) {
-      MS_RETURN_IF_ERROR(rt.world_comm->AllReduce(found.data(), 1, comm::ReduceOp::kMax)->Wait());
-    }
-    if (found[0] < 0) {
-      if (options.resume) {
-        return NotFound("nothing to resume in checkpoint.dir={}: {}; start the job with `megascale train`",
-                        spec.checkpoint.dir, rank0 ? why : "no valid checkpoint");
-      }
-      if (rank0) LogInfo("checkpoint.resume: auto: no checkpoint in {} yet, starting from step 1", spec.checkpoint.dir);
-    }
-  }
-
+  // The checkpoint to start from was chosen (and verified) by the driver before launch.
+  const int64_t resume_step = options.resume_step;
   // Run directory.
   const std::string& run_dir = spec.log.run_dir;
   MS_RETURN_IF_ERROR_CTX(MakeDirs(run_dir), "creating run directory log.run_dir={}", run_dir);
@@ -499,6 +442,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   co.layout = {par.tp, par.pp, par.dp};
   co.keep = spec.checkpoint.keep;
   co.policy = checkpoint::OverlapPolicy::kWait;
+  co.coordination_timeout_s = spec.checkpoint.coordination_timeout_s;
   if (spec.checkpoint.interval > 0) {
     // Allocate (and fault in) the snapshot memory now, so the first checkpoint blocks as little as the rest.
     MS_ASSIGN_OR_RETURN(auto sizes, RankPieces(*gpt, *opt, rt.dp_rank, &ckpt_staging, /*stage=*/false));
@@ -508,27 +452,29 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   if (!coordinator) coordinator = std::make_shared<checkpoint::InProcessCoordinator>();
   MS_ASSIGN_OR_RETURN(auto checkpointer, checkpoint::AsyncCheckpointer::Create(co, coordinator.get()));
   int64_t start_step = 1;
-  if (found[0] >= 0) {
+  if (resume_step >= 0) {
     const double tr = NowSeconds();
     MS_ASSIGN_OR_RETURN(auto ckpt, checkpoint::Checkpoint::Open(
-                                       fmt::format("{}/{}", spec.checkpoint.dir, checkpoint::StepDirName(found[0])),
+                                       fmt::format("{}/{}", spec.checkpoint.dir, checkpoint::StepDirName(resume_step)),
                                        checkpoint::Verify::kLazy));
     MS_RETURN_IF_ERROR(RestoreRank(ckpt, *gpt, *opt, rt));
-    start_step = found[0] + 1;
+    start_step = resume_step + 1;
     if (rank0) {
-      LogInfo("resumed from {} (step {}, saved under layout {}, now tp{}.pp{}.dp{}) in {:.2f} s", ckpt.dir(), found[0],
-              MetadataValue(ckpt.metadata(0), "layout"), par.tp, par.pp, par.dp, NowSeconds() - tr);
+      LogInfo("resumed from {} (step {}, saved under layout {}, now tp{}.pp{}.dp{}) in {:.2f} s", ckpt.dir(),
+              resume_step, MetadataValue(ckpt.metadata(0), "layout"), par.tp, par.pp, par.dp, NowSeconds() - tr);
     }
   }
 
-  // A resumed run appends to the metrics of the run it continues.
+  InjectDelay("train_start", rt.rank);  // test hook: a long start-up
+
+  // Appends: a resumed run continues the metrics of the run it continues, and a fresh run's driver
+  // has kept any earlier metrics.jsonl under another name (history is never truncated).
   std::optional<metrics::JsonlWriter> jsonl;
   if (rank0) {
-    MS_ASSIGN_OR_RETURN(auto w, metrics::JsonlWriter::Open(run_dir + "/metrics.jsonl", /*append=*/start_step > 1));
+    MS_ASSIGN_OR_RETURN(auto w, metrics::JsonlWriter::Open(run_dir + "/metrics.jsonl", /*append=*/true));
     jsonl.emplace(std::move(w));
   }
 
-  StopSignals signals;
   metrics::Progress progress(stdout, spec.train.steps, spec.log.interval);
   const bool show = options.progress && rank0;
   TrainSummary summary;
@@ -536,7 +482,47 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   const double t_start = NowSeconds();
   double ema_step = 0;
   const float dloss = 1.0f / (static_cast<float>(spec.train.global_batch) * T);
-  int stop_flags = 0;
+  // What every rank must act on at the same step: each flag is reduced on its own (max), so one
+  // rank's SIGUSR1 never hides another's SIGTERM.
+  enum Flag { kInterrupt, kTerminate, kSave, kCheckpointsFailing, kNumFlags };
+  bool stop_interrupt = false, stop_terminate = false;
+  int failed_in_row = 0;  // consecutive failed checkpoints (rank 0's count decides)
+  Status last_ckpt_error, last_outcome;
+  // Rank 0 records the fate of every checkpoint write that ended (committed or failed): in
+  // metrics.jsonl, and on the console when it failed.
+  auto record_outcomes = [&](const std::vector<checkpoint::WriteOutcome>& outcomes) -> Status {
+    for (const auto& w : outcomes) {
+      last_outcome = w.status;
+      if (!w.status.ok()) {
+        ++failed_in_row;
+        last_ckpt_error = w.status;
+      } else {
+        failed_in_row = 0;
+      }
+      if (!rank0) continue;
+      metrics::JsonObject ev;
+      ev.Add("phase", "checkpoint").Add("step", w.step).Add("status", w.status.ok() ? "committed" : "failed");
+      ev.Add("write_s", w.seconds);
+      if (!w.status.ok()) ev.Add("error", w.status.message());
+      MS_RETURN_IF_ERROR(jsonl->Write(ev));
+      if (w.status.ok()) {
+        LogFileOnly(fmt::format("checkpoint step {} committed ({:.2f} s)", w.step, w.seconds));
+      } else {
+        std::string line = fmt::format("checkpoint step {} FAILED ({} in a row{}): {}", w.step, failed_in_row,
+                                       spec.checkpoint.max_failures > 0
+                                           ? fmt::format(", the job stops at {}", spec.checkpoint.max_failures)
+                                           : std::string(),
+                                       w.status.message());
+        if (show) {
+          progress.Message(line);
+          LogFileOnly(line);
+        } else {
+          LogError("{}", line);
+        }
+      }
+    }
+    return Status::Ok();
+  };
   for (int64_t step = start_step; step <= spec.train.steps; ++step) {
     const double t0 = NowSeconds();
     double data_s = 0, loss_sum = 0;
@@ -667,14 +653,33 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         }
       }
     }
-    // Signals: every rank must act on the same step, so agree on the flags first.
-    std::vector<int64_t> flags{g_signal_flags.exchange(0)};
+    // Signals and checkpoint failures: every rank must act on the same step, so agree first.
+    MS_RETURN_IF_ERROR(record_outcomes(checkpointer->TakeOutcomes()));
+    const SignalCounts got = TakeSignals();
+    std::vector<int64_t> flags(kNumFlags, 0);
+    flags[kInterrupt] = got.interrupt > 0;
+    flags[kTerminate] = got.terminate > 0;
+    flags[kSave] = got.save > 0;
+    flags[kCheckpointsFailing] = spec.checkpoint.max_failures > 0 && failed_in_row >= spec.checkpoint.max_failures;
     if (rt.world > 1) {
-      MS_RETURN_IF_ERROR(rt.world_comm->AllReduce(flags.data(), 1, comm::ReduceOp::kMax)->Wait());
+      MS_RETURN_IF_ERROR(rt.world_comm->AllReduce(flags.data(), kNumFlags, comm::ReduceOp::kMax)->Wait());
     }
-    stop_flags |= static_cast<int>(flags[0]);
-    const bool want_save =
-        (spec.checkpoint.interval > 0 && step % spec.checkpoint.interval == 0) || (flags[0] & (2 | 4)) != 0;
+    if (flags[kCheckpointsFailing]) {
+      if (rank0) {
+        LogError("stopping: {} checkpoints in a row failed (checkpoint.max_failures = {}); the last error: {}",
+                 failed_in_row, spec.checkpoint.max_failures, last_ckpt_error.message());
+      }
+      return Aborted(
+          "stopped after step {}: {} checkpoints in a row failed (checkpoint.max_failures = {}; last: {}); training "
+          "on without checkpoints would risk hours of work. The newest committed checkpoint is intact: fix the cause "
+          "(disk space, the store) and `megascale resume`",
+          step, spec.checkpoint.max_failures, spec.checkpoint.max_failures,
+          rank0 ? last_ckpt_error.message() : std::string("see rank 0's log"));
+    }
+    stop_interrupt |= flags[kInterrupt] != 0;
+    stop_terminate |= flags[kTerminate] != 0;
+    const bool want_save = (spec.checkpoint.interval > 0 && step % spec.checkpoint.interval == 0) ||
+                           flags[kTerminate] != 0 || flags[kSave] != 0;
     if (want_save) {
       MS_RETURN_IF_ERROR(dpe->WaitAllParams());
       MS_ASSIGN_OR_RETURN(auto pieces, RankPieces(*gpt, *opt, rt.dp_rank, &ckpt_staging));
@@ -683,19 +688,32 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
                  NowSeconds());
       if (rank0) {
         metrics::JsonObject ev;
-        ev.Add("phase", "checkpoint").Add("step", step).Add("blocked_s", info.blocked_seconds);
+        ev.Add("phase", "checkpoint")
+            .Add("step", step)
+            .Add("status", "snapshot")
+            .Add("blocked_s", info.blocked_seconds);
         ev.Add("bytes", info.bytes).Add("skipped", info.skipped ? 1 : 0);
         MS_RETURN_IF_ERROR(jsonl->Write(ev));
         LogFileOnly(fmt::format("checkpoint step {}: snapshot blocked training {:.3f} s ({} bytes on rank 0)", step,
                                 info.blocked_seconds, info.bytes));
       }
     }
-    if (stop_flags & (1 | 2)) break;
+    if (stop_terminate || stop_interrupt) break;
   }
   MS_RETURN_IF_ERROR(dpe->WaitAllParams());
-  MS_RETURN_IF_ERROR_CTX(checkpointer->Wait(), "writing the last checkpoint");
+  // Earlier failures were reported as they happened (record_outcomes); what must hold now is the
+  // last write (the SIGTERM checkpoint, or the final periodic one).
+  checkpointer->Wait().IgnoreError();
+  MS_RETURN_IF_ERROR(record_outcomes(checkpointer->TakeOutcomes()));
+  MS_RETURN_IF_ERROR_CTX(last_outcome, "writing the last checkpoint");
   if (show) progress.Finish();
   summary.seconds = NowSeconds() - t_start;
+  {
+    rusage ru{};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+      LogFileOnly(fmt::format("peak resident memory of rank {}: {:.1f} MiB", rt.rank, ru.ru_maxrss / 1024.0));
+    }
+  }
   if (spec.log.trace) {
     MS_RETURN_IF_ERROR(MakeDirs(run_dir + "/trace"));
     MS_RETURN_IF_ERROR(trace.Write(fmt::format("{}/trace/rank-{}.json", run_dir, rt.rank)));
@@ -703,16 +721,18 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   if (!options.dump_params_dir.empty()) {
     MS_RETURN_IF_ERROR(DumpParams(*gpt, options.dump_params_dir, rt.rank));
   }
-  if (stop_flags & 2) {
+  if (stop_terminate) {
     if (rank0) {
-      LogInfo("SIGTERM: stopped after step {} with checkpoint {}/{}; continue with `megascale resume`",
+      LogInfo("SIGTERM: stopped after step {} with checkpoint {}/{} committed; continue with `megascale resume`",
               summary.steps_done, spec.checkpoint.dir, checkpoint::StepDirName(summary.steps_done));
     }
+    summary.end = JobEnd::kSavedOnSignal;
     return summary;
   }
-  if (stop_flags & 1) {
-    LogWarn("stopped by SIGINT after step {}", summary.steps_done);
-    return Aborted("training stopped by SIGINT after step {} of {}", summary.steps_done, spec.train.steps);
+  if (stop_interrupt) {
+    if (rank0) LogWarn("stopped by SIGINT after step {} of {} (not saved)", summary.steps_done, spec.train.steps);
+    summary.end = JobEnd::kInterrupted;
+    return summary;
   }
   if (rank0) {
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,

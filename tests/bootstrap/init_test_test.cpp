@@ -39,7 +39,7 @@ TEST_CASE("init-test rejects bad arguments clearly") {
   CHECK(out.find("error: tp*pp = 5*1 = 5 does not divide the number of ranks 12") != std::string::npos);
   auto [rc2, out2] = Shell(std::string(BOOTSTRAP_CLI) + " init-test --ranks 8 --redis http://nope -q");
   CHECK(rc2 == 1);
-  CHECK(out2.find("bad redis URL") != std::string::npos);
+  CHECK(out2.find("bad redis address") != std::string::npos);
 }
 
 TEST_CASE("simulated mode: both initializers, table and JSON") {
@@ -118,6 +118,7 @@ TEST_CASE("real mode through the command line, with an external redis URL via th
   auto redis = EmbeddedRedis::Start();
   REQUIRE(redis.ok());
   auto ep = *ParseRedisUrl(redis->url());
+  ep.password = redis->password();
   const std::string json = (std::filesystem::temp_directory_path() / "ms-init-test-real.json").string();
   auto [rc, out] =
       Shell(fmt::format("MEGASCALE_REDIS_PASSWORD={} {} init-test --mode real --ranks 4 --tp 2 "

@@ -20,6 +20,7 @@ struct RedisFixture {
   StoreOptions Options(std::string job = "test", int attempt = 0) const {
     StoreOptions so;
     so.url = redis->url();
+    so.password = redis->password();
     so.job_id = std::move(job);
     so.attempt = attempt;
     so.op_timeout = Millis(10000);

@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <hiredis/hiredis.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -50,8 +51,9 @@ TEST_CASE("EmbeddedRedis starts on loopback with a password and stops by its PID
   CHECK(pid > 0);
   CHECK(Alive(pid));
   CHECK(std::filesystem::exists(dir + "/redis.pid"));
-  CHECK(fx.redis->url().find("@127.0.0.1:") != std::string::npos);
-  CHECK(PasswordOf(fx.redis->url()).size() == 32);
+  CHECK(fx.redis->url().find("redis://127.0.0.1:") == 0);  // no password in the URL
+  CHECK(PasswordOf(fx.redis->url()).empty());
+  CHECK(fx.redis->password().size() == 32);
   // Movable: the moved-to object owns the server.
   EmbeddedRedis moved = std::move(*fx.redis);
   CHECK_FALSE(fx.redis->running());
@@ -59,6 +61,7 @@ TEST_CASE("EmbeddedRedis starts on loopback with a password and stops by its PID
   auto store = ConnectRedisStore([&] {
     StoreOptions so;
     so.url = moved.url();
+    so.password = moved.password();
     return so;
   }());
   REQUIRE(store.ok());
@@ -118,7 +121,7 @@ TEST_CASE("store semantics: set, get, multi-get, add, compare-and-set, delete-pr
   CHECK(st.ops > 40);
   CHECK(st.bytes_sent > 0);
   CHECK(st.bytes_received > 0);
-  CHECK(s->Describe().find(PasswordOf(fx.redis->url())) == std::string::npos);
+  CHECK(s->Describe().find(fx.redis->password()) == std::string::npos);
 }
 
 TEST_CASE("namespaces: job id and attempt isolate keys") {
@@ -173,9 +176,10 @@ TEST_CASE("wait blocks until another connection sets the keys, and times out nam
 
 TEST_CASE("wrong or missing password: a clear error naming the address, never the password") {
   RedisFixture fx;
-  const std::string good = PasswordOf(fx.redis->url());
+  const std::string good = fx.redis->password();
   const int port = fx.redis->port();
   StoreOptions so = fx.Options();
+  so.password.clear();
   so.url = fmt::format("redis://:wrong-secret@127.0.0.1:{}", port);
   auto bad = ConnectRedisStore(so);
   REQUIRE_FALSE(bad.ok());
@@ -234,6 +238,111 @@ TEST_CASE("redis killed during a wait: the waiter fails at once with an error na
   // The next call tries to reconnect and fails clearly, too.
   auto g = s->Get("k");
   CHECK(g.status().code() == Code::kUnavailable);
+}
+
+}  // namespace ms::bootstrap
+
+namespace ms::bootstrap {
+using testing::RedisFixture;
+
+TEST_CASE("redis addresses: bare host:port, and the user name of an ACL user is kept") {
+  auto bare = ParseRedisUrl("redis-host:6380");
+  REQUIRE(bare.ok());
+  CHECK(bare->host == "redis-host");
+  CHECK(bare->port == 6380);
+  CHECK(bare->user.empty());
+  auto user = ParseRedisUrl("redis://alice@10.0.0.5:6390/1");
+  REQUIRE(user.ok());
+  CHECK(user->user == "alice");
+  CHECK(user->password.empty());
+  CHECK(user->db == 1);
+  auto both = ParseRedisUrl("redis://alice:pw@h:1");
+  REQUIRE(both.ok());
+  CHECK(both->user == "alice");
+  CHECK(both->password == "pw");
+  CHECK_FALSE(ParseRedisUrl("alice@h:1").ok());  // userinfo needs the redis:// form
+}
+
+TEST_CASE("an ACL user authenticates with its own name and password") {
+  RedisFixture fx;
+  auto admin = fx.Connect();
+  // ACL SETUSER through a raw connection (the Store has no such command).
+  {
+    StoreOptions so = fx.Options();
+    redisContext* c = redisConnect("127.0.0.1", fx.redis->port());
+    REQUIRE(c != nullptr);
+    REQUIRE(c->err == 0);
+    auto* r = static_cast<redisReply*>(redisCommand(c, "AUTH %s", so.password.c_str()));
+    REQUIRE(r != nullptr);
+    CHECK(r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    r = static_cast<redisReply*>(redisCommand(c, "ACL SETUSER alice on >alice-secret ~* &* +@all"));
+    REQUIRE(r != nullptr);
+    CHECK(r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    redisFree(c);
+  }
+  StoreOptions so = fx.Options();
+  so.url = fmt::format("redis://alice@127.0.0.1:{}/0", fx.redis->port());
+  so.password = "alice-secret";
+  auto alice = ConnectRedisStore(so);
+  REQUIRE_MESSAGE(alice.ok(), alice.status().ToString());
+  CHECK((*alice)->Set("from-alice", "1").ok());
+  CHECK(*admin->Get("from-alice") == "1");
+  CHECK((*alice)->Describe().find("alice@") != std::string::npos);
+  // The default user's password is not alice's: refused, and the message names the user.
+  so.password = fx.Options().password;
+  auto wrong = ConnectRedisStore(so);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(wrong.status().message().find("user 'alice'") != std::string::npos);
+  // A user without any password is a clear error before connecting.
+  so.password.clear();
+  unsetenv("MEGASCALE_REDIS_PASSWORD");
+  auto none = ConnectRedisStore(so);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == Code::kInvalidArgument);
+}
+
+TEST_CASE("the embedded redis-server outlives the job's stop signals and stops on request") {
+  RedisFixture fx;
+  const pid_t pid = fx.redis->pid();
+  auto store = fx.Connect();
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) {
+    REQUIRE(kill(pid, sig) == 0);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_FALSE(fx.redis->PollExit().has_value());
+  CHECK(store->Set("still", "here").ok());
+  const std::string dir = fx.redis->dir();
+  const double t0 = NowSeconds();
+  CHECK(fx.redis->Stop().ok());  // SHUTDOWN NOSAVE, not a signal it ignores
+  CHECK(NowSeconds() - t0 < 2.0);
+  CHECK_FALSE(Alive(pid));
+  CHECK_FALSE(std::filesystem::exists(dir));
+}
+
+TEST_CASE("a dead embedded redis-server is noticed by its PID and restarted on the same port") {
+  RedisFixture fx;
+  const int port = fx.redis->port();
+  auto store = fx.Connect();
+  REQUIRE(store->Set("a", "1").ok());
+  REQUIRE(kill(fx.redis->pid(), SIGKILL) == 0);
+  std::optional<int> status;
+  for (int i = 0; i < 200 && !status; ++i) {
+    status = fx.redis->PollExit();
+    if (!status) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(status.has_value());
+  CHECK(WIFSIGNALED(*status));
+  CHECK_FALSE(fx.redis->running());
+  REQUIRE(fx.redis->Restart().ok());
+  CHECK(fx.redis->running());
+  CHECK(fx.redis->port() == port);
+  // The old client reconnects by itself (same address and password); the keys are gone.
+  auto lost = store->Get("a");
+  if (lost.ok() || lost.status().code() == Code::kUnavailable) lost = store->Get("a");
+  CHECK(lost.status().code() == Code::kNotFound);
+  CHECK(store->Set("b", "2").ok());
 }
 
 }  // namespace ms::bootstrap

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Checkpoints end to end: bit-exact resume after SIGKILL of the whole job (layouts 1.1.1 and
 2.2.2, AdamW and LAMB), resharding (saved under 2.2.2, resumed under 1.1.1 and 2.1.4), a damaged
-newest checkpoint (the older one is used, with a warning), SIGTERM (checkpoint written, exit 0),
+newest checkpoint (the older one is used, with a warning), SIGTERM (checkpoint written, exit 75),
 `megascale resume` without a checkpoint (clear error), and `megascale export` (safetensors that
 PyTorch/numpy read with the right names and shapes).
 
@@ -176,8 +176,8 @@ def main():
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     ckpts = glob.glob(os.path.join(d, "checkpoints", "step-*", "manifest.json"))
-    check("SIGTERM: checkpoint written and exit 0", p.returncode == 0 and len(ckpts) == 2,
-          f"exit {p.returncode}, {len(ckpts)} checkpoint(s)" + ("" if p.returncode == 0 else err[-800:]))
+    check("SIGTERM: checkpoint written and exit 75 (saved, requeue me)", p.returncode == 75 and len(ckpts) == 2,
+          f"exit {p.returncode}, {len(ckpts)} checkpoint(s)" + ("" if p.returncode == 75 else err[-800:]))
 
     # Export to safetensors, read back by hand (numpy) and by PyTorch when present.
     out = os.path.join(WORK, "model.safetensors")

@@ -1,0 +1,76 @@
+// Internal to the runner: an ATTEMPT is one launch of every rank of a job and what the driver
+// needs to supervise it: deliver signals, learn which ranks exited and how, kill what is left.
+// One attempt = the local worker processes of this host (LaunchLocal), or one Slurm job step
+// (the Slurm launcher). The supervision policy (signals, grace, failures, the store) is the
+// driver's (driver.cpp); an Attempt only reports facts.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/core.h"
+
+namespace ms::runner {
+
+// How every rank of an attempt is started: `megascale worker ...` of this binary.
+struct LaunchPlan {
+  std::string exe;  // absolute path of this binary
+  int world = 1;
+  // The worker's arguments (argv[1..]) for a rank; argument vectors only, never a shell string.
+  std::function<std::vector<std::string>(int rank)> args;
+  // Variables every rank gets ("NAME=value"), on top of the driver's environment.
+  std::vector<std::string> env;
+  // Variables of one rank (MEGASCALE_RANK, ...), added after `env`.
+  std::function<std::vector<std::string>(int rank)> rank_env;
+};
+
+struct RankExit {
+  int rank = -1;
+  std::string host;  // where it ran
+  int status = 0;    // wait status (WIFEXITED / WIFSIGNALED)
+};
+
+class Attempt {
+ public:
+  virtual ~Attempt() = default;
+  // Ranks that exited since the last call (each once), with their wait status. Non-blocking.
+  virtual std::vector<RankExit> Poll() = 0;
+  // True once every rank has exited and been reaped.
+  virtual bool AllExited() const = 0;
+  // Sends `sig` to every rank still running.
+  virtual void Signal(int sig) = 0;
+  // SIGKILL to every rank still running; returns when all are reaped.
+  virtual void Kill() = 0;
+  // Ranks not yet exited.
+  virtual std::vector<int> Running() const = 0;
+};
+
+// Starts `plan.world` worker processes on this host. Each child gets PR_SET_PDEATHSIG(SIGKILL)
+// (a rank never outlives its driver) and starts with SIGINT, SIGTERM and SIGUSR1 blocked, so that
+// a signal the driver forwards before the worker has installed its handlers stays pending
+// instead of killing it (the worker unblocks them in InstallStopSignals). On failure to start
+// rank r, the ranks already started are killed.
+Result<std::unique_ptr<Attempt>> LaunchLocal(const LaunchPlan& plan);
+
+// One child process: fork + exec of `argv` with `env` as its whole environment. `parent_pid` is
+// the process the child must belong to: the child checks after PR_SET_PDEATHSIG that its parent
+// is still that process (it may have died before the death signal was armed) and exits with 127
+// otherwise. Tests pass another pid to see that check work.
+struct SpawnSpec {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+  pid_t parent_pid = 0;  // 0: getpid()
+};
+Result<pid_t> Spawn(const SpawnSpec& spec);
+
+// The environment of this process with `overrides` ("NAME=value") replacing or adding variables.
+std::vector<std::string> MergedEnvironment(const std::vector<std::string>& overrides);
+
+// "exit code 3", "signal 9 (Killed)".
+std::string DescribeExit(int status);
+
+}  // namespace ms::runner

@@ -1,0 +1,57 @@
+// PreflightCheck: what the driver (and `megascale validate`) checks before anything is launched,
+// so that a mistake costs one message instead of one failure per rank after the launch.
+#include "bootstrap/bootstrap.h"
+#include "cuda/cuda.h"
+#include "data/data.h"
+#include "runner/runner.h"
+
+namespace ms::runner {
+
+Status PreflightCheck(const config::JobSpec& spec, bool files) {
+  [[maybe_unused]] const int64_t world = config::WorldSize(spec.parallel);
+  if (spec.runtime.backend == config::Backend::kCuda) {
+    if (cuda::LinkedFlavor() == cuda::Flavor::kNone) {
+      return Unavailable(
+          "{}: runtime.backend: cuda, but this megascale was built without nvcc: install the CUDA toolkit and "
+          "rebuild, use runtime.backend: cpu, or run the kernels on the emulator with megascale-emu",
+          config::KeyLocation(spec, "runtime.backend"));
+    }
+#if !defined(MS_HAVE_NCCL)
+    if (cuda::LinkedFlavor() == cuda::Flavor::kGpu && world > 1) {
+      return Unimplemented(
+          "{}: runtime.backend: cuda with {} ranks needs NCCL process groups, and this megascale was built without "
+          "NCCL; run one rank (tp=pp=dp=1), or the layout on the emulated CUDA backend with megascale-emu",
+          config::KeyLocation(spec, "runtime.backend"), world);
+    }
+#endif
+  }
+  auto tokenizer = data::MakeTokenizer(spec.data.tokenizer);
+  if (!tokenizer.ok()) {
+    return tokenizer.status().WithContext(
+        fmt::format("{}: data.tokenizer", config::KeyLocation(spec, "data.tokenizer")));
+  }
+  if ((*tokenizer)->vocab_size() > spec.model.vocab) {
+    return InvalidArgument("{}: model.vocab: tokenizer '{}' has {} tokens but model.vocab is {}; set model.vocab >= {}",
+                           config::KeyLocation(spec, "model.vocab"), (*tokenizer)->name(), (*tokenizer)->vocab_size(),
+                           spec.model.vocab, (*tokenizer)->vocab_size());
+  }
+  if (!spec.runtime.redis.empty()) {
+    auto ep = bootstrap::ParseRedisUrl(spec.runtime.redis);
+    if (!ep.ok()) return ep.status().WithContext(config::KeyLocation(spec, "runtime.redis"));
+  }
+  if (!files) return Status::Ok();
+  MS_RETURN_IF_ERROR(config::CheckDataFiles(spec));
+  auto ds = data::IndexedDataset::Open(spec.data.path);
+  if (!ds.ok()) {
+    return ds.status().WithContext(
+        fmt::format("{}: opening dataset data.path={}", config::KeyLocation(spec, "data.path"), spec.data.path));
+  }
+  if (ds->max_token() >= spec.model.vocab) {
+    return InvalidArgument(
+        "{}: model.vocab: dataset {} holds token id {} but model.vocab is {}; raise model.vocab or re-tokenize",
+        config::KeyLocation(spec, "model.vocab"), spec.data.path, ds->max_token(), spec.model.vocab);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ms::runner

@@ -1,0 +1,102 @@
+// RunWorker: one rank of a multi-rank job, started by the driver (attempt.h): store, rendezvous,
+// process groups, then Train().
+#include <algorithm>
+
+#include "bootstrap/bootstrap.h"
+#if defined(MS_HAVE_NCCL)
+#include "comm/nccl_comm.h"
+#endif
+#include "runner/checkpointing.h"
+#include "runner/runner.h"
+
+namespace ms::runner {
+
+Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& options) {
+  InstallStopSignals();  // before anything slow: a signal during start-up is honoured after it
+  MS_ASSIGN_OR_RETURN(config::JobSpec spec, config::LoadJobSpec(job_spec_path));
+  MS_RETURN_IF_ERROR(config::ResolveAndValidate(&spec));
+  const int world = static_cast<int>(config::WorldSize(spec.parallel));
+  MS_ASSIGN_OR_RETURN(bootstrap::RankInfo me, bootstrap::RankInfoFromEnv(-1));
+  if (me.rank < 0 || me.rank >= world) {
+    return InvalidArgument("worker rank {} (MEGASCALE_RANK) outside the job's world of {}", me.rank, world);
+  }
+  SetLogRank(me.rank);
+  auto url = GetEnv("MEGASCALE_STORE_URL");
+  auto job_id = GetEnv("MEGASCALE_JOB_ID");
+  if (!url || !job_id)
+    return InvalidArgument("worker needs MEGASCALE_STORE_URL and MEGASCALE_JOB_ID (set by the driver)");
+  bootstrap::StoreOptions so;
+  so.url = *url;  // the password comes from MEGASCALE_REDIS_PASSWORD
+  so.job_id = *job_id;
+  MS_ASSIGN_OR_RETURN(auto store, bootstrap::ConnectRedisStore(so));
+  MS_ASSIGN_OR_RETURN(auto grid, bootstrap::ParallelGrid::Make(world, spec.parallel.tp, spec.parallel.pp));
+  const bootstrap::Millis timeout(static_cast<int64_t>(spec.runtime.rendezvous_timeout_s * 1000));
+  MS_ASSIGN_OR_RETURN(auto topo, bootstrap::Rendezvous(*store, me, world, grid, timeout));
+  bootstrap::ProcessGroupOptions po;
+  po.timeout = timeout;
+  po.listen_address = me.address;
+  MS_ASSIGN_OR_RETURN(auto groups, bootstrap::CreateProcessGroups(*store, topo, po));
+  MS_ASSIGN_OR_RETURN(std::unique_ptr<bootstrap::Store> coordination_store, store->Clone());
+  auto holder = std::make_shared<std::pair<bootstrap::ProcessGroups, std::unique_ptr<bootstrap::Store>>>(
+      std::move(groups), std::move(store));
+  auto& g = holder->first;
+  const auto coords = grid.CoordsOf(me.rank);
+  Runtime rt;
+  rt.rank = me.rank;
+  rt.world = world;
+  rt.local_rank = topo.local_rank;
+  rt.local_world = topo.local_world;
+  rt.tp_rank = coords.tp;
+  rt.pp_rank = coords.pp;
+  rt.dp_rank = coords.dp;
+  rt.collective_timeout_s = spec.runtime.collective_timeout_s;
+  auto make = [&](const std::shared_ptr<gloo::Context>& ctx, std::string name) {
+    comm::GlooOptions go;
+    go.name = std::move(name);
+    go.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.runtime.collective_timeout_s * 1000));
+    return comm::MakeGlooCommunicator(ctx, go);
+  };
+  rt.tp = make(g.tp, fmt::format("tp[{}]", grid.GroupIndex(bootstrap::GroupKind::kTp, me.rank)));
+  rt.pp = make(g.pp, fmt::format("pp[{}]", grid.GroupIndex(bootstrap::GroupKind::kPp, me.rank)));
+  rt.dp = make(g.dp, fmt::format("dp[{}]", grid.GroupIndex(bootstrap::GroupKind::kDp, me.rank)));
+  rt.world_comm = make(g.world, "world");
+  if (spec.parallel.pp > 1 && spec.model.tied_embeddings && g.embedding) {
+    rt.embedding =
+        make(g.embedding, fmt::format("embedding[{}]", grid.GroupIndex(bootstrap::GroupKind::kEmbedding, me.rank)));
+  }
+#if defined(MS_HAVE_NCCL)
+  // NCCL groups for the CUDA backend on GPUs: the same members and group ranks as the Gloo groups, each created
+  // from an id its leader publishes in the store, in the Gloo groups' order (no rank waits on a group it is not
+  // in). Not run in CI (no GPU).
+  rt.use_nccl = [holder, grid, timeout, rank = me.rank](Runtime& r, void* stream) -> Status {
+    const auto& groups = holder->first;
+    auto make = [&](bootstrap::GroupKind kind) -> Result<std::unique_ptr<comm::Communicator>> {
+      const auto& members = groups.members[static_cast<int>(kind)];
+      auto pos = std::find(members.begin(), members.end(), rank);
+      if (pos == members.end())
+        return Internal("rank {} is not in its own {} group", rank, bootstrap::GroupKindName(kind));
+      const int index = grid.GroupIndex(kind, rank);
+      comm::NcclOptions o;
+      o.name = fmt::format("nccl-{}[{}]", bootstrap::GroupKindName(kind), index);
+      o.compute_stream = static_cast<cudaStream_t>(stream);
+      return bootstrap::CreateNcclCommunicator(
+          *holder->second, fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
+          static_cast<int>(pos - members.begin()), static_cast<int>(members.size()), timeout, o);
+    };
+    MS_ASSIGN_OR_RETURN(r.tp, make(bootstrap::GroupKind::kTp));
+    MS_ASSIGN_OR_RETURN(r.pp, make(bootstrap::GroupKind::kPp));
+    MS_ASSIGN_OR_RETURN(r.dp, make(bootstrap::GroupKind::kDp));
+    if (r.embedding) {
+      MS_ASSIGN_OR_RETURN(r.embedding, make(bootstrap::GroupKind::kEmbedding));
+    }
+    return Status::Ok();
+  };
+#endif
+  MS_ASSIGN_OR_RETURN(rt.coordinator, MakeStoreCoordinator(*coordination_store));
+  rt.store = std::move(coordination_store);
+  rt.keepalive = holder;
+  MS_ASSIGN_OR_RETURN(TrainSummary summary, Train(spec, options, rt));
+  return summary.end;
+}
+
+}  // namespace ms::runner

@@ -1,0 +1,183 @@
+// Unit tests of the runner's internals: the spawn of a rank, the GPU a rank drives, the
+// checkpoint coordinator's locking, waits on one rank through the store, and the run-directory lock.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "bootstrap/redis_fixture.h"
+#include "checkpoint/checkpoint.h"
+#include "runner/attempt.h"
+#include "runner/checkpointing.h"
+#include "runner/driver.h"
+#include "runner/run_dir.h"
+#include "runner/runner.h"
+
+namespace ms::runner {
+namespace {
+
+// Waits up to `seconds` for the child; its wait status, or nullopt if it is still running.
+std::optional<int> WaitFor(pid_t pid, double seconds) {
+  const double deadline = NowSeconds() + seconds;
+  while (NowSeconds() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return std::nullopt;
+}
+
+std::string TempDir(const char* name) {
+  auto d = std::filesystem::temp_directory_path() / fmt::format("ms-runner-{}-{}", name, getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+}  // namespace
+
+TEST_CASE("a rank drives the GPU of its local rank, whatever the placement") {
+  // Cyclic placement over two hosts: ranks 0 and 2 on host A, 1 and 3 on host B. rank % local_world
+  // would put ranks 0 and 2 both on GPU 0 of host A.
+  Runtime rt;
+  rt.rank = 2;
+  rt.world = 4;
+  rt.local_rank = 1;
+  rt.local_world = 2;
+  CHECK(DeviceOrdinal(rt) == 1);
+  rt.rank = 0;
+  rt.local_rank = 0;
+  CHECK(DeviceOrdinal(rt) == 0);
+}
+
+TEST_CASE("a spawned rank whose parent is not the expected one exits at once") {
+  // The parent may die between fork() and PR_SET_PDEATHSIG: the child must notice (getppid() is
+  // then another process) instead of running on as an orphan. Simulated with a wrong parent pid.
+  SpawnSpec s;
+  s.argv = {"/bin/sleep", "30"};
+  s.env = MergedEnvironment({});
+  s.parent_pid = getpid() + 100000;  // not our pid
+  auto pid = Spawn(s);
+  REQUIRE(pid.ok());
+  auto status = WaitFor(*pid, 5);
+  if (!status) kill(*pid, SIGKILL);
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 127);
+  // The right parent: it runs.
+  s.parent_pid = 0;
+  s.argv = {"/bin/true"};
+  pid = Spawn(s);
+  REQUIRE(pid.ok());
+  status = WaitFor(*pid, 5);
+  REQUIRE(status.has_value());
+  CHECK(WEXITSTATUS(*status) == 0);
+}
+
+TEST_CASE("a spawned rank starts with the stop signals blocked, so an early signal does not kill it") {
+  SpawnSpec s;
+  s.argv = {"/bin/sleep", "30"};
+  s.env = MergedEnvironment({});
+  auto pid = Spawn(s);
+  REQUIRE(pid.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) REQUIRE(kill(*pid, sig) == 0);
+  CHECK_FALSE(WaitFor(*pid, 0.3).has_value());  // still running: the signals are pending
+  kill(*pid, SIGKILL);
+  CHECK(WaitFor(*pid, 5).has_value());
+}
+
+TEST_CASE("the checkpoint coordinator never makes a mark wait behind rank 0's wait") {
+  bootstrap::testing::RedisFixture fx;
+  auto store = fx.Connect("coord");
+  auto coord = MakeStoreCoordinator(*store);
+  REQUIRE(coord.ok());
+  std::thread waiter([&] {
+    auto r = (*coord)->WaitAllDurable(5, 2, 3.0);  // rank 1 never writes: times out after 3 s
+    CHECK_FALSE(r.ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double t0 = NowSeconds();
+  CHECK((*coord)->MarkFailed(7, 0, Aborted("skipped")).ok());
+  CHECK(NowSeconds() - t0 < 1.0);
+  waiter.join();
+}
+
+TEST_CASE("waiting for one rank's long work: no timeout while it makes progress, a clear one when it is silent") {
+  bootstrap::testing::RedisFixture fx;
+  auto leader_store = fx.Connect("leader");
+  auto follower_store = fx.Connect("leader");
+  // The leader works 2.5 s, far longer than the 0.5 s silence bound: its beats keep the follower waiting.
+  Status follower_result = Internal("not run");
+  std::thread follower([&] {
+    follower_result = WaitForLeader(follower_store.get(), "work/a", /*leader=*/false, 0.5, [] { return Status::Ok(); });
+  });
+  Status led = WaitForLeader(leader_store.get(), "work/a", /*leader=*/true, 0.5, [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    return Status::Ok();
+  });
+  follower.join();
+  CHECK(led.ok());
+  CHECK_MESSAGE(follower_result.ok(), follower_result.ToString());
+  // The leader's failure reaches the follower.
+  std::thread follower2([&] {
+    follower_result = WaitForLeader(follower_store.get(), "work/b", false, 0.5, [] { return Status::Ok(); });
+  });
+  CHECK_FALSE(WaitForLeader(leader_store.get(), "work/b", true, 0.5, [] { return IoError("disk on fire"); }).ok());
+  follower2.join();
+  CHECK(follower_result.code() == Code::kAborted);
+  CHECK(follower_result.message().find("disk on fire") != std::string::npos);
+  // No leader at all: the follower gives up after the silence bound, saying so.
+  const double t0 = NowSeconds();
+  Status alone = WaitForLeader(follower_store.get(), "work/c", false, 1.0, [] { return Status::Ok(); });
+  CHECK(alone.code() == Code::kTimeout);
+  CHECK(alone.message().find("no progress") != std::string::npos);
+  CHECK(NowSeconds() - t0 < 5.0);
+}
+
+TEST_CASE("a run directory is locked for the job's lifetime, naming its holder") {
+  const std::string dir = TempDir("lock");
+  {
+    auto first = DirLock::Acquire(dir, "log.run_dir", "pid 1 on host a, job \"x\"");
+    REQUIRE(first.ok());
+    auto second = DirLock::Acquire(dir, "log.run_dir", "pid 2 on host b, job \"y\"");
+    REQUIRE_FALSE(second.ok());
+    CHECK(second.status().code() == Code::kFailedPrecondition);
+    CHECK(second.status().message().find("pid 1 on host a") != std::string::npos);
+    CHECK(second.status().message().find("in use by another megascale job") != std::string::npos);
+  }
+  auto again = DirLock::Acquire(dir, "log.run_dir", "pid 3");  // released with the first
+  CHECK(again.ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace ms::runner
+
+namespace ms::runner {
+
+TEST_CASE("the stop grace scales with the checkpoint, and the job id survives any job name") {
+  config::JobSpec spec;
+  spec.model.layers = 4;
+  spec.model.hidden = 2048;
+  spec.model.ffn_hidden = 8192;
+  spec.model.vocab = 256;
+  spec.model.seq_len = 16;
+  // 4 layers * 12 * 2048^2 + embeddings: ~202 M parameters, 2.4 GB with both Adam moments.
+  CHECK(ApproxParams(spec.model) == doctest::Approx(201.9e6).epsilon(0.01));
+  CHECK(StopGraceSeconds(spec) == doctest::Approx(60 + 24.2).epsilon(0.01));
+  spec.model.hidden = 32;
+  spec.model.ffn_hidden = 128;
+  CHECK(StopGraceSeconds(spec) == doctest::Approx(60).epsilon(0.01));
+  spec.runtime.stop_grace_s = 7;
+  CHECK(StopGraceSeconds(spec) == 7);
+  const std::string id = JobId("tiny run 2 \"quoted\" $(rm -rf /)");
+  CHECK(id.rfind("tiny-run-2--quoted----rm--rf---", 0) == 0);
+  CHECK(id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == std::string::npos);
+  CHECK(JobId("x") != JobId("x"));
+  CHECK(JobId("").rfind("job-", 0) == 0);
+}
+
+}  // namespace ms::runner
