@@ -13,6 +13,8 @@ pkgs=(
   doctest-dev                               # unit tests
   fortunes-min fortunes                     # demo corpus
   python3                                   # test scripts
+  slurmctld slurmd slurm-client munge       # the multi-node Slurm test cluster (tests/slurm)
+  iproute2 util-linux procps                # its network namespaces (ip, nsenter, unshare), pgrep
 )
 if [[ "${1:-}" == "--with-torch" ]]; then
   pkgs+=(python3-torch python3-numpy)

@@ -6,6 +6,7 @@
 
 #include "cmd/megascale/commands.h"
 #include "config/config.h"
+#include "runner/runner.h"
 
 namespace ms::cmd {
 
@@ -23,6 +24,7 @@ struct JobSpecArgs {
   Result<config::JobSpec> Load() const {
     MS_ASSIGN_OR_RETURN(config::JobSpec spec, config::LoadJobSpec(path));
     for (const auto& o : overrides) MS_RETURN_IF_ERROR(config::ApplyOverride(&spec, o));
+    MS_RETURN_IF_ERROR(runner::ResolveForLauncher(&spec));  // parallel.dp: auto inside a Slurm allocation
     MS_RETURN_IF_ERROR(config::ResolveAndValidate(&spec));
     return spec;
   }

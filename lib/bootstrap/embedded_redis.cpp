@@ -22,30 +22,6 @@
 namespace ms::bootstrap {
 namespace {
 
-Result<std::string> FindExecutable(const std::string& name) {
-  if (name.find('/') != std::string::npos) {
-    if (access(name.c_str(), X_OK) == 0) return name;
-  } else {
-    std::string path = GetEnv("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
-    path += ":/usr/sbin:/sbin";  // Debian puts redis-server in /usr/bin, but be lenient
-    size_t start = 0;
-    while (start <= path.size()) {
-      size_t end = path.find(':', start);
-      if (end == std::string::npos) end = path.size();
-      std::string dir = path.substr(start, end - start);
-      if (!dir.empty()) {
-        std::string candidate = dir + "/" + name;
-        if (access(candidate.c_str(), X_OK) == 0) return candidate;
-      }
-      start = end + 1;
-    }
-  }
-  return NotFound(
-      "'{}' not found in PATH: install it with scripts/setup.sh (Debian package redis-server), or give "
-      "the job a Redis URL",
-      name);
-}
-
 // A port the kernel considers free on `address` (IPv4); a race with another process is handled
 // by retrying the start.
 Result<int> FreePort(const std::string& address) {
@@ -156,7 +132,12 @@ bool ShutdownNoSave(const std::string& address, int port, const std::string& pas
 
 Result<EmbeddedRedis> EmbeddedRedis::Start(const EmbeddedRedisOptions& options) {
   EmbeddedRedis r;  // removes the directory if we fail below
-  MS_ASSIGN_OR_RETURN(r.exe_, FindExecutable(options.executable));
+  auto exe = FindExecutable(options.executable);
+  if (!exe.ok()) {
+    return NotFound("{}: install it with scripts/setup.sh (Debian package redis-server), or give the job a Redis URL",
+                    exe.status().message());
+  }
+  r.exe_ = *exe;
   r.options_ = options;
   std::string parent = options.temp_parent;
   if (parent.empty()) parent = GetEnv("TMPDIR").value_or("/tmp");

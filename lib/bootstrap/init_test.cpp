@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "bootstrap/bootstrap.h"
+#include "cluster/cluster.h"
 
 extern char** environ;
 
@@ -291,8 +292,10 @@ Result<ModeReport> RunReal(const InitTestOptions& opt, const ParallelGrid& grid,
     return FailedPrecondition("real mode needs a worker command (the megascale binary passes its own path)");
   }
   const char* name = baseline ? "baseline" : "megascale";
-  char templ[] = "/tmp/megascale-init-test-XXXXXX";
-  if (mkdtemp(templ) == nullptr) return ErrnoError("mkdtemp", errno);
+  // Workers write their results here: /tmp for local processes, the current directory (which a
+  // cluster shares between its nodes, unlike /tmp) for an srun step.
+  std::string templ = opt.launcher == "srun" ? "./.megascale-init-test-XXXXXX" : "/tmp/megascale-init-test-XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr) return ErrnoError(fmt::format("mkdtemp {}", templ), errno);
   const std::string dir = templ;
   auto ep = ParseRedisUrl(url);
   if (!ep.ok()) return ep.status();
@@ -326,8 +329,7 @@ Result<ModeReport> RunReal(const InitTestOptions& opt, const ParallelGrid& grid,
   if (opt.launcher == "srun") {
     w.rank = -1;  // from SLURM_PROCID
     std::vector<std::string> argv = {"srun", fmt::format("--ntasks={}", opt.ranks), "--kill-on-bad-exit=1"};
-    // srun is looked up in PATH by the shell convention; execve needs a path.
-    argv[0] = "/usr/bin/srun";
+    MS_ASSIGN_OR_RETURN(argv[0], FindExecutable("srun"));
     for (auto& a : opt.worker_command) argv.push_back(a);
     for (auto& a : WorkerArgs(w)) argv.push_back(a);
     logs.push_back(dir + "/srun.log");
@@ -451,6 +453,12 @@ Result<InitTestReport> RunInitTest(const InitTestOptions& opt) {
   if (url.empty()) {
     EmbeddedRedisOptions eo;
     eo.max_clients = std::min(opt.ranks + 256, 19900);
+    if (opt.mode == "real" && opt.launcher == "srun") {
+      // The tasks of the step run on the allocation's nodes: listen where they can reach.
+      MS_ASSIGN_OR_RETURN(auto alloc, cluster::ReadSlurmAllocation());
+      if (!alloc) return FailedPrecondition("--launcher srun needs a Slurm allocation (sbatch or salloc)");
+      MS_ASSIGN_OR_RETURN(eo.bind_address, cluster::AddressTowardNodes(alloc->nodes));
+    }
     MS_ASSIGN_OR_RETURN(EmbeddedRedis r, EmbeddedRedis::Start(eo));
     embedded.emplace(std::move(r));
     // Internal to this process and its workers (the password is stripped before anything is printed).
@@ -556,6 +564,10 @@ int RunInitTestWorker(const InitTestWorkerOptions& w) {
   auto run = [&]() -> Status {
     MS_ASSIGN_OR_RETURN(RankInfo me, RankInfoFromEnv(w.rank));
     if (w.rank >= 0) me.rank = w.rank;
+    if (!GetEnv("MEGASCALE_LISTEN_ADDRESS")) {  // this host's address toward the store's
+      MS_ASSIGN_OR_RETURN(RedisEndpoint ep, ParseRedisUrl(w.redis_url));
+      MS_ASSIGN_OR_RETURN(me.address, cluster::LocalAddressToward(ep.host));
+    }
     SetLogRank(me.rank);
     MS_ASSIGN_OR_RETURN(ParallelGrid grid, ParallelGrid::Make(w.world, w.tp, w.pp));
     StoreOptions so;

@@ -53,7 +53,8 @@ struct ModelSpec {
 struct ParallelSpec {
   int tp = 1;                      // tensor-parallel degree
   int pp = 1;                      // pipeline-parallel degree
-  int dp = 1;                      // data-parallel degree; world size = tp * pp * dp
+  int dp = 1;                      // data-parallel degree; world size = tp * pp * dp; 0 = auto (yaml: auto):
+                                   // the Slurm allocation's tasks / (tp * pp), see ResolveAutoDataParallel
   int micro_batches = 0;           // per step and dp rank; 0 -> derived (see ResolveAndValidate)
   bool sequence_parallel = false;  // no-op at tp 1
   int virtual_stages = 1;          // interleaved 1F1B when > 1 (needs pp > 1)
@@ -118,6 +119,9 @@ struct RuntimeSpec {
   double collective_timeout_s = 60;   // a collective (or a wait on a peer) with no progress for this long fails
   double rendezvous_timeout_s = 120;  // rank registration and process-group creation
   double stop_grace_s = 0;            // time ranks get to save and exit after SIGTERM; 0 -> sized from the model
+  std::string interface;  // network interface the job's sockets use on every host (e.g. ib0); empty -> the one
+                          // that routes to the driver's host
+  std::string address;    // address of the driver's host the embedded redis-server listens on; empty -> chosen
   bool operator==(const RuntimeSpec&) const = default;
 };
 
@@ -165,8 +169,13 @@ Result<JobSpec> LoadJobSpec(const std::string& path);
 // ResolveAndValidate. Errors read like parse errors, located at "--set <text>".
 Status ApplyOverride(JobSpec* spec, std::string_view dotted_key_equals_value);
 
+// parallel.dp: auto -> tasks / (tp * pp) for a launcher that offers `tasks` ranks (`where` names
+// them in messages, e.g. "the Slurm allocation (SLURM_NTASKS=8)"). No-op when dp is set.
+// InvalidArgument when tp * pp does not divide the tasks. Call before ResolveAndValidate.
+Status ResolveAutoDataParallel(JobSpec* spec, int tasks, std::string_view where);
+
 // Fills derived values and checks every single-field range and cross-field rule; call after
-// parsing and overrides. Idempotent.
+// parsing and overrides (and ResolveAutoDataParallel). Idempotent.
 //   model.ffn_hidden    0 -> 4 * hidden
 //   batch arithmetic    global_batch == micro_batch * micro_batches * dp; a 0 is derived:
 //                       both 0: pp == 1 -> micro_batches 1; pp > 1 -> micro_batch 1

@@ -201,6 +201,27 @@ Field Integer(std::string key, Proj proj, Range range) {
   return f;
 }
 
+// An integer key that also takes "auto" (stored as 0, resolved outside the config module).
+template <typename Proj>
+Field IntegerOrAuto(std::string key, Proj proj, Range range) {
+  Field f = Integer(std::move(key), proj, range);
+  f.expected += " or auto";
+  f.example = "auto";
+  f.choices = {};
+  auto set_int = f.set;
+  f.set = [set_int, proj](JobSpec* j, std::string_view text) {
+    if (Lower(text) == "auto") {
+      proj(*j) = 0;
+      return true;
+    }
+    return set_int(j, text);
+  };
+  f.get = [proj](const JobSpec& j) { return proj(j) == 0 ? std::string("auto") : FormatInt(proj(j)); };
+  f.show = f.get;
+  f.valid = [proj, range](const JobSpec& j) { return proj(j) == 0 || range.Contains(static_cast<double>(proj(j))); };
+  return f;
+}
+
 template <typename Proj>
 Field Real(std::string key, Proj proj, Range range) {
   using T = ValueType<Proj>;
@@ -321,7 +342,8 @@ std::vector<Field> BuildFields() {
   // parallel
   f.push_back(Integer("parallel.tp", MS_FIELD(parallel.tp), AtLeast(1)));
   f.push_back(Integer("parallel.pp", MS_FIELD(parallel.pp), AtLeast(1)));
-  f.push_back(Integer("parallel.dp", MS_FIELD(parallel.dp), AtLeast(1)));
+  f.push_back(IntegerOrAuto("parallel.dp", MS_FIELD(parallel.dp), AtLeast(1)));
+  f.back().example = "1";
   f.push_back(Integer("parallel.micro_batches", MS_FIELD(parallel.micro_batches), AtLeast(0)));
   f.push_back(Boolean("parallel.sequence_parallel", MS_FIELD(parallel.sequence_parallel)));
   f.push_back(Integer("parallel.virtual_stages", MS_FIELD(parallel.virtual_stages), AtLeast(1)));
@@ -368,6 +390,8 @@ std::vector<Field> BuildFields() {
   f.push_back(Real("runtime.collective_timeout_s", MS_FIELD(runtime.collective_timeout_s), Positive()));
   f.push_back(Real("runtime.rendezvous_timeout_s", MS_FIELD(runtime.rendezvous_timeout_s), Positive()));
   f.push_back(Real("runtime.stop_grace_s", MS_FIELD(runtime.stop_grace_s), AtLeast(0)));
+  f.push_back(String("runtime.interface", MS_FIELD(runtime.interface), false));
+  f.push_back(String("runtime.address", MS_FIELD(runtime.address), false));
   // log
   f.push_back(String("log.run_dir", MS_FIELD(log.run_dir), true));
   f.push_back(Integer("log.interval", MS_FIELD(log.interval), AtLeast(1)));

@@ -285,7 +285,26 @@ Status ValidateRuntime(const JobSpec& spec) {
 
 }  // namespace
 
+Status ResolveAutoDataParallel(JobSpec* spec, int tasks, std::string_view where) {
+  ParallelSpec& p = spec->parallel;
+  if (p.dp != 0) return Status::Ok();
+  const int64_t group = int64_t{p.tp} * p.pp;
+  if (tasks <= 0 || tasks % group != 0) {
+    return Fail(*spec, "parallel.dp",
+                "auto: {} offers {} ranks, which tp * pp = {} * {} = {} does not divide; ask for a multiple of {} "
+                "tasks, or set parallel.dp",
+                where, tasks, p.tp, p.pp, group, group);
+  }
+  p.dp = static_cast<int>(tasks / group);
+  return Status::Ok();
+}
+
 Status ResolveAndValidate(JobSpec* spec) {
+  if (spec->parallel.dp == 0) {
+    return Fail(*spec, "parallel.dp",
+                "auto takes dp from the Slurm allocation (its tasks / (tp * pp)); run inside one (sbatch or salloc), "
+                "or set parallel.dp to a number");
+  }
   MS_RETURN_IF_ERROR(CheckRanges(*spec));
   MS_RETURN_IF_ERROR(ValidateModel(spec));
   MS_RETURN_IF_ERROR(ValidateLayout(*spec));

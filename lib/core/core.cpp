@@ -153,6 +153,12 @@ std::string WallClockIso8601() {
   return buf;
 }
 
+double WallSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
 std::optional<std::string> GetEnv(const char* name) {
   const char* v = std::getenv(name);
   if (!v) return std::nullopt;
@@ -162,6 +168,25 @@ std::optional<std::string> GetEnv(const char* name) {
 int NumCores() {
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
+}
+
+Result<std::string> FindExecutable(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (access(name.c_str(), X_OK) == 0) return name;
+    return NotFound("'{}' is not an executable file", name);
+  }
+  const std::string path = GetEnv("PATH").value_or("/usr/local/bin:/usr/bin:/bin") + ":/usr/sbin:/sbin";
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    if (end > start) {
+      const std::string candidate = path.substr(start, end - start) + "/" + name;
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    start = end + 1;
+  }
+  return NotFound("'{}' not found in PATH ({})", name, path);
 }
 
 std::string HostName() {

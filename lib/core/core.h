@@ -167,6 +167,8 @@ void LogDebug(fmt::format_string<Args...> f, Args&&... args) {
 
 // Monotonic seconds since an arbitrary origin.
 double NowSeconds();
+// Wall-clock seconds since the Unix epoch (comparable between processes and, NTP permitting, hosts).
+double WallSeconds();
 // Wall-clock time as ISO 8601 UTC, e.g. 2026-11-22T00:21:31Z.
 std::string WallClockIso8601();
 // Environment variable or nullopt.
@@ -175,6 +177,9 @@ std::optional<std::string> GetEnv(const char* name);
 int NumCores();
 // Hostname of this machine.
 std::string HostName();
+// The path of an executable: `name` itself when it holds a '/', else the first executable match in
+// PATH (then /usr/sbin and /sbin). NotFound naming it and the PATH searched.
+Result<std::string> FindExecutable(const std::string& name);
 
 // ---- files ---------------------------------------------------------------------------
 

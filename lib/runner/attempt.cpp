@@ -34,8 +34,10 @@ std::vector<std::string> MergedEnvironment(const std::vector<std::string>& overr
 
 Result<pid_t> Spawn(const SpawnSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("Spawn: empty argument vector");
+  MS_ASSIGN_OR_RETURN(const std::string exe, FindExecutable(spec.argv[0]));
   std::vector<char*> argv;
-  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(const_cast<char*>(exe.c_str()));
+  for (size_t i = 1; i < spec.argv.size(); ++i) argv.push_back(const_cast<char*>(spec.argv[i].c_str()));
   argv.push_back(nullptr);
   std::vector<std::string> envs = spec.env;
   std::vector<char*> envp;
@@ -52,8 +54,10 @@ Result<pid_t> Spawn(const SpawnSpec& spec) {
     // Child: async-signal-safe calls only until exec.
     prctl(PR_SET_PDEATHSIG, SIGKILL);     // a rank never outlives its driver ...
     if (getppid() != parent) _exit(127);  // ... including one that died before the line above
+    if (spec.stdout_fd >= 0) dup2(spec.stdout_fd, 1);
+    if (spec.stderr_fd >= 0) dup2(spec.stderr_fd, 2);
     execve(argv[0], argv.data(), envp.data());
-    const char msg[] = "error: cannot exec the worker binary\n";
+    const char msg[] = "error: cannot exec the launched program\n";
     ssize_t ignored = write(2, msg, sizeof msg - 1);
     (void)ignored;
     _exit(127);

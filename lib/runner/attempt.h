@@ -30,8 +30,9 @@ struct LaunchPlan {
 
 struct RankExit {
   int rank = -1;
-  std::string host;  // where it ran
-  int status = 0;    // wait status (WIFEXITED / WIFSIGNALED)
+  std::string host;         // where it ran ("" when the launcher cannot tell)
+  int status = 0;           // wait status (WIFEXITED / WIFSIGNALED)
+  bool collateral = false;  // ended because the attempt was stopped (another rank failed), not on its own
 };
 
 class Attempt {
@@ -47,6 +48,8 @@ class Attempt {
   virtual void Kill() = 0;
   // Ranks not yet exited.
   virtual std::vector<int> Running() const = 0;
+  // What the launcher itself said went wrong (e.g. srun's own error lines), "" if nothing.
+  virtual std::string LauncherError() const { return ""; }
 };
 
 // Starts `plan.world` worker processes on this host. Each child gets PR_SET_PDEATHSIG(SIGKILL)
@@ -56,14 +59,39 @@ class Attempt {
 // rank r, the ranks already started are killed.
 Result<std::unique_ptr<Attempt>> LaunchLocal(const LaunchPlan& plan);
 
+// One Slurm job step: `srun` of this binary's worker on the allocation's nodes, `tasks_per_node`
+// ranks per node in block order (rank r on node r / tasks_per_node, so tensor-parallel groups stay
+// inside a node when tasks_per_node is a multiple of tp). Each task takes its rank, local rank and
+// node from Slurm's variables (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID). Argument vectors only:
+// job names and paths with spaces, quotes or $(...) reach the workers untouched.
+//   Signals: sent to the step's tasks by its own id (`scancel --signal=SIG <job>.<step>`, the id
+//     looked up among this job's steps by the step's unique name); Kill cancels the step by id.
+//   Exits: srun's stderr is passed through to ours and its "srun: error: <node>: task <n>: <cause>"
+//     lines are reported as they come (rank, node, cause); when srun ends, the other ranks take
+//     its exit status (or are collateral of a reported failure).
+struct SlurmStep {
+  std::string job_id;  // SLURM_JOB_ID
+  int nodes = 1;       // --nodes
+  int tasks_per_node = 1;
+  std::string name;                                                   // --job-name of the step: unique to this attempt
+  std::string srun = "srun", squeue = "squeue", scancel = "scancel";  // looked up in PATH
+};
+Result<std::unique_ptr<Attempt>> LaunchSlurmStep(const LaunchPlan& plan, const SlurmStep& step);
+
+// Runs a command (argument vector, looked up in PATH) and returns its standard output; an error
+// naming the command and its exit status or standard error when it fails or outlasts timeout_s.
+Result<std::string> CaptureCommand(const std::vector<std::string>& argv, double timeout_s);
+
 // One child process: fork + exec of `argv` with `env` as its whole environment. `parent_pid` is
 // the process the child must belong to: the child checks after PR_SET_PDEATHSIG that its parent
 // is still that process (it may have died before the death signal was armed) and exits with 127
 // otherwise. Tests pass another pid to see that check work.
 struct SpawnSpec {
-  std::vector<std::string> argv;
+  std::vector<std::string> argv;  // argv[0]: a path, or a name looked up in PATH
   std::vector<std::string> env;
   pid_t parent_pid = 0;  // 0: getpid()
+  int stdout_fd = -1;    // >= 0: the child's standard output (e.g. a pipe); -1: inherited
+  int stderr_fd = -1;    // likewise for standard error
 };
 Result<pid_t> Spawn(const SpawnSpec& spec);
 

@@ -114,17 +114,19 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
     }
     for (RankExit& e : attempt.Poll()) {
       exits.push_back(e);
-      if (phase != Phase::kFailing && RankFailed(e.status) && !killed_on_second) {
+      if (phase != Phase::kFailing && RankFailed(e.status) && !e.collateral && !killed_on_second) {
         // Its peers fail within moments (their collectives break): reap them first, so that the
         // rank that died by a signal -- the cause -- is the one named.
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         for (RankExit& more : attempt.Poll()) exits.push_back(more);
         cause = e;
         for (const RankExit& x : exits) {
-          if (RankFailed(x.status) && WIFSIGNALED(x.status) && !WIFSIGNALED(cause->status)) cause = x;
+          if (RankFailed(x.status) && !x.collateral && WIFSIGNALED(x.status) && !WIFSIGNALED(cause->status)) cause = x;
         }
         for (const RankExit& x : exits) {
-          if (RankFailed(x.status)) LogError("rank {} on {} failed: {}", x.rank, x.host, DescribeExit(x.status));
+          if (RankFailed(x.status) && !x.collateral) {
+            LogError("rank {} on {} failed: {}", x.rank, x.host, DescribeExit(x.status));
+          }
         }
         if (!attempt.Running().empty()) LogError("stopping the other {} ranks", attempt.Running().size());
         attempt.Signal(SIGTERM);
@@ -158,7 +160,10 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
     return Aborted("job stopped by {}: the ranks did not exit within the grace", strsignal(stop_signal));
   int saved = 0, interrupted = 0;
   for (const RankExit& e : exits) {
-    if (RankFailed(e.status)) return failure(e);
+    if (RankFailed(e.status) && !e.collateral) return failure(e);
+  }
+  for (const RankExit& e : exits) {
+    if (RankFailed(e.status)) return failure(e);  // only collateral ends: the attempt was stopped
     saved += RankCode(e.status) == kExitSaved;
     interrupted += RankCode(e.status) == kExitInterrupted;
   }
@@ -167,7 +172,8 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
   return saved > 0 ? JobEnd::kSavedOnSignal : JobEnd::kCompleted;
 }
 
-Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options) {
+Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options,
+                        const std::optional<cluster::SlurmAllocation>& alloc, double driver_start) {
   const int world = static_cast<int>(config::WorldSize(spec.parallel));
   const std::string& run_dir = spec.log.run_dir;
   const std::string spec_path = run_dir + "/job.yaml";
@@ -187,6 +193,7 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     char abs_dir[PATH_MAX];
     if (realpath(run_dir.c_str(), abs_dir) == nullptr) return ErrnoError(fmt::format("resolving {}", run_dir), errno);
     ro.temp_parent = abs_dir;
+    MS_ASSIGN_OR_RETURN(ro.bind_address, ChooseStoreAddress(spec, alloc ? &*alloc : nullptr));
     MS_ASSIGN_OR_RETURN(auto r, bootstrap::EmbeddedRedis::Start(ro));
     redis.emplace(std::move(r));
     url = redis->url();
@@ -194,6 +201,7 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     LogInfo("started redis-server (pid {}) on {}:{} for the rank bootstrap", redis->pid(), redis->address(),
             redis->port());
   }
+  const double store_ready = WallSeconds();
   const std::string job_id = JobId(spec.name);
   const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, NumCores() / world);
   char exe[4096];
@@ -218,15 +226,32 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     return args;
   };
   // The password travels in the environment only (never on a command line, in a file or a log).
-  plan.env = {fmt::format("MEGASCALE_WORLD={}", world), fmt::format("MEGASCALE_LOCAL_WORLD={}", world),
-              fmt::format("MEGASCALE_STORE_URL={}", url), fmt::format("MEGASCALE_JOB_ID={}", job_id),
-              fmt::format("OMP_NUM_THREADS={}", threads)};
+  plan.env = {fmt::format("MEGASCALE_WORLD={}", world), fmt::format("MEGASCALE_STORE_URL={}", url),
+              fmt::format("MEGASCALE_JOB_ID={}", job_id)};
   if (!password.empty()) plan.env.push_back("MEGASCALE_REDIS_PASSWORD=" + password);
-  plan.rank_env = [](int r) {
-    return std::vector<std::string>{fmt::format("MEGASCALE_RANK={}", r), fmt::format("MEGASCALE_LOCAL_RANK={}", r)};
-  };
-  LogInfo("launching {} local ranks ({} threads each), job id {}", world, threads, job_id);
-  MS_ASSIGN_OR_RETURN(auto attempt, LaunchLocal(plan));
+  // Start-up milestones, for the "startup" row of metrics.jsonl.
+  plan.env.push_back(fmt::format("MEGASCALE_STARTUP=driver_start={:.6f},store_ready={:.6f},launch={:.6f}", driver_start,
+                                 store_ready, WallSeconds()));
+  std::unique_ptr<Attempt> attempt;
+  if (alloc) {
+    MS_ASSIGN_OR_RETURN(SlurmFit fit, FitSlurmAllocation(spec, *alloc));
+    SlurmStep step;
+    step.job_id = alloc->job_id;
+    step.nodes = fit.nodes;
+    step.tasks_per_node = fit.tasks_per_node;
+    step.name = "megascale-" + job_id;
+    LogInfo("launching {} ranks as a Slurm job step of job {}: {} node{} x {} tasks, job id {}", world, alloc->job_id,
+            fit.nodes, fit.nodes == 1 ? "" : "s", fit.tasks_per_node, job_id);
+    MS_ASSIGN_OR_RETURN(attempt, LaunchSlurmStep(plan, step));
+  } else {
+    plan.env.push_back(fmt::format("MEGASCALE_LOCAL_WORLD={}", world));
+    plan.env.push_back(fmt::format("OMP_NUM_THREADS={}", threads));
+    plan.rank_env = [](int r) {
+      return std::vector<std::string>{fmt::format("MEGASCALE_RANK={}", r), fmt::format("MEGASCALE_LOCAL_RANK={}", r)};
+    };
+    LogInfo("launching {} local ranks ({} threads each), job id {}", world, threads, job_id);
+    MS_ASSIGN_OR_RETURN(attempt, LaunchLocal(plan));
+  }
   SuperviseOptions so;
   so.run_dir = run_dir;
   so.grace_s = StopGraceSeconds(spec);
@@ -265,6 +290,7 @@ double StopGraceSeconds(const config::JobSpec& spec) {
 
 Result<JobEnd> RunJob(const config::JobSpec& spec, const TrainOptions& options_in) {
   InstallStopSignals();
+  const double driver_start = WallSeconds();
   MS_RETURN_IF_ERROR(PreflightCheck(spec, /*files=*/true));
   const std::string holder =
       fmt::format("pid {} on host {}, job \"{}\", started {}", getpid(), HostName(), spec.name, WallClockIso8601());
@@ -287,13 +313,12 @@ Result<JobEnd> RunJob(const config::JobSpec& spec, const TrainOptions& options_i
   ReturnSignals(early);  // a SIGUSR1: honoured by the ranks after their first step
   if (config::WorldSize(spec.parallel) == 1) {
     auto rt = SingleRankRuntime();
+    rt->startup.emplace_back("driver_start", driver_start);
     MS_ASSIGN_OR_RETURN(TrainSummary summary, Train(spec, options, *rt));
     return summary.end;
   }
-  if (GetEnv("SLURM_JOB_ID")) {
-    LogWarn("inside a Slurm allocation: launching ranks locally (srun launch is not built yet)");
-  }
-  return RunRanks(spec, options);
+  MS_ASSIGN_OR_RETURN(auto alloc, cluster::ReadSlurmAllocation());
+  return RunRanks(spec, options, alloc, driver_start);
 }
 
 }  // namespace ms::runner

@@ -3,7 +3,9 @@
 
 #include <string>
 
+#include "cluster/cluster.h"
 #include "config/config.h"
+#include "core/core.h"
 
 namespace ms::runner {
 
@@ -17,5 +19,20 @@ double ApproxParams(const config::ModelSpec& m);
 // runtime.stop_grace_s, or (0) 60 s plus 1 s per 100 MB of checkpoint (parameters and both Adam
 // moments in fp32), so that a large model's save is not cut short by a fixed timeout.
 double StopGraceSeconds(const config::JobSpec& spec);
+
+// How a job's ranks go on a Slurm allocation: `nodes` nodes with `tasks_per_node` ranks each.
+struct SlurmFit {
+  int nodes = 0;
+  int tasks_per_node = 0;
+};
+// Checks that the job fits the allocation, before anything launches: as many tasks as ranks, the
+// same number on every node, tensor-parallel groups inside a node (tasks per node a multiple of
+// tp), no more ranks per node than GPUs on the CUDA backend. FailedPrecondition naming both sides
+// and a fix (--ntasks-per-node, --nodes, parallel.dp).
+Result<SlurmFit> FitSlurmAllocation(const config::JobSpec& spec, const cluster::SlurmAllocation& alloc);
+// The address the embedded redis-server listens on: runtime.address, else runtime.interface's
+// address, else (inside an allocation) this host's address toward the allocation's other nodes,
+// else 127.0.0.1.
+Result<std::string> ChooseStoreAddress(const config::JobSpec& spec, const cluster::SlurmAllocation* alloc);
 
 }  // namespace ms::runner

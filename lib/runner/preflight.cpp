@@ -3,12 +3,13 @@
 #include "bootstrap/bootstrap.h"
 #include "cuda/cuda.h"
 #include "data/data.h"
+#include "runner/driver.h"
 #include "runner/runner.h"
 
 namespace ms::runner {
 
 Status PreflightCheck(const config::JobSpec& spec, bool files) {
-  [[maybe_unused]] const int64_t world = config::WorldSize(spec.parallel);
+  const int64_t world = config::WorldSize(spec.parallel);
   if (spec.runtime.backend == config::Backend::kCuda) {
     if (cuda::LinkedFlavor() == cuda::Flavor::kNone) {
       return Unavailable(
@@ -39,6 +40,18 @@ Status PreflightCheck(const config::JobSpec& spec, bool files) {
     auto ep = bootstrap::ParseRedisUrl(spec.runtime.redis);
     if (!ep.ok()) return ep.status().WithContext(config::KeyLocation(spec, "runtime.redis"));
   }
+  // Inside a Slurm allocation: the driver runs once (in the batch script or the salloc shell) and
+  // the layout must fit the allocation.
+  MS_ASSIGN_OR_RETURN(auto alloc, cluster::ReadSlurmAllocation());
+  if (alloc && !alloc->step_id.empty() && world > 1) {
+    auto ntasks = GetEnv("SLURM_STEP_NUM_TASKS");
+    return FailedPrecondition(
+        "megascale train runs once per job and starts the ranks itself, but this process is a task of Slurm job "
+        "step {}.{}{}: run it directly in the batch script (`exec megascale train job.yaml`) or the salloc shell, "
+        "not under srun",
+        alloc->job_id, alloc->step_id, ntasks ? fmt::format(" ({} tasks)", *ntasks) : std::string());
+  }
+  if (alloc && world > 1) MS_RETURN_IF_ERROR(FitSlurmAllocation(spec, *alloc).status());
   if (!files) return Status::Ok();
   MS_RETURN_IF_ERROR(config::CheckDataFiles(spec));
   auto ds = data::IndexedDataset::Open(spec.data.path);

@@ -39,6 +39,7 @@
 #include <memory>
 #include <string>
 
+#include "cluster/cluster.h"
 #include "comm/comm.h"
 #include "config/config.h"
 #include "core/core.h"
@@ -96,14 +97,16 @@ struct TrainOptions {
 // Where this rank sits and how it talks to the others.
 struct Runtime {
   int rank = 0, world = 1;
-  int local_rank = 0;   // position among the ranks of this host (from the launcher): picks the GPU
-  int local_world = 1;  // ranks on this host
+  cluster::Host host;  // where this rank runs: its node, the ranks there, its local rank (which picks the GPU)
   int tp_rank = 0, pp_rank = 0, dp_rank = 0;
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, world_comm;  // embedding: null if none
   std::shared_ptr<void> keepalive;                       // owns what the communicators use (process groups, store)
   std::shared_ptr<checkpoint::Coordinator> coordinator;  // checkpoint durability across ranks (null: one rank)
   std::shared_ptr<bootstrap::Store> store;               // the job's store, for waits on one rank (null: one rank)
   double collective_timeout_s = 60;                      // runtime.collective_timeout_s
+  // Start-up milestones (name, WallSeconds()): the driver's (from MEGASCALE_STARTUP) and this rank's;
+  // rank 0 writes them with the first step's as one "startup" row of metrics.jsonl.
+  std::vector<std::pair<std::string, double>> startup;
   // Replaces tp, pp, dp and embedding by NCCL communicators on device memory, ordered after `compute_stream`
   // (the CUDA backend's cudaStream_t); world_comm stays on the host. Set by the worker entry in builds with
   // NCCL (MS_HAVE_NCCL); null otherwise. Used by multi-rank jobs on the CUDA backend with real GPUs.
@@ -120,6 +123,11 @@ int DeviceOrdinal(const Runtime& rt);
 // against model.vocab, runtime.redis; with `files`: the data files (and their largest token id
 // against model.vocab) and runtime.redis_password_file. `megascale validate` and RunJob call it.
 Status PreflightCheck(const config::JobSpec& spec, bool files);
+
+// What a launcher decides about the spec before it is validated: parallel.dp: auto becomes the
+// Slurm allocation's tasks / (tp * pp) (outside an allocation it stays auto, which
+// config::ResolveAndValidate then refuses with the reason). Call between --set and validation.
+Status ResolveForLauncher(config::JobSpec* spec);
 
 // spec must have passed config::ResolveAndValidate. Runs PreflightCheck itself.
 Result<JobEnd> RunJob(const config::JobSpec& spec, const TrainOptions& options = {});

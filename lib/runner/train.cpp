@@ -275,11 +275,14 @@ Status DumpParams(const model::Gpt& gpt, const std::string& dir, int rank) {
 }
 
 int DeviceOrdinal(const Runtime& rt) {
-  return rt.local_rank >= 0 ? rt.local_rank : 0;
+  return rt.host.local_rank >= 0 ? rt.host.local_rank : 0;
 }
 
 std::unique_ptr<Runtime> SingleRankRuntime() {
   auto rt = std::make_unique<Runtime>();
+  rt->host.name = HostName();
+  rt->host.ranks = {0};
+  rt->host.cpus_per_rank = cluster::CpusPerRank(1);
   rt->tp = comm::MakeSelfCommunicator();
   rt->pp = comm::MakeSelfCommunicator();
   rt->dp = comm::MakeSelfCommunicator();
@@ -294,7 +297,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   const int micro = spec.train.micro_batch;
   const int n_micro = par.micro_batches;
   const bool rank0 = rt.rank == 0;
-  const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, NumCores() / rt.local_world);
+  const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, rt.host.cpus_per_rank);
   omp_set_num_threads(threads);
 
   // Data first: a bad dataset fails before any output is written.
@@ -327,6 +330,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   struct CloseLog {
     ~CloseLog() { SetLogFile("").IgnoreError(); }
   } close_log;
+  LogFileOnly(
+      fmt::format("rank {} of {} on host {} (node {} of {}, local rank {} of {}), pid {}, {} threads, megascale {}",
+                  rt.rank, rt.world, rt.host.name, rt.host.index, rt.host.num_hosts, rt.host.local_rank,
+                  rt.host.local_world, getpid(), threads, Version()));
 
   metrics::Trace trace(rt.rank);
   trace.set_enabled(spec.log.trace);
@@ -466,6 +473,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   }
 
   InjectDelay("train_start", rt.rank);  // test hook: a long start-up
+  const double model_ready = WallSeconds();
 
   // Appends: a resumed run continues the metrics of the run it continues, and a fresh run's driver
   // has kept any earlier metrics.jsonl under another name (history is never truncated).
@@ -637,6 +645,19 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         LogFileOnly(fmt::format("step {} loss {:.4f} lr {:.3g} grad_norm {:.3f} {:.0f} tok/s", step, loss, lr, *norm_or,
                                 tokens / dt));
       }
+    }
+    if (step == start_step && rank0) {
+      // How long start-up took: the driver's and rank 0's milestones (wall clock), then the first step.
+      // Seconds since the driver started (the first milestone), which is given in Unix milliseconds.
+      metrics::JsonObject row;
+      row.Add("phase", "startup").Add("step", step);
+      auto marks = rt.startup;
+      marks.emplace_back("model_ready", model_ready);
+      marks.emplace_back("first_step_done", WallSeconds());
+      const double origin = marks.front().second;
+      row.Add("origin_unix_ms", static_cast<int64_t>(origin * 1000));
+      for (const auto& [name, t] : marks) row.Add(name + "_s", t - origin);
+      MS_RETURN_IF_ERROR(jsonl->Write(row));
     }
     const bool last = step == spec.train.steps;
     if ((spec.train.eval_interval > 0 && step % spec.train.eval_interval == 0) || last) {

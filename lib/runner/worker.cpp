@@ -1,6 +1,7 @@
 // RunWorker: one rank of a multi-rank job, started by the driver (attempt.h): store, rendezvous,
 // process groups, then Train().
 #include <algorithm>
+#include <cstdlib>
 
 #include "bootstrap/bootstrap.h"
 #if defined(MS_HAVE_NCCL)
@@ -11,20 +12,46 @@
 
 namespace ms::runner {
 
+// The driver's milestones, "name=seconds,..." in MEGASCALE_STARTUP.
+std::vector<std::pair<std::string, double>> DriverMilestones() {
+  std::vector<std::pair<std::string, double>> out;
+  const std::string text = GetEnv("MEGASCALE_STARTUP").value_or("");
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) out.emplace_back(item.substr(0, eq), std::strtod(item.c_str() + eq + 1, nullptr));
+    start = end + 1;
+  }
+  return out;
+}
+
 Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& options) {
   InstallStopSignals();  // before anything slow: a signal during start-up is honoured after it
+  const double worker_start = WallSeconds();
   MS_ASSIGN_OR_RETURN(config::JobSpec spec, config::LoadJobSpec(job_spec_path));
   MS_RETURN_IF_ERROR(config::ResolveAndValidate(&spec));
   const int world = static_cast<int>(config::WorldSize(spec.parallel));
   MS_ASSIGN_OR_RETURN(bootstrap::RankInfo me, bootstrap::RankInfoFromEnv(-1));
-  if (me.rank < 0 || me.rank >= world) {
-    return InvalidArgument("worker rank {} (MEGASCALE_RANK) outside the job's world of {}", me.rank, world);
-  }
-  SetLogRank(me.rank);
   auto url = GetEnv("MEGASCALE_STORE_URL");
   auto job_id = GetEnv("MEGASCALE_JOB_ID");
   if (!url || !job_id)
     return InvalidArgument("worker needs MEGASCALE_STORE_URL and MEGASCALE_JOB_ID (set by the driver)");
+  // The address this rank's communicators listen on: this host's address on runtime.interface, or
+  // on the interface that routes to the store (the driver's host); loopback for a one-host job.
+  if (!GetEnv("MEGASCALE_LISTEN_ADDRESS")) {
+    MS_ASSIGN_OR_RETURN(bootstrap::RedisEndpoint store_ep, bootstrap::ParseRedisUrl(*url));
+    auto address = spec.runtime.interface.empty() ? cluster::LocalAddressToward(store_ep.host)
+                                                  : cluster::InterfaceAddress(spec.runtime.interface);
+    if (!address.ok()) return address.status().WithContext("choosing the address of this rank's communicators");
+    me.address = *address;
+  }
+  if (me.rank < 0 || me.rank >= world) {
+    return InvalidArgument("worker rank {} (MEGASCALE_RANK) outside the job's world of {}", me.rank, world);
+  }
+  SetLogRank(me.rank);
   bootstrap::StoreOptions so;
   so.url = *url;  // the password comes from MEGASCALE_REDIS_PASSWORD
   so.job_id = *job_id;
@@ -36,6 +63,7 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
   po.timeout = timeout;
   po.listen_address = me.address;
   MS_ASSIGN_OR_RETURN(auto groups, bootstrap::CreateProcessGroups(*store, topo, po));
+  const double bootstrap_done = WallSeconds();
   MS_ASSIGN_OR_RETURN(std::unique_ptr<bootstrap::Store> coordination_store, store->Clone());
   auto holder = std::make_shared<std::pair<bootstrap::ProcessGroups, std::unique_ptr<bootstrap::Store>>>(
       std::move(groups), std::move(store));
@@ -44,12 +72,20 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
   Runtime rt;
   rt.rank = me.rank;
   rt.world = world;
-  rt.local_rank = topo.local_rank;
-  rt.local_world = topo.local_world;
+  rt.host.index = topo.host_index;
+  rt.host.name = me.hostname;
+  rt.host.num_hosts = topo.num_hosts;
+  rt.host.local_rank = topo.local_rank;
+  rt.host.local_world = topo.local_world;
+  rt.host.ranks = topo.host_ranks;
+  rt.host.cpus_per_rank = cluster::CpusPerRank(topo.local_world);
   rt.tp_rank = coords.tp;
   rt.pp_rank = coords.pp;
   rt.dp_rank = coords.dp;
   rt.collective_timeout_s = spec.runtime.collective_timeout_s;
+  rt.startup = DriverMilestones();
+  rt.startup.emplace_back("worker_start", worker_start);
+  rt.startup.emplace_back("bootstrap_done", bootstrap_done);
   auto make = [&](const std::shared_ptr<gloo::Context>& ctx, std::string name) {
     comm::GlooOptions go;
     go.name = std::move(name);

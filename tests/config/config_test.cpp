@@ -799,3 +799,27 @@ TEST_CASE("docs/job-spec.md documents every key") {
 
 }  // namespace
 }  // namespace ms::config
+
+namespace ms::config {
+
+TEST_CASE("parallel.dp: auto is resolved from the tasks a launcher offers") {
+  auto spec = ParseJobSpec("parallel: {tp: 2, pp: 2, dp: auto}\ndata: {path: /x}\n", "auto.yaml");
+  REQUIRE(spec.ok());
+  CHECK(spec->parallel.dp == 0);
+  CHECK(ToYaml(*spec).find("dp: auto") != std::string::npos);
+  JobSpec outside = *spec;
+  Status s = ResolveAndValidate(&outside);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.message().find("auto.yaml:1:26: parallel.dp: auto takes dp from the Slurm allocation") == 0);
+  JobSpec bad = *spec;
+  Status odd = ResolveAutoDataParallel(&bad, 6, "the Slurm allocation (6 tasks)");
+  REQUIRE_FALSE(odd.ok());
+  CHECK(odd.message().find("offers 6 ranks, which tp * pp = 2 * 2 = 4 does not divide") != std::string::npos);
+  REQUIRE(ResolveAutoDataParallel(&*spec, 8, "the Slurm allocation").ok());
+  CHECK(spec->parallel.dp == 2);
+  CHECK(ResolveAndValidate(&*spec).ok());
+  REQUIRE(ApplyOverride(&*spec, "parallel.dp=AUTO").ok());
+  CHECK(spec->parallel.dp == 0);
+}
+
+}  // namespace ms::config

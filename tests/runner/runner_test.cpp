@@ -45,11 +45,11 @@ TEST_CASE("a rank drives the GPU of its local rank, whatever the placement") {
   Runtime rt;
   rt.rank = 2;
   rt.world = 4;
-  rt.local_rank = 1;
-  rt.local_world = 2;
+  rt.host.local_rank = 1;
+  rt.host.local_world = 2;
   CHECK(DeviceOrdinal(rt) == 1);
   rt.rank = 0;
-  rt.local_rank = 0;
+  rt.host.local_rank = 0;
   CHECK(DeviceOrdinal(rt) == 0);
 }
 
@@ -178,6 +178,77 @@ TEST_CASE("the stop grace scales with the checkpoint, and the job id survives an
   CHECK(id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == std::string::npos);
   CHECK(JobId("x") != JobId("x"));
   CHECK(JobId("").rfind("job-", 0) == 0);
+}
+
+}  // namespace ms::runner
+
+namespace ms::runner {
+
+TEST_CASE("a layout that does not fit the Slurm allocation is refused before launch, naming both sides") {
+  config::JobSpec spec;
+  spec.parallel.tp = 2;
+  spec.parallel.pp = 2;
+  spec.parallel.dp = 2;
+  cluster::SlurmAllocation a;
+  a.job_id = "55";
+  a.nodes = {"node0", "node1"};
+  a.tasks_per_node = {4, 4};
+  a.tasks = 8;
+  auto fit = FitSlurmAllocation(spec, a);
+  REQUIRE(fit.ok());
+  CHECK(fit->nodes == 2);
+  CHECK(fit->tasks_per_node == 4);
+  // Fewer tasks than ranks: both sides and the fixes named.
+  a.nodes = {"node0", "node1", "node2"};
+  a.tasks_per_node = {2, 2, 2};
+  a.tasks = 6;
+  auto small = FitSlurmAllocation(spec, a);
+  REQUIRE_FALSE(small.ok());
+  CHECK(small.status().message().find("2*2*2 = 8 ranks") != std::string::npos);
+  CHECK(small.status().message().find("6 tasks on 3 nodes") != std::string::npos);
+  CHECK(small.status().message().find("--nodes=4 --ntasks-per-node=2") != std::string::npos);
+  // A tensor-parallel group across two nodes.
+  spec.parallel.tp = 4;
+  spec.parallel.dp = 1;
+  a.nodes = {"node0", "node1", "node2", "node3"};
+  a.tasks_per_node = {2, 2, 2, 2};
+  a.tasks = 8;
+  auto straddle = FitSlurmAllocation(spec, a);
+  REQUIRE_FALSE(straddle.ok());
+  CHECK(straddle.status().message().find("straddle two nodes") != std::string::npos);
+  CHECK(straddle.status().message().find("--ntasks-per-node=4") != std::string::npos);
+  // Uneven tasks per node.
+  spec.parallel.tp = 2;
+  spec.parallel.dp = 2;
+  a.nodes = {"node0", "node1"};
+  a.tasks_per_node = {6, 2};
+  auto uneven = FitSlurmAllocation(spec, a);
+  REQUIRE_FALSE(uneven.ok());
+  CHECK(uneven.status().message().find("(6,2)") != std::string::npos);
+  // dp offered as the fix when tp * pp divides the tasks.
+  spec.parallel.dp = 3;
+  a.tasks_per_node = {4, 4};
+  auto dp = FitSlurmAllocation(spec, a);
+  REQUIRE_FALSE(dp.ok());
+  CHECK(dp.status().message().find("parallel.dp: 2") != std::string::npos);
+}
+
+TEST_CASE("the store listens where the other nodes can reach it, or where the spec says") {
+  config::JobSpec spec;
+  CHECK(*ChooseStoreAddress(spec, nullptr) == "127.0.0.1");
+  cluster::SlurmAllocation only_me;
+  only_me.nodes = {HostName()};
+  CHECK(*ChooseStoreAddress(spec, &only_me) == "127.0.0.1");
+  cluster::SlurmAllocation local_peer;
+  local_peer.nodes = {"localhost"};
+  CHECK(*ChooseStoreAddress(spec, &local_peer) == "127.0.0.1");
+  spec.runtime.interface = "lo";
+  CHECK(*ChooseStoreAddress(spec, nullptr) == "127.0.0.1");
+  spec.runtime.address = "10.9.8.7";
+  CHECK(*ChooseStoreAddress(spec, nullptr) == "10.9.8.7");
+  spec.runtime.address.clear();
+  spec.runtime.interface = "nope0";
+  CHECK_FALSE(ChooseStoreAddress(spec, nullptr).ok());
 }
 
 }  // namespace ms::runner

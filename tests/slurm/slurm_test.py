@@ -1,0 +1,309 @@
+#!/usr/bin/python3
+"""Multi-host jobs on a real Slurm: four nodes that look like four machines (tests/slurm/testcluster.sh:
+one network namespace, address, hostname and /etc/hosts per node; jobs submitted from a separate login
+namespace), megascale launched inside allocations with sbatch and salloc.
+
+  sbatch_2x4            2.2.2 on 2 nodes x 4 tasks through scripts/slurm/train-cpu.sbatch: exactly the losses
+                        of the same job launched locally; rank logs name their node
+  salloc_4x2            1.2.4 on 4 nodes x 2 tasks: exactly the local losses
+  dp_auto               parallel.dp: auto takes dp from the allocation
+  awkward_names         a job name and run directory with spaces, quotes and $(...)
+  killed_rank           SIGKILL of one rank's process: the job fails within seconds naming rank and node;
+                        no megascale process, redis-server or job step remains
+  scancel               scancel of a job of scripts/slurm/train-cpu.sbatch: a complete checkpoint,
+                        `megascale resume` continues it bit-exactly, nothing left running
+  misfit                layouts that do not fit the allocation fail before anything launches
+
+If Slurm cannot start here the test fails, unless MEGASCALE_SKIP_SLURM=1 asks to skip it (exit 77,
+with the reason printed). Usage: slurm_test.py MEGASCALE_BINARY SOURCE_DIR WORK_DIR
+"""
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+BIN, SRC, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
+CLUSTER = os.path.join(SRC, "tests", "slurm", "testcluster.sh")
+STATE = os.path.join(WORK, "cluster")
+ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
+results = []
+SLURM_ENV = dict(os.environ, SLURM_CONF=os.path.join(STATE, "slurm.conf"))
+
+
+def case(fn):
+    if ONLY and fn.__name__ not in ONLY:
+        return fn
+    t0 = time.time()
+    try:
+        fn()
+        results.append(True)
+        print(f"ok   {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
+    except (AssertionError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as e:
+        results.append(False)
+        print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
+    finally:
+        leftovers = stray()
+        if leftovers:
+            print(f"     (cleaning up after {fn.__name__}: {leftovers})", flush=True)
+            cleanup()
+    return fn
+
+
+def login(*args, timeout=180):
+    """Runs a command on the login host; returns (exit status, stdout + stderr)."""
+    p = subprocess.run(["bash", CLUSTER, "login", STATE, "--", *args], capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def squeue(*args):
+    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, env=SLURM_ENV).stdout.strip()
+
+
+def stray():
+    """What of a job is still around: steps, workers, drivers, redis-servers of this test."""
+    found = []
+    if squeue("--steps"):
+        found.append("job steps: " + squeue("--steps", "-o", "%i").replace("\n", " "))
+    for pattern in ("megascale worker", "megascale train", "megascale resume"):
+        pids = subprocess.run(["pgrep", "-f", f"{BIN} {pattern.split()[1]}"], capture_output=True,
+                              text=True).stdout.split()
+        if pids:
+            found.append(f"{pattern}: {pids}")
+    redis = []  # redis-server rewrites its command line: recognize ours by its directory
+    for p in subprocess.run(["pgrep", "redis-server"], capture_output=True, text=True).stdout.split():
+        try:
+            if os.readlink(f"/proc/{p}/cwd").startswith(WORK):
+                redis.append(p)
+        except OSError:
+            pass
+    if redis:
+        found.append(f"redis-server: {redis}")
+    return found
+
+
+def cleanup():
+    ids = squeue("-o", "%i").split()
+    if ids:
+        subprocess.run(["scancel", *ids], env=SLURM_ENV)
+    subprocess.run(["pkill", "-9", "-f", f"{BIN} "])
+    time.sleep(1)
+
+
+def spec(name, run_dir, extra="", steps=6, layout="tp: 2, pp: 2, dp: 2"):
+    path = os.path.join(WORK, f"{name}.yaml")
+    with open(path, "w") as f:
+        f.write(f"""name: {json.dumps(name)}
+model: {{layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, seq_len: 16, vocab: 256}}
+train: {{steps: {steps}, global_batch: 8, micro_batch: 1, seed: 5}}
+optimizer: {{lr: 2.0e-3, warmup_steps: 1, schedule: constant}}
+data: {{path: {DATA}, valid_fraction: 0.01}}
+log: {{interval: 1, peak_flops: 1.0e10, run_dir: {json.dumps(run_dir)}}}
+runtime: {{threads: 1}}
+parallel: {{{layout}}}
+{extra}""")
+    return path
+
+
+def losses(run_dir):
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return {r["step"]: r["loss"] for r in rows if r["phase"] == "train"}
+
+
+def local_losses(spec_path, *sets):
+    run_dir = os.path.join(WORK, "local-" + os.path.basename(spec_path)[:-5])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    args = [BIN, "train", spec_path, "--no-progress", "--set", f"log.run_dir={run_dir}"]
+    for s in sets:
+        args += ["--set", s]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, f"local run: {r.stderr[-1000:]}"
+    return losses(run_dir)
+
+
+def sbatch(script_text, name):
+    script = os.path.join(WORK, f"{name}.sbatch")
+    open(script, "w").write(script_text)
+    rc, out = login("sbatch", "--parsable", script)
+    assert rc == 0, f"sbatch: {out}"
+    return out.strip().split(";")[0]
+
+
+def example_sbatch(spec_path, name):
+    """Submits scripts/slurm/train-cpu.sbatch (the documented example) as 2 nodes x 4 tasks."""
+    rc, out = login("sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=1",
+                    f"--output={WORK}/{name}.out", f"--export=ALL,MEGASCALE={BIN}",
+                    os.path.join(SRC, "scripts", "slurm", "train-cpu.sbatch"), spec_path)
+    assert rc == 0, f"sbatch: {out}"
+    return out.strip().split(";")[0]
+
+
+def wait_job(job, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if job not in squeue("-o", "%i").split():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} still in the queue after {timeout} s")
+
+
+def workers():
+    """{pid: (rank, node)} of the running megascale workers (every node's processes are visible here)."""
+    out = {}
+    for pid in subprocess.run(["pgrep", "-f", f"{BIN} worker"], capture_output=True, text=True).stdout.split():
+        try:
+            env = dict(e.split("=", 1) for e in open(f"/proc/{pid}/environ").read().split("\0") if "=" in e)
+        except OSError:
+            continue
+        if "SLURM_PROCID" in env:
+            out[int(pid)] = (int(env["SLURM_PROCID"]), env.get("SLURMD_NODENAME", "?"))
+    return out
+
+
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+subprocess.run(["bash", CLUSTER, "down", STATE], capture_output=True)
+up = subprocess.run(["bash", CLUSTER, "up", STATE, "--nodes", "4", "--cpus", "8"], capture_output=True, text=True)
+if up.returncode != 0:
+    reason = (up.stdout + up.stderr).strip()[-2000:]
+    subprocess.run(["bash", CLUSTER, "down", STATE], capture_output=True)
+    if os.environ.get("MEGASCALE_SKIP_SLURM") == "1":
+        print(f"SKIPPED: the test Slurm cluster could not start here (MEGASCALE_SKIP_SLURM=1): {reason}")
+        sys.exit(77)
+    print(f"FAIL: the test Slurm cluster could not start: {reason}\n(set MEGASCALE_SKIP_SLURM=1 to skip, loudly)")
+    sys.exit(1)
+print(up.stdout.strip(), flush=True)
+corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
+                if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:3]
+DATA = os.path.join(WORK, "data")
+subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA, *corpus], check=True,
+               capture_output=True)
+
+try:
+    @case
+    def sbatch_2x4():
+        run_dir = os.path.join(WORK, "sbatch-2x4")
+        s = spec("sbatch 2x4", run_dir)
+        job = example_sbatch(s, "sbatch-2x4")
+        wait_job(job)
+        out = open(os.path.join(WORK, "sbatch-2x4.out")).read()
+        got = losses(run_dir)
+        assert len(got) == 6, f"{len(got)} steps; output: {out[-1500:]}"
+        assert got == local_losses(s), f"Slurm {got} vs local {local_losses(s)}"
+        hosts = {re.search(r"on host (\S+) \(node (\d+)", open(f).read()).groups()
+                 for f in glob.glob(os.path.join(run_dir, "logs", "rank-*.log"))}
+        assert hosts == {("node0", "0"), ("node1", "1")}, f"rank log headers name {hosts}"
+        assert "launching 8 ranks as a Slurm job step" in out and "127.0.0.1" not in out, out[-1500:]
+
+    @case
+    def salloc_4x2():
+        run_dir = os.path.join(WORK, "salloc-4x2")
+        s = spec("salloc 4x2", run_dir, layout="tp: 1, pp: 2, dp: 4")
+        rc, out = login("salloc", "--nodes=4", "--ntasks-per-node=2", BIN, "train", s, "--no-progress")
+        assert rc == 0, out[-1500:]
+        got = losses(run_dir)
+        assert got == local_losses(s), f"Slurm {got} vs local {local_losses(s)}"
+        nodes = {re.search(r"on host (\S+)", open(f).read()).group(1)
+                 for f in glob.glob(os.path.join(run_dir, "logs", "rank-*.log"))}
+        assert nodes == {"node0", "node1", "node2", "node3"}, nodes
+
+    @case
+    def dp_auto():
+        run_dir = os.path.join(WORK, "dp-auto")
+        s = spec("dp auto", run_dir, layout="tp: 2, pp: 1, dp: auto")
+        rc, out = login("salloc", "--nodes=2", "--ntasks-per-node=4", BIN, "train", s, "--no-progress")
+        assert rc == 0 and "launching 8 ranks" in out, out[-1500:]
+        assert "dp: 4" in open(os.path.join(run_dir, "job.yaml")).read()
+
+    @case
+    def awkward_names():
+        run_dir = os.path.join(WORK, "run dir 'single' \"double\" $(touch pwned) `x`")
+        s = spec("it's a \"job\" $(touch pwned)", run_dir, layout="tp: 1, pp: 2, dp: 2", steps=3)
+        rc, out = login("salloc", "--nodes=2", "--ntasks-per-node=2", BIN, "train", s, "--no-progress")
+        assert rc == 0, out[-1500:]
+        assert len(losses(run_dir)) == 3
+        assert not glob.glob(os.path.join(WORK, "**", "pwned"), recursive=True) and not os.path.exists("pwned")
+
+    @case
+    def killed_rank():
+        run_dir = os.path.join(WORK, "killed")
+        s = spec("killed", run_dir, steps=100000)
+        job = sbatch(f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=4 --output={WORK}/killed.out
+exec {BIN} train {shlex.quote(s)} --no-progress
+""", "killed")
+        deadline = time.time() + 60
+        while time.time() < deadline and not (os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and
+                                              len(losses(run_dir)) >= 2):
+            time.sleep(0.1)
+        victims = {pid: rn for pid, rn in workers().items() if rn[1] == "node1"}
+        assert victims, f"no worker on node1: {workers()}"
+        pid, (rank, node) = sorted(victims.items())[0]
+        t0 = time.time()
+        os.kill(pid, signal.SIGKILL)
+        wait_job(job, timeout=60)
+        took = time.time() - t0
+        out = open(os.path.join(WORK, "killed.out")).read()
+        last = [l for l in out.splitlines() if l.startswith("error: ")][-1:]
+        assert last and f"rank {rank} on {node} failed (signal 9" in last[0], f"last error: {last}; {out[-1500:]}"
+        assert took < 20, f"the job took {took:.1f} s to end"
+        assert not stray(), stray()
+
+    @case
+    def scancel():
+        run_dir = os.path.join(WORK, "scancel")
+        s = spec("scancel", run_dir, steps=100000)
+        job = example_sbatch(s, "scancel")
+        deadline = time.time() + 60
+        while time.time() < deadline and not (os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and
+                                              len(losses(run_dir)) >= 3):
+            time.sleep(0.1)
+        subprocess.run(["scancel", job], env=SLURM_ENV, check=True)
+        wait_job(job, timeout=60)
+        out = open(os.path.join(WORK, "scancel.out")).read()
+        manifests = glob.glob(os.path.join(run_dir, "checkpoints", "step-*", "manifest.json"))
+        assert len(manifests) == 1, f"checkpoints: {manifests}; {out[-1500:]}"
+        step = int(os.path.basename(os.path.dirname(manifests[0]))[5:])
+        assert not stray(), stray()
+        # Resume on the cluster, then compare with one uninterrupted local run (constant learning rate: the
+        # schedule does not depend on train.steps).
+        rc, out = login("salloc", "--nodes=2", "--ntasks-per-node=4", BIN, "resume", s, "--no-progress", "--set",
+                        f"train.steps={step + 3}")
+        assert rc == 0, out[-1500:]
+        got = losses(run_dir)
+        ref = local_losses(s, f"train.steps={step + 3}")
+        assert all(got[k] == ref[k] for k in range(1, step + 4)), \
+            f"steps {step + 1}..{step + 3}: resumed {[got[k] for k in range(step + 1, step + 4)]} vs " \
+            f"{[ref[k] for k in range(step + 1, step + 4)]}"
+        assert not stray(), stray()
+
+    @case
+    def misfit():
+        s = spec("misfit", os.path.join(WORK, "misfit"))
+        rc, out = login("salloc", "--nodes=2", "--ntasks-per-node=2", BIN, "train", s, "--no-progress")
+        assert rc != 0 and "2*2*2 = 8 ranks" in out and "4 tasks on 2 nodes" in out and "--nodes=4" in out, out
+        rc, out = login("salloc", "--nodes=4", "--ntasks-per-node=2", BIN, "train", s, "--no-progress", "--set",
+                        "parallel.tp=4", "--set", "parallel.dp=1")
+        assert rc != 0 and "straddle two nodes" in out and "--ntasks-per-node=4" in out, out
+        assert not os.path.exists(os.path.join(WORK, "misfit")), "something was launched"
+finally:
+    down = subprocess.run(["bash", CLUSTER, "down", STATE], capture_output=True, text=True)
+    if down.returncode != 0:
+        print(f"FAIL: tearing the cluster down: {down.stderr}")
+        results.append(False)
+    left = subprocess.run(["pgrep", "-af", "slurmctld|slurmd|munged"], capture_output=True, text=True).stdout
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    if STATE in left or re.search(r"ms[0-9a-f]{4}-", netns or ""):
+        print(f"FAIL: left behind after down: {left} {netns}")
+        results.append(False)
+
+failed = results.count(False)
+print(f"{len(results) - failed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
