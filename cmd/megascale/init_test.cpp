@@ -66,7 +66,9 @@ CLI::App* AddInitTestCommand(CLI::App& parent, RunFn* run) {
     opt.timeout = timeout;
     opt.baseline = !a->no_baseline;
     opt.progress = !a->quiet;
-    opt.worker_command = {"/proc/self/exe", "init-test"};
+    auto self = SelfExecutable();  // a path every node can run (an srun task's /proc/self/exe is slurmstepd)
+    if (!self.ok()) return ReportError(self.status());
+    opt.worker_command = {*self, "init-test"};
     auto report = bootstrap::RunInitTest(opt);
     if (!report.ok()) return ReportError(report.status());
     std::fputs(bootstrap::FormatTable(*report).c_str(), stdout);

@@ -170,6 +170,13 @@ int NumCores() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+Result<std::string> SelfExecutable() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n < 0) return ErrnoError("readlink /proc/self/exe", errno);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
 Result<std::string> FindExecutable(const std::string& name) {
   if (name.find('/') != std::string::npos) {
     if (access(name.c_str(), X_OK) == 0) return name;

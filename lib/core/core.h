@@ -177,6 +177,9 @@ std::optional<std::string> GetEnv(const char* name);
 int NumCores();
 // Hostname of this machine.
 std::string HostName();
+// The absolute path of this program (/proc/self/exe resolved), for re-executing it elsewhere (a
+// Slurm task resolving /proc/self/exe would find slurmstepd).
+Result<std::string> SelfExecutable();
 // The path of an executable: `name` itself when it holds a '/', else the first executable match in
 // PATH (then /usr/sbin and /sbin). NotFound naming it and the PATH searched.
 Result<std::string> FindExecutable(const std::string& name);

@@ -204,10 +204,7 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
   const double store_ready = WallSeconds();
   const std::string job_id = JobId(spec.name);
   const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, NumCores() / world);
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n < 0) return ErrnoError("readlink /proc/self/exe", errno);
-  exe[n] = 0;
+  MS_ASSIGN_OR_RETURN(const std::string exe, SelfExecutable());
 
   LaunchPlan plan;
   plan.exe = exe;
