@@ -163,7 +163,11 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
     if (RankFailed(e.status) && !e.collateral) return failure(e);
   }
   for (const RankExit& e : exits) {
-    if (RankFailed(e.status)) return failure(e);  // only collateral ends: the attempt was stopped
+    if (!RankFailed(e.status)) continue;
+    // Only collateral ends: the attempt was stopped from outside (a cancelled job step) or by us.
+    const std::string launcher = attempt.LauncherError();
+    if (!launcher.empty()) return Aborted("{}: its ranks were killed ({})", launcher, DescribeExit(e.status));
+    return failure(e);
     saved += RankCode(e.status) == kExitSaved;
     interrupted += RankCode(e.status) == kExitInterrupted;
   }

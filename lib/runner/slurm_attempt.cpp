@@ -305,6 +305,17 @@ class SlurmAttempt final : public Attempt {
 
   void Parse(std::string_view line) {
     static constexpr std::string_view kError = "srun: error: ";
+    // "slurmstepd-node0: error: *** STEP 12.0 ON node0 CANCELLED AT ..." (also "*** JOB 12 ..."): the
+    // step was cancelled from outside; what its ranks report after this is its consequence.
+    if (line.find(" CANCELLED AT ") != std::string_view::npos && line.find("*** ") != std::string_view::npos) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      if (launcher_error_.empty()) {
+        const size_t star = line.find("*** ");
+        launcher_error_ = fmt::format("the job step was cancelled from outside ({})", line.substr(star));
+      }
+      return;
+    }
     if (!line.starts_with(kError)) return;
     std::string_view rest = line.substr(kError.size());
     const size_t c1 = rest.find(": task");
@@ -323,7 +334,7 @@ class SlurmAttempt final : public Attempt {
     for (int t : tasks) {
       if (t < 0 || t >= world_ || seen_.count(t)) continue;
       seen_.insert(t);
-      parsed_.push_back({t, node, status, killed_.load()});
+      parsed_.push_back({t, node, status, killed_.load() || cancelled_});
     }
   }
 
@@ -340,6 +351,7 @@ class SlurmAttempt final : public Attempt {
   std::vector<RankExit> parsed_;  // not yet returned by Poll()
   std::set<int> seen_;
   std::string launcher_error_;
+  bool cancelled_ = false;  // a "*** STEP ... CANCELLED AT" line was seen
 };
 
 }  // namespace

@@ -12,6 +12,9 @@ namespace), megascale launched inside allocations with sbatch and salloc.
                         no megascale process, redis-server or job step remains
   scancel               scancel of a job of scripts/slurm/train-cpu.sbatch: a complete checkpoint,
                         `megascale resume` continues it bit-exactly, nothing left running
+  usr1_warning_then_step_cancel  the time-limit warning (B:USR1) saves and training goes on;
+                        `scancel --signal=TERM <step>` saves and ends the job with 75; a plain step scancel
+                        (Slurm's SIGKILL) is reported as such
   misfit                layouts that do not fit the allocation fail before anything launches
 
 If Slurm cannot start here the test fails, unless MEGASCALE_SKIP_SLURM=1 asks to skip it (exit 77,
@@ -282,6 +285,49 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         assert all(got[k] == ref[k] for k in range(1, step + 4)), \
             f"steps {step + 1}..{step + 3}: resumed {[got[k] for k in range(step + 1, step + 4)]} vs " \
             f"{[ref[k] for k in range(step + 1, step + 4)]}"
+        assert not stray(), stray()
+
+    @case
+    def usr1_warning_then_step_cancel():
+        # The time-limit warning reaches the batch shell only (--signal=B:USR1@N; here sent by hand the
+        # same way): the example script passes it on and every rank saves, training goes on. Then
+        # `scancel <job>.<step>`: the ranks save and exit 75, and so does the job.
+        run_dir = os.path.join(WORK, "usr1")
+        s = spec("usr1", run_dir, steps=100000)
+        job = example_sbatch(s, "usr1")
+        deadline = time.time() + 60
+        while time.time() < deadline and not (os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and
+                                              len(losses(run_dir)) >= 3):
+            time.sleep(0.1)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=SLURM_ENV, check=True)
+        ckpt = os.path.join(run_dir, "checkpoints", "step-*", "manifest.json")
+        deadline = time.time() + 30
+        while time.time() < deadline and not glob.glob(ckpt):
+            time.sleep(0.1)
+        assert len(glob.glob(ckpt)) == 1, "no checkpoint after the warning"
+        assert job in squeue("-o", "%i").split(), "the job did not go on after the warning"
+        step = [i for i in squeue("--steps", "-o", "%i").split() if i.startswith(job + ".") and "batch" not in i]
+        assert len(step) == 1, f"steps: {squeue('--steps', '-o', '%i')}"
+        subprocess.run(["scancel", "--signal=TERM", step[0]], env=SLURM_ENV, check=True)
+        wait_job(job, timeout=60)
+        out = open(os.path.join(WORK, "usr1.out")).read()
+        assert len(glob.glob(ckpt)) == 2, f"checkpoints {glob.glob(ckpt)}; {out[-1500:]}"
+        assert "SIGTERM: stopped after step" in out and not re.search(r"^error: ", out, re.M), out[-1500:]
+        assert not stray(), stray()
+        # A plain `scancel <job>.<step>` is Slurm's SIGKILL of the step's tasks: nothing can be saved,
+        # and the job says so (not "rank N failed").
+        s = spec("killed step", os.path.join(WORK, "killed-step"), steps=100000)
+        job = example_sbatch(s, "killed-step")
+        deadline = time.time() + 60
+        while time.time() < deadline and len(squeue("--steps", "-o", "%i").split()) < 2:
+            time.sleep(0.1)
+        time.sleep(1)
+        step = [i for i in squeue("--steps", "-o", "%i").split() if i.startswith(job + ".") and "batch" not in i]
+        subprocess.run(["scancel", step[0]], env=SLURM_ENV, check=True)
+        wait_job(job, timeout=60)
+        out = open(os.path.join(WORK, "killed-step.out")).read()
+        last = [l for l in out.splitlines() if l.startswith("error: ")][-1:]
+        assert last and "the job step was cancelled from outside" in last[0], f"{last}; {out[-1000:]}"
         assert not stray(), stray()
 
     @case
