@@ -16,8 +16,8 @@ repeat=${REPEAT:-3}
 cmake --build "$build" --target megascale >/dev/null
 bin=$(realpath "$build/megascale")
 work=$(mktemp -d "$PWD/.bench-slurm-XXXXXX")  # shared by the nodes (same file system), unlike /tmp on a cluster
-cluster=$work/cluster
-trap 'bash tests/slurm/testcluster.sh down "$cluster" >/dev/null 2>&1; rm -rf "$work"' EXIT
+cluster=$(mktemp -d /tmp/ms-cluster-XXXXXX)  # short and without spaces (socket paths under it)
+trap 'bash tests/slurm/testcluster.sh down "$cluster" >/dev/null 2>&1; rm -rf "$work" "$cluster"' EXIT
 bash tests/slurm/testcluster.sh up "$cluster" --nodes 4 --cpus 8
 export SLURM_CONF=$cluster/slurm.conf
 login() { bash "$root/tests/slurm/testcluster.sh" login "$cluster" -- "$@"; }

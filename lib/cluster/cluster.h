@@ -51,8 +51,10 @@ struct SlurmAllocation {
   int cpus_per_task = 0;            // SLURM_CPUS_PER_TASK; 0 when not given
   std::vector<int> cpus_per_node;   // SLURM_JOB_CPUS_PER_NODE, expanded; may be empty
   int gpus_per_node = -1;           // SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE ("gpu:a100:8" -> 8); -1 unknown
-  std::string step_id;              // SLURM_STEP_ID when this process is a task of a job step ("" in the batch
-                                    // script or the salloc shell)
+  std::string step_id;              // SLURM_STEP_ID, when set
+  // True when this process is a task of an srun job step; false in the batch script, the salloc
+  // shell, and Slurm's special batch / extern / interactive steps (ids 4294967290 and above).
+  bool in_task_step() const;
   // The same number of tasks on every node (0 when they differ).
   int uniform_tasks_per_node() const;
 };

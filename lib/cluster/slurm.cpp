@@ -39,6 +39,14 @@ int SlurmAllocation::uniform_tasks_per_node() const {
   return tasks_per_node[0];
 }
 
+bool SlurmAllocation::in_task_step() const {
+  if (step_id.empty()) return false;
+  unsigned long long id = 0;
+  auto [p, ec] = std::from_chars(step_id.data(), step_id.data() + step_id.size(), id);
+  if (ec != std::errc() || p != step_id.data() + step_id.size()) return false;  // "batch", "extern", ...
+  return id < 4294967290ULL;  // SLURM_INTERACTIVE_STEP, SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT and up
+}
+
 Result<std::optional<SlurmAllocation>> ReadSlurmAllocation(const EnvLookup& env) {
   auto job = env("SLURM_JOB_ID");
   if (!job || job->empty()) return std::optional<SlurmAllocation>();

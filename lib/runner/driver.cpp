@@ -148,8 +148,12 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
   for (RankExit& e : attempt.Poll()) exits.push_back(e);
   auto failure = [&](const RankExit& e) {
     const std::string log = fmt::format("{}/logs/rank-{}.log", o.run_dir, e.rank);
+    const std::string launcher = attempt.LauncherError();
+    if (e.host.empty() && !launcher.empty()) {
+      return Aborted("the ranks' launch failed ({}): {}", DescribeExit(e.status), launcher);
+    }
     return Aborted(
-        "rank {} on {} failed ({}); {}", e.rank, e.host, DescribeExit(e.status),
+        "rank {}{} failed ({}); {}", e.rank, e.host.empty() ? "" : " on " + e.host, DescribeExit(e.status),
         std::filesystem::exists(log) ? "its log: " + log : std::string("it wrote no log (it failed during start-up)"));
   };
   if (cause) return failure(*cause);
@@ -158,16 +162,17 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
   }
   if (grace_expired)
     return Aborted("job stopped by {}: the ranks did not exit within the grace", strsignal(stop_signal));
-  int saved = 0, interrupted = 0;
   for (const RankExit& e : exits) {
     if (RankFailed(e.status) && !e.collateral) return failure(e);
   }
+  int saved = 0, interrupted = 0;
   for (const RankExit& e : exits) {
-    if (!RankFailed(e.status)) continue;
-    // Only collateral ends: the attempt was stopped from outside (a cancelled job step) or by us.
-    const std::string launcher = attempt.LauncherError();
-    if (!launcher.empty()) return Aborted("{}: its ranks were killed ({})", launcher, DescribeExit(e.status));
-    return failure(e);
+    if (RankFailed(e.status)) {
+      // Only collateral ends: the attempt was stopped from outside (a cancelled job step) or by us.
+      const std::string launcher = attempt.LauncherError();
+      if (!launcher.empty()) return Aborted("{}: its ranks were killed ({})", launcher, DescribeExit(e.status));
+      return failure(e);
+    }
     saved += RankCode(e.status) == kExitSaved;
     interrupted += RankCode(e.status) == kExitInterrupted;
   }

@@ -43,7 +43,7 @@ Status PreflightCheck(const config::JobSpec& spec, bool files) {
   // Inside a Slurm allocation: the driver runs once (in the batch script or the salloc shell) and
   // the layout must fit the allocation.
   MS_ASSIGN_OR_RETURN(auto alloc, cluster::ReadSlurmAllocation());
-  if (alloc && !alloc->step_id.empty() && world > 1) {
+  if (alloc && alloc->in_task_step() && world > 1) {
     auto ntasks = GetEnv("SLURM_STEP_NUM_TASKS");
     return FailedPrecondition(
         "megascale train runs once per job and starts the ranks itself, but this process is a task of Slurm job "

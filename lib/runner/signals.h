@@ -8,7 +8,10 @@
 //   SIGUSR1  save a checkpoint and go on (Slurm's --signal=B:USR1@120 warning)
 //   SIGINT   stop after the current step without saving (Ctrl-C)
 //
-// The handlers only count (async-signal-safe atomics); SA_RESTART keeps system calls going.
+// The signals are blocked in every thread and taken by one thread with sigwait, which only counts
+// them: no compute, communication or I/O thread is ever interrupted by them (a signal handler run
+// on an arbitrary thread corrupted the heap of a rank under load; tests/runner/reliability_test.py
+// sends such signals mid-step).
 #pragma once
 
 namespace ms::runner {

@@ -73,6 +73,13 @@ TEST_CASE("the allocation from Slurm's variables") {
   CHECK((*b)->uniform_tasks_per_node() == 1);
   CHECK((*b)->gpus_per_node == 4);
   CHECK((*b)->step_id == "0");
+  CHECK((*b)->in_task_step());
+  CHECK_FALSE(s.in_task_step());  // no SLURM_STEP_ID: the batch script or the salloc shell
+  SlurmAllocation special = s;
+  for (const char* id : {"4294967290", "4294967291", "4294967292", "batch", "interactive"}) {
+    special.step_id = id;
+    CHECK_MESSAGE(!special.in_task_step(), id);  // batch script, extern and interactive steps
+  }
   // Uneven tasks per node: not uniform.
   auto c = ReadSlurmAllocation(
       Env({{"SLURM_JOB_ID", "79"}, {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_TASKS_PER_NODE", "4,2"}}));

@@ -29,11 +29,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 BIN, SRC, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 CLUSTER = os.path.join(SRC, "tests", "slurm", "testcluster.sh")
-STATE = os.path.join(WORK, "cluster")
+# The cluster's state directory: short (its Unix socket paths must fit in 108 bytes) and free of spaces.
+STATE = tempfile.mkdtemp(prefix="ms-slurm-", dir="/tmp")
 ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
 results = []
 SLURM_ENV = dict(os.environ, SLURM_CONF=os.path.join(STATE, "slurm.conf"))
@@ -148,6 +150,16 @@ def example_sbatch(spec_path, name):
     return out.strip().split(";")[0]
 
 
+def wait_steps(run_dir, n, timeout=60):
+    """Waits until the run has logged n training steps."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and len(losses(run_dir)) >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{run_dir}: fewer than {n} steps after {timeout} s")
+
+
 def wait_job(job, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -242,10 +254,7 @@ try:
 #SBATCH --nodes=2 --ntasks-per-node=4 --output={WORK}/killed.out
 exec {BIN} train {shlex.quote(s)} --no-progress
 """, "killed")
-        deadline = time.time() + 60
-        while time.time() < deadline and not (os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and
-                                              len(losses(run_dir)) >= 2):
-            time.sleep(0.1)
+        wait_steps(run_dir, 2)
         victims = {pid: rn for pid, rn in workers().items() if rn[1] == "node1"}
         assert victims, f"no worker on node1: {workers()}"
         pid, (rank, node) = sorted(victims.items())[0]
@@ -264,10 +273,7 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         run_dir = os.path.join(WORK, "scancel")
         s = spec("scancel", run_dir, steps=100000)
         job = example_sbatch(s, "scancel")
-        deadline = time.time() + 60
-        while time.time() < deadline and not (os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and
-                                              len(losses(run_dir)) >= 3):
-            time.sleep(0.1)
+        wait_steps(run_dir, 3)
         subprocess.run(["scancel", job], env=SLURM_ENV, check=True)
         wait_job(job, timeout=60)
         out = open(os.path.join(WORK, "scancel.out")).read()
@@ -295,10 +301,7 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         run_dir = os.path.join(WORK, "usr1")
         s = spec("usr1", run_dir, steps=100000)
         job = example_sbatch(s, "usr1")
-        deadline = time.time() + 60
-        while time.time() < deadline and not (os.path.exists(os.path.join(run_dir, "metrics.jsonl")) and
-                                              len(losses(run_dir)) >= 3):
-            time.sleep(0.1)
+        wait_steps(run_dir, 3)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=SLURM_ENV, check=True)
         ckpt = os.path.join(run_dir, "checkpoints", "step-*", "manifest.json")
         deadline = time.time() + 30
