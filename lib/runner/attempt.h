@@ -54,8 +54,8 @@ class Attempt {
 
 // Starts `plan.world` worker processes on this host. Each child gets PR_SET_PDEATHSIG(SIGKILL)
 // (a rank never outlives its driver) and starts with SIGINT, SIGTERM and SIGUSR1 blocked, so that
-// a signal the driver forwards before the worker has installed its handlers stays pending
-// instead of killing it (the worker unblocks them in InstallStopSignals). On failure to start
+// a signal the driver forwards before the worker is ready stays pending instead of killing it
+// (the worker's InstallStopSignals takes them with sigwait). On failure to start
 // rank r, the ranks already started are killed.
 Result<std::unique_ptr<Attempt>> LaunchLocal(const LaunchPlan& plan);
 
