@@ -71,25 +71,30 @@ def squeue(*args):
     return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, env=SLURM_ENV).stdout.strip()
 
 
+def job_processes():
+    """{pid: name} of this test's jobs' processes (drivers, workers, redis-servers, sruns): those whose
+    environment names this test's cluster (every process a job of it starts inherits SLURM_CONF). Other
+    tests' megascale processes, running at the same time, are never touched."""
+    mark = f"SLURM_CONF={SLURM_ENV['SLURM_CONF']}".encode()
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            name = open(f"/proc/{pid}/comm").read().strip()
+            if name in ("megascale", "redis-server", "srun") and mark in open(f"/proc/{pid}/environ", "rb").read():
+                found[int(pid)] = name
+        except OSError:
+            pass
+    return found
+
+
 def stray():
-    """What of a job is still around: steps, workers, drivers, redis-servers of this test."""
+    """What of a job is still around: job steps, and its processes."""
     found = []
     if squeue("--steps"):
         found.append("job steps: " + squeue("--steps", "-o", "%i").replace("\n", " "))
-    for pattern in ("megascale worker", "megascale train", "megascale resume"):
-        pids = subprocess.run(["pgrep", "-f", f"{BIN} {pattern.split()[1]}"], capture_output=True,
-                              text=True).stdout.split()
-        if pids:
-            found.append(f"{pattern}: {pids}")
-    redis = []  # redis-server rewrites its command line: recognize ours by its directory
-    for p in subprocess.run(["pgrep", "redis-server"], capture_output=True, text=True).stdout.split():
-        try:
-            if os.readlink(f"/proc/{p}/cwd").startswith(WORK):
-                redis.append(p)
-        except OSError:
-            pass
-    if redis:
-        found.append(f"redis-server: {redis}")
+    procs = job_processes()
+    if procs:
+        found.append(f"processes: {procs}")
     return found
 
 
@@ -97,7 +102,11 @@ def cleanup():
     ids = squeue("-o", "%i").split()
     if ids:
         subprocess.run(["scancel", *ids], env=SLURM_ENV)
-    subprocess.run(["pkill", "-9", "-f", f"{BIN} "])
+    for pid in job_processes():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     time.sleep(1)
 
 
@@ -170,15 +179,15 @@ def wait_job(job, timeout=120):
 
 
 def workers():
-    """{pid: (rank, node)} of the running megascale workers (every node's processes are visible here)."""
+    """{pid: (rank, node)} of this test's running megascale workers (every node's processes are visible here)."""
     out = {}
-    for pid in subprocess.run(["pgrep", "-f", f"{BIN} worker"], capture_output=True, text=True).stdout.split():
+    for pid, name in job_processes().items():
         try:
             env = dict(e.split("=", 1) for e in open(f"/proc/{pid}/environ").read().split("\0") if "=" in e)
         except OSError:
             continue
-        if "SLURM_PROCID" in env:
-            out[int(pid)] = (int(env["SLURM_PROCID"]), env.get("SLURMD_NODENAME", "?"))
+        if name == "megascale" and "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+            out[pid] = (int(env["SLURM_PROCID"]), env.get("SLURMD_NODENAME", "?"))
     return out
 
 
@@ -347,10 +356,10 @@ finally:
     if down.returncode != 0:
         print(f"FAIL: tearing the cluster down: {down.stderr}")
         results.append(False)
+    # `down` itself checks that its namespaces, links and daemons are gone; nothing may still name the state.
     left = subprocess.run(["pgrep", "-af", "slurmctld|slurmd|munged"], capture_output=True, text=True).stdout
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    if STATE in left or re.search(r"ms[0-9a-f]{4}-", netns or ""):
-        print(f"FAIL: left behind after down: {left} {netns}")
+    if STATE in left or os.path.exists(STATE):
+        print(f"FAIL: left behind after down: {left} {os.path.exists(STATE)}")
         results.append(False)
 
 failed = results.count(False)
