@@ -133,6 +133,21 @@ struct LogSpec {
   bool operator==(const LogSpec&) const = default;
 };
 
+// Fault tolerance (docs/jobs.md): heartbeats, detection, automatic restarts, stragglers.
+struct FaultSpec {
+  double heartbeat_s = 2;               // every rank publishes a heartbeat this often; 0 = no heartbeats
+  double heartbeat_timeout_s = 15;      // a rank whose heartbeat stops for this long is lost (e.g. SIGSTOP, dead host)
+  double hang_timeout_s = 300;          // no step progress on any rank for this long is a hang
+  int max_restarts = 3;                 // new attempts after faults (from the newest checkpoint); 0 = none
+  double restart_backoff_s = 2;         // wait before attempt k: backoff * 2^(k-1), at most 60 s
+  std::string nan_policy = "rollback";  // non-finite loss or gradient norm: stop | skip | rollback
+  double loss_spike_factor = 0;         // loss above factor * its recent average is a spike; 0 = off
+  std::string spike_policy = "warn";    // warn | rollback
+  double straggler_ratio = 0.5;         // median compute time this much above the median of its peers ...
+  int straggler_steps = 10;             // ... over this many steps: a straggler; 0 = off
+  bool operator==(const FaultSpec&) const = default;
+};
+
 struct JobSpec {
   std::string name = "job";
   ModelSpec model;
@@ -143,6 +158,7 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
   LogSpec log;
+  FaultSpec fault;
 
   // Provenance (not settings; ToYaml does not write them, SameSettings ignores them).
   std::string source = "<string>";  // file it came from, or "<string>"

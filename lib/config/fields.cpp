@@ -397,6 +397,17 @@ std::vector<Field> BuildFields() {
   f.push_back(Integer("log.interval", MS_FIELD(log.interval), AtLeast(1)));
   f.push_back(Real("log.peak_flops", MS_FIELD(log.peak_flops), AtLeast(0)));
   f.push_back(Boolean("log.trace", MS_FIELD(log.trace)));
+  // fault
+  f.push_back(Real("fault.heartbeat_s", MS_FIELD(fault.heartbeat_s), AtLeast(0)));
+  f.push_back(Real("fault.heartbeat_timeout_s", MS_FIELD(fault.heartbeat_timeout_s), Positive()));
+  f.push_back(Real("fault.hang_timeout_s", MS_FIELD(fault.hang_timeout_s), Positive()));
+  f.push_back(Integer("fault.max_restarts", MS_FIELD(fault.max_restarts), AtLeast(0)));
+  f.push_back(Real("fault.restart_backoff_s", MS_FIELD(fault.restart_backoff_s), AtLeast(0)));
+  f.push_back(String("fault.nan_policy", MS_FIELD(fault.nan_policy), true, {"stop", "skip", "rollback"}));
+  f.push_back(Real("fault.loss_spike_factor", MS_FIELD(fault.loss_spike_factor), AtLeast(0)));
+  f.push_back(String("fault.spike_policy", MS_FIELD(fault.spike_policy), true, {"warn", "rollback"}));
+  f.push_back(Real("fault.straggler_ratio", MS_FIELD(fault.straggler_ratio), Positive()));
+  f.push_back(Integer("fault.straggler_steps", MS_FIELD(fault.straggler_steps), AtLeast(0)));
   return f;
 }
 #undef MS_FIELD

@@ -311,6 +311,13 @@ Status ResolveAndValidate(JobSpec* spec) {
   MS_RETURN_IF_ERROR(ResolveBatch(spec));
   MS_RETURN_IF_ERROR(ValidateTraining(*spec));
   MS_RETURN_IF_ERROR(ValidateRuntime(*spec));
+  const FaultSpec& f = spec->fault;
+  if (f.heartbeat_s > 0 && f.heartbeat_timeout_s < 2 * f.heartbeat_s) {
+    return Fail(*spec, Blame(*spec, {"fault.heartbeat_timeout_s", "fault.heartbeat_s"}),
+                "fault.heartbeat_timeout_s = {} is less than twice fault.heartbeat_s = {}: one late heartbeat would "
+                "count as a lost rank; use heartbeat_timeout_s >= {}",
+                f.heartbeat_timeout_s, f.heartbeat_s, 2 * f.heartbeat_s);
+  }
   if (spec->data.path.empty()) {
     return Fail(*spec, "data.path",
                 "expected the path prefix of the token dataset (<path>.bin and <path>.idx), found nothing; add "

@@ -48,6 +48,9 @@ class Attempt {
   virtual void Kill() = 0;
   // Ranks not yet exited.
   virtual std::vector<int> Running() const = 0;
+  // How long after a rank's failure its peers' reports may still arrive (the driver waits that long
+  // before naming the cause): a local reaping is immediate, srun batches its reports.
+  virtual double ReportDelay() const { return 0.2; }
   // What the launcher itself said went wrong (e.g. srun's own error lines), "" if nothing.
   virtual std::string LauncherError() const { return ""; }
 };
@@ -74,9 +77,14 @@ struct SlurmStep {
   int nodes = 1;       // --nodes
   int tasks_per_node = 1;
   std::string name;                                                   // --job-name of the step: unique to this attempt
+  std::vector<std::string> exclude;                                   // --exclude: hosts found bad by earlier attempts
   std::string srun = "srun", squeue = "squeue", scancel = "scancel";  // looked up in PATH
 };
 Result<std::unique_ptr<Attempt>> LaunchSlurmStep(const LaunchPlan& plan, const SlurmStep& step);
+
+// The ranks an srun report line names, with their end: "srun: error: node1: task 3: Killed",
+// "srun: error: node0: tasks 0-2,5: Exited with exit code 1"; none for any other line.
+std::vector<RankExit> ParseSrunTaskLine(std::string_view line, int world);
 
 // Runs a command (argument vector, looked up in PATH) and returns its standard output; an error
 // naming the command and its exit status or standard error when it fails or outlasts timeout_s.

@@ -9,14 +9,18 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <thread>
 
 #include <fmt/ranges.h>
 
 #include "bootstrap/bootstrap.h"
+#include "checkpoint/checkpoint.h"
 #include "runner/attempt.h"
 #include "runner/driver.h"
+#include "runner/monitor.h"
 #include "runner/run_dir.h"
 #include "runner/runner.h"
 #include "runner/signals.h"
@@ -31,6 +35,10 @@ int ExitCode(JobEnd end) {
       return kExitSaved;
     case JobEnd::kInterrupted:
       return kExitInterrupted;
+    case JobEnd::kRollback:
+      return kExitRollback;
+    case JobEnd::kStoppedByPolicy:
+      return kExitStopPolicy;
   }
   return kExitFailed;
 }
@@ -48,32 +56,56 @@ std::string RandomHex(int bytes) {
 int RankCode(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+// A rank's end that is not one of the agreed ends (done, saved, interrupted, rollback, stopped by policy).
 bool RankFailed(int status) {
   const int code = RankCode(status);
-  return code != kExitCompleted && code != kExitSaved && code != kExitInterrupted;
+  return code != kExitCompleted && code != kExitSaved && code != kExitInterrupted && code != kExitRollback &&
+         code != kExitStopPolicy;
 }
 
 struct SuperviseOptions {
   std::string run_dir;
   double grace_s = 60;
+  int attempt = 0;
   bootstrap::EmbeddedRedis* redis = nullptr;  // restarted if it dies; null: external
+  Monitor* monitor = nullptr;                 // heartbeats; null: none
+  EventLog* events = nullptr;
+  std::function<void()> on_tick;  // called every loop (20 ms)
 };
+
+// How an attempt ended: a job end, a fault to recover from, or an error that ends the job.
+struct AttemptEnd {
+  std::optional<JobEnd> end;
+  std::optional<Fault> fault;
+  Status error;
+};
+
+// The last error line a rank left: its own report in the store (error/<rank>), else nothing.
+std::string RankError(Monitor* monitor, int rank) {
+  if (!monitor) return "";
+  return monitor->Note(fmt::format("error/{}", rank));
+}
 
 // Watches an attempt until every rank has exited. Policy:
 //   - SIGTERM/SIGINT to the driver: forwarded; the ranks get grace_s to save (SIGTERM) and exit.
 //     A second stop signal during that grace kills them at once (the pending save is given up;
 //     earlier checkpoints are intact). SIGUSR1 is forwarded (a checkpoint on demand).
-//   - The first rank that fails (non-zero exit other than kExitSaved / kExitInterrupted, or a
-//     signal) stops the others: SIGTERM, then SIGKILL after 10 s. The cause named is a rank that
-//     died by a signal if there is one (its peers then fail in their collectives), else the first.
+//   - The first rank that fails (non-zero exit other than the agreed ones, or a signal) is a crash:
+//     the others are stopped (SIGTERM, then SIGKILL after 10 s). The rank blamed is one that died
+//     by a signal if there is one (its peers then fail in their collectives), else the first.
+//   - A lost heartbeat or a hang (the monitor): every rank is killed at once.
+//   - Ranks that agreed on a numeric fault exit kExitRollback (a fault to recover from) or
+//     kExitStopPolicy (the job ends).
 //   - The embedded Redis dying is noticed (its PID only) and it is restarted on its port.
-Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o) {
+AttemptEnd Supervise(Attempt& attempt, int world, const SuperviseOptions& o) {
   enum class Phase { kRunning, kStopping, kFailing } phase = Phase::kRunning;
-  double deadline = 0;
+  double deadline = 0, next_poll = 0;
   int stop_signal = 0;
   std::optional<RankExit> cause;
+  std::optional<Fault> monitored;
   std::vector<RankExit> exits;
   bool killed_on_second = false, grace_expired = false;
+  const double started = NowSeconds();
   while (!attempt.AllExited()) {
     const SignalCounts sig = TakeSignals();
     if (phase == Phase::kRunning && (sig.terminate || sig.interrupt)) {
@@ -101,6 +133,7 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
     }
     if (o.redis) {
       if (auto status = o.redis->PollExit()) {
+        const double t0 = NowSeconds();
         LogError("the embedded redis-server (port {}) died ({}); restarting it on the same port. Its log: {}",
                  o.redis->port(), DescribeExit(*status), o.redis->LogTail());
         Status restarted = o.redis->Restart();
@@ -110,15 +143,37 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
               "job ends",
               restarted.message());
         }
+        if (o.events) {
+          o.events->Write("store_lost", [&](metrics::JsonObject& e) {
+            e.Add("attempt", o.attempt).Add("detail", DescribeExit(*status));
+            e.Add("action", restarted.ok() ? "restarted the store on its port" : "restart failed");
+            e.Add("restart_s", NowSeconds() - t0).Add("recovered", restarted.ok() ? 1 : 0);
+          });
+        }
       }
     }
-    for (RankExit& e : attempt.Poll()) {
-      exits.push_back(e);
+    if (o.monitor && phase == Phase::kRunning && NowSeconds() >= next_poll) {
+      next_poll = NowSeconds() + 0.5;
+      if (auto f = o.monitor->Poll()) {
+        LogError("{}: {}; stopping every rank", f->kind, f->detail);
+        monitored = std::move(f);
+        attempt.Kill();
+        phase = Phase::kFailing;
+      }
+    }
+    const std::vector<RankExit> batch = attempt.Poll();
+    exits.insert(exits.end(), batch.begin(), batch.end());  // all of them first: the cause may be any
+    for (const RankExit& e : batch) {
       if (phase != Phase::kFailing && RankFailed(e.status) && !e.collateral && !killed_on_second) {
         // Its peers fail within moments (their collectives break): reap them first, so that the
         // rank that died by a signal -- the cause -- is the one named.
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        for (RankExit& more : attempt.Poll()) exits.push_back(more);
+        for (const double until = NowSeconds() + attempt.ReportDelay(); NowSeconds() < until;) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          for (RankExit& more : attempt.Poll()) exits.push_back(more);
+          bool signaled = false;
+          for (const RankExit& x : exits) signaled |= RankFailed(x.status) && !x.collateral && WIFSIGNALED(x.status);
+          if (signaled) break;  // the likely cause has reported: no need to wait longer
+        }
         cause = e;
         for (const RankExit& x : exits) {
           if (RankFailed(x.status) && !x.collateral && WIFSIGNALED(x.status) && !WIFSIGNALED(cause->status)) cause = x;
@@ -143,42 +198,149 @@ Result<JobEnd> Supervise(Attempt& attempt, int world, const SuperviseOptions& o)
       }
       attempt.Kill();
     }
+    if (o.on_tick) o.on_tick();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (RankExit& e : attempt.Poll()) exits.push_back(e);
-  auto failure = [&](const RankExit& e) {
-    const std::string log = fmt::format("{}/logs/rank-{}.log", o.run_dir, e.rank);
-    const std::string launcher = attempt.LauncherError();
-    if (e.host.empty() && !launcher.empty()) {
-      return Aborted("the ranks' launch failed ({}): {}", DescribeExit(e.status), launcher);
-    }
-    return Aborted(
-        "rank {}{} failed ({}); {}", e.rank, e.host.empty() ? "" : " on " + e.host, DescribeExit(e.status),
-        std::filesystem::exists(log) ? "its log: " + log : std::string("it wrote no log (it failed during start-up)"));
+  AttemptEnd out;
+  auto log_of = [&](int rank) {
+    const std::string log = fmt::format("{}/logs/rank-{}.log", o.run_dir, rank);
+    return std::filesystem::exists(log) ? "its log: " + log
+                                        : std::string("it wrote no log (it failed during start-up)");
   };
-  if (cause) return failure(*cause);
+  if (monitored) {
+    out.fault = std::move(monitored);
+    return out;
+  }
+  if (cause) {
+    const std::string launcher = attempt.LauncherError();
+    Fault f;
+    f.kind = "crash";
+    f.rank = cause->rank;
+    f.host = cause->host;
+    if (cause->host.empty() && !launcher.empty()) {
+      out.error = Aborted("the ranks' launch failed ({}): {}", DescribeExit(cause->status), launcher);
+      return out;
+    }
+    const std::string said = RankError(o.monitor, cause->rank);
+    f.detail = fmt::format("rank {}{} failed ({}){}; {}", cause->rank, cause->host.empty() ? "" : " on " + cause->host,
+                           DescribeExit(cause->status), said.empty() ? "" : ": " + said, log_of(cause->rank));
+    f.detect_latency_s = 0.02;  // the driver reaps its children every 20 ms
+    if (o.monitor) f.detail += fmt::format(" (it was at {})", o.monitor->Where(cause->rank));
+    if (stop_signal != 0) {  // the job was being stopped: nothing to restart
+      out.error = Aborted("{} while the job stopped on {}", f.detail, strsignal(stop_signal));
+      return out;
+    }
+    out.fault = std::move(f);
+    return out;
+  }
   if (killed_on_second) {
-    return Aborted("job stopped by a second {} before the ranks had finished stopping", strsignal(stop_signal));
+    out.error = Aborted("job stopped by a second {} before the ranks had finished stopping", strsignal(stop_signal));
+    return out;
   }
-  if (grace_expired)
-    return Aborted("job stopped by {}: the ranks did not exit within the grace", strsignal(stop_signal));
-  for (const RankExit& e : exits) {
-    if (RankFailed(e.status) && !e.collateral) return failure(e);
+  if (grace_expired) {
+    out.error = Aborted("job stopped by {}: the ranks did not exit within the grace", strsignal(stop_signal));
+    return out;
   }
-  int saved = 0, interrupted = 0;
+  int saved = 0, interrupted = 0, rollback = 0, stopped = 0;
   for (const RankExit& e : exits) {
     if (RankFailed(e.status)) {
       // Only collateral ends: the attempt was stopped from outside (a cancelled job step) or by us.
       const std::string launcher = attempt.LauncherError();
-      if (!launcher.empty()) return Aborted("{}: its ranks were killed ({})", launcher, DescribeExit(e.status));
-      return failure(e);
+      out.error = launcher.empty() ? Aborted("rank {}{} ended ({})", e.rank, e.host.empty() ? "" : " on " + e.host,
+                                             DescribeExit(e.status))
+                                   : Aborted("{}: its ranks were killed ({})", launcher, DescribeExit(e.status));
+      return out;
     }
     saved += RankCode(e.status) == kExitSaved;
     interrupted += RankCode(e.status) == kExitInterrupted;
+    rollback += RankCode(e.status) == kExitRollback;
+    stopped += RankCode(e.status) == kExitStopPolicy;
   }
-  if (interrupted > 0) return JobEnd::kInterrupted;
-  // Ranks that completed after a SIGTERM got it after their last step: a completed run.
-  return saved > 0 ? JobEnd::kSavedOnSignal : JobEnd::kCompleted;
+  if (rollback > 0 || stopped > 0) {
+    const std::string note = o.monitor ? o.monitor->Note("fault/note") : std::string();
+    Fault f;
+    f.kind = note.find("spike") != std::string::npos ? "loss_spike" : "nan";
+    f.detail = note.empty() ? std::string("the ranks stopped on a numeric fault") : note;
+    f.host_fault = false;
+    if (stopped > 0) {
+      out.error = Aborted("stopped: {} (the fault policy is stop)", f.detail);
+      return out;
+    }
+    out.fault = std::move(f);
+    return out;
+  }
+  (void)started;
+  if (interrupted > 0) {
+    out.end = JobEnd::kInterrupted;
+  } else {
+    // Ranks that completed after a SIGTERM got it after their last step: a completed run.
+    out.end = saved > 0 ? JobEnd::kSavedOnSignal : JobEnd::kCompleted;
+  }
+  return out;
+}
+
+// Seconds of productive training in the run: each step's time counted once (its last run; steps
+// computed again after a restart are not productive), from metrics.jsonl.
+double ProductiveSeconds(const std::string& run_dir) {
+  auto text = ReadFile(run_dir + "/metrics.jsonl");
+  if (!text.ok()) return 0;
+  std::map<int64_t, double> step_s;
+  size_t start = 0;
+  while (start < text->size()) {
+    size_t end = text->find('\n', start);
+    if (end == std::string::npos) end = text->size();
+    std::string_view line(text->data() + start, end - start);
+    start = end + 1;
+    if (line.find("\"phase\": \"train\"") == std::string_view::npos) continue;
+    auto field = [&](std::string_view key) -> std::optional<double> {
+      const std::string k = fmt::format("\"{}\": ", key);
+      const size_t at = line.find(k);
+      if (at == std::string_view::npos) return std::nullopt;
+      return std::strtod(std::string(line.substr(at + k.size(), 32)).c_str(), nullptr);
+    };
+    auto step = field("step");
+    auto secs = field("step_s");
+    if (step && secs) step_s[static_cast<int64_t>(*step)] = *secs;
+  }
+  double sum = 0;
+  for (const auto& [k, v] : step_s) sum += v;
+  return sum;
+}
+
+// When the newest attempt's first step ended (wall clock), from rank 0's "startup" row; 0 if none.
+double LastFirstStepWall(const std::string& run_dir) {
+  auto text = ReadFile(run_dir + "/metrics.jsonl");
+  if (!text.ok()) return 0;
+  const size_t at = text->rfind("\"phase\": \"startup\"");
+  if (at == std::string::npos) return 0;
+  const size_t line_end = text->find('\n', at);
+  const std::string line = text->substr(at, line_end == std::string::npos ? std::string::npos : line_end - at);
+  auto field = [&](const char* key) {
+    const std::string k = fmt::format("\"{}\": ", key);
+    const size_t p = line.find(k);
+    return p == std::string::npos ? 0.0 : std::strtod(line.c_str() + p + k.size(), nullptr);
+  };
+  return field("origin_unix_ms") / 1000 + field("first_step_done_s");
+}
+
+// The last step rank 0 logged in metrics.jsonl (0 if none).
+int64_t LastTrainStep(const std::string& run_dir) {
+  auto text = ReadFile(run_dir + "/metrics.jsonl");
+  if (!text.ok()) return 0;
+  const size_t at = text->rfind("\"phase\": \"train\", \"step\": ");
+  if (at == std::string::npos) return 0;
+  return std::strtoll(text->c_str() + at + 26, nullptr, 10);
+}
+
+// The step the next attempt resumes from: the newest valid checkpoint, or -1 (step 1).
+int64_t RestartStep(const config::JobSpec& spec) {
+  auto latest = checkpoint::FindLatestValid(spec.checkpoint.dir, checkpoint::Verify::kFull);
+  if (!latest.ok()) {
+    LogWarn("no valid checkpoint to restart from ({}): the next attempt starts from step 1", latest.status().message());
+    return -1;
+  }
+  return latest->step();
 }
 
 Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options,
@@ -209,66 +371,216 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     password = redis->password();
     LogInfo("started redis-server (pid {}) on {}:{} for the rank bootstrap", redis->pid(), redis->address(),
             redis->port());
+  } else if (password.empty()) {
+    password = GetEnv("MEGASCALE_REDIS_PASSWORD").value_or("");
   }
   const double store_ready = WallSeconds();
   const std::string job_id = JobId(spec.name);
   const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, NumCores() / world);
   MS_ASSIGN_OR_RETURN(const std::string exe, SelfExecutable());
-
-  LaunchPlan plan;
-  plan.exe = exe;
-  plan.world = world;
-  plan.args = [&](int r) {
-    std::vector<std::string> args = {"worker", spec_path};
-    if (!options.progress || r != 0) args.push_back("--no-progress");
-    if (options.resume_step >= 0) {
-      args.push_back("--resume-step");
-      args.push_back(std::to_string(options.resume_step));
-    }
-    if (!options.dump_params_dir.empty()) {
-      args.push_back("--dump-params");
-      args.push_back(options.dump_params_dir);
-    }
-    return args;
-  };
-  // The password travels in the environment only (never on a command line, in a file or a log).
-  plan.env = {fmt::format("MEGASCALE_WORLD={}", world), fmt::format("MEGASCALE_STORE_URL={}", url),
-              fmt::format("MEGASCALE_JOB_ID={}", job_id)};
-  if (!password.empty()) plan.env.push_back("MEGASCALE_REDIS_PASSWORD=" + password);
-  // Start-up milestones, for the "startup" row of metrics.jsonl.
-  plan.env.push_back(fmt::format("MEGASCALE_STARTUP=driver_start={:.6f},store_ready={:.6f},launch={:.6f}", driver_start,
-                                 store_ready, WallSeconds()));
-  std::unique_ptr<Attempt> attempt;
+  std::optional<SlurmFit> fit;
   if (alloc) {
-    MS_ASSIGN_OR_RETURN(SlurmFit fit, FitSlurmAllocation(spec, *alloc));
-    SlurmStep step;
-    step.job_id = alloc->job_id;
-    step.nodes = fit.nodes;
-    step.tasks_per_node = fit.tasks_per_node;
-    step.name = "megascale-" + job_id;
-    LogInfo("launching {} ranks as a Slurm job step of job {}: {} node{} x {} tasks, job id {}", world, alloc->job_id,
-            fit.nodes, fit.nodes == 1 ? "" : "s", fit.tasks_per_node, job_id);
-    MS_ASSIGN_OR_RETURN(attempt, LaunchSlurmStep(plan, step));
-  } else {
-    plan.env.push_back(fmt::format("MEGASCALE_LOCAL_WORLD={}", world));
-    plan.env.push_back(fmt::format("OMP_NUM_THREADS={}", threads));
-    plan.rank_env = [](int r) {
-      return std::vector<std::string>{fmt::format("MEGASCALE_RANK={}", r), fmt::format("MEGASCALE_LOCAL_RANK={}", r)};
+    MS_ASSIGN_OR_RETURN(fit, FitSlurmAllocation(spec, *alloc));
+  }
+
+  EventLog events(run_dir + "/events.jsonl");
+  struct Recovery {  // a fault being recovered from: written as "recovered" once the next attempt trains
+    std::string kind;
+    double detected_at;
+    int64_t steps_reached;
+    int64_t resumed_from;
+  };
+  std::optional<Recovery> recovering;
+  std::map<std::string, std::map<std::string, int>> host_faults;  // host -> kind -> count
+  std::vector<std::string> excluded;
+  int64_t resume_step = options.resume_step;
+  int faults = 0;
+  std::string recovered;  // the faults recovered from, for the final message
+  for (int attempt = 0;; ++attempt) {
+    LaunchPlan plan;
+    plan.exe = exe;
+    plan.world = world;
+    plan.args = [&](int r) {
+      std::vector<std::string> args = {"worker", spec_path};
+      if (!options.progress || r != 0) args.push_back("--no-progress");
+      if (resume_step >= 0) {
+        args.push_back("--resume-step");
+        args.push_back(std::to_string(resume_step));
+      }
+      if (!options.dump_params_dir.empty()) {
+        args.push_back("--dump-params");
+        args.push_back(options.dump_params_dir);
+      }
+      return args;
     };
-    LogInfo("launching {} local ranks ({} threads each), job id {}", world, threads, job_id);
-    MS_ASSIGN_OR_RETURN(attempt, LaunchLocal(plan));
+    // The password travels in the environment only (never on a command line, in a file or a log).
+    plan.env = {fmt::format("MEGASCALE_WORLD={}", world), fmt::format("MEGASCALE_STORE_URL={}", url),
+                fmt::format("MEGASCALE_JOB_ID={}", job_id), fmt::format("MEGASCALE_ATTEMPT={}", attempt)};
+    if (!password.empty()) plan.env.push_back("MEGASCALE_REDIS_PASSWORD=" + password);
+    // Start-up milestones, for the "startup" row of metrics.jsonl.
+    plan.env.push_back(fmt::format("MEGASCALE_STARTUP=driver_start={:.6f},store_ready={:.6f},launch={:.6f}",
+                                   driver_start, store_ready, WallSeconds()));
+    events.Write("attempt", [&](metrics::JsonObject& e) {
+      e.Add("attempt", attempt).Add("resume_step", resume_step).Add("world", world);
+    });
+    std::unique_ptr<Attempt> launched;
+    if (alloc) {
+      SlurmStep step;
+      step.job_id = alloc->job_id;
+      step.nodes = fit->nodes;
+      step.tasks_per_node = fit->tasks_per_node;
+      step.exclude = excluded;
+      step.name = fmt::format("megascale-{}-{}", job_id, attempt);
+      LogInfo("attempt {}: launching {} ranks as a Slurm job step of job {}: {} node{} x {} tasks{}, job id {}",
+              attempt, world, alloc->job_id, fit->nodes, fit->nodes == 1 ? "" : "s", fit->tasks_per_node,
+              excluded.empty() ? "" : fmt::format(" (excluding {})", fmt::join(excluded, ",")), job_id);
+      MS_ASSIGN_OR_RETURN(launched, LaunchSlurmStep(plan, step));
+    } else {
+      plan.env.push_back(fmt::format("MEGASCALE_LOCAL_WORLD={}", world));
+      plan.env.push_back(fmt::format("OMP_NUM_THREADS={}", threads));
+      plan.rank_env = [](int r) {
+        return std::vector<std::string>{fmt::format("MEGASCALE_RANK={}", r), fmt::format("MEGASCALE_LOCAL_RANK={}", r)};
+      };
+      LogInfo("attempt {}: launching {} local ranks ({} threads each), job id {}", attempt, world, threads, job_id);
+      MS_ASSIGN_OR_RETURN(launched, LaunchLocal(plan));
+    }
+    // The driver's own view of the attempt's store namespace: heartbeats and the ranks' notes.
+    std::unique_ptr<Monitor> monitor;
+    {
+      bootstrap::StoreOptions so;
+      so.url = url;
+      so.password = password;
+      so.job_id = job_id;
+      so.attempt = attempt;
+      auto store = bootstrap::ConnectRedisStore(so);
+      if (store.ok()) {
+        monitor = std::make_unique<Monitor>(std::move(store).value(), world, spec.fault, run_dir, attempt, &events);
+      } else {
+        LogWarn("the driver cannot read heartbeats ({}): faults are found from exit statuses only",
+                store.status().message());
+      }
+    }
+    SuperviseOptions so;
+    so.run_dir = run_dir;
+    so.grace_s = StopGraceSeconds(spec);
+    so.attempt = attempt;
+    so.redis = redis ? &*redis : nullptr;
+    so.monitor = monitor.get();
+    so.events = &events;
+    // The recovery of the previous fault is complete when this attempt finishes a step.
+    // (A fast attempt may finish before its first heartbeat: rank 0's "startup" row says when.)
+    double next_look = 0;
+    auto watch_recovery = [&] {
+      if (!recovering) return;
+      double first_step = 0;
+      if (monitor && monitor->first_step_done()) {
+        first_step = WallSeconds();
+      } else if (NowSeconds() >= next_look) {
+        next_look = NowSeconds() + 1;
+        const double t = LastFirstStepWall(run_dir);
+        if (t > recovering->detected_at) first_step = t;
+      }
+      if (first_step > 0) {
+        const Recovery r = *recovering;
+        recovering.reset();
+        events.Write("recovered", [&](metrics::JsonObject& e) {
+          e.Add("attempt", attempt).Add("fault", r.kind).Add("restart_s", first_step - r.detected_at);
+          e.Add("resumed_from_step", r.resumed_from)
+              .Add("steps_recomputed", std::max<int64_t>(0, r.steps_reached - std::max<int64_t>(r.resumed_from, 0)));
+        });
+        LogInfo("recovered from the {} in {:.1f} s: attempt {} trains again from step {}", r.kind,
+                first_step - r.detected_at, attempt, r.resumed_from + 1);
+      }
+    };
+    so.on_tick = watch_recovery;
+    AttemptEnd result = Supervise(*launched, world, so);
+    launched.reset();
+    if (monitor && result.end) monitor->Finish();
+    next_look = 0;
+    watch_recovery();
+    if (result.end || !result.error.ok()) {
+      const double wall = WallSeconds() - driver_start, productive = ProductiveSeconds(run_dir);
+      events.Write("summary", [&](metrics::JsonObject& e) {
+        e.Add("attempts", attempt + 1).Add("faults", faults).Add("wall_s", wall).Add("productive_s", productive);
+        e.Add("effective_training_time_ratio", wall > 0 ? productive / wall : 0);
+        e.Add("end", result.end ? std::to_string(ExitCode(*result.end)) : result.error.message());
+      });
+      if (faults > 0 || attempt > 0) {
+        LogInfo(
+            "effective training time: {:.1f} s of steps in {:.1f} s of wall time ({:.0f}%), {} fault{} over {} "
+            "attempt{}",
+            productive, wall, wall > 0 ? 100 * productive / wall : 0, faults, faults == 1 ? "" : "s", attempt + 1,
+            attempt == 0 ? "" : "s");
+      }
+      if (redis) {
+        Status stopped = redis->Stop();  // after the ranks: they needed it for their last checkpoint
+        if (!stopped.ok()) LogWarn("stopping the embedded redis-server: {}", stopped.message());
+      }
+      if (!result.error.ok()) return result.error;
+      return *result.end;
+    }
+    // A fault: record it, decide, and restart from the newest checkpoint.
+    Fault& f = *result.fault;
+    ++faults;
+    const double detected_at = WallSeconds();
+    const int64_t reached = std::max<int64_t>(monitor ? monitor->max_step() : -1, LastTrainStep(run_dir));
+    std::string action = "restart";
+    std::string stop_reason;
+    if (f.host_fault && !f.host.empty() && ++host_faults[f.host][f.kind] >= 2) {
+      // The same fault twice on one host: the host is bad.
+      const int spare = alloc ? static_cast<int>(alloc->nodes.size() - excluded.size()) - fit->nodes : 0;
+      if (alloc && spare > 0) {
+        excluded.push_back(f.host);
+        action = fmt::format("restart without host {}", f.host);
+      } else {
+        stop_reason = fmt::format(
+            "the same fault ({}) happened twice on host {}, and {}", f.kind, f.host,
+            alloc ? "the allocation has no spare node to run without it" : "the local launcher has no other host");
+      }
+    }
+    if (stop_reason.empty() && attempt >= spec.fault.max_restarts) {
+      stop_reason = fmt::format("{} fault{} and fault.max_restarts = {}", faults, faults == 1 ? "" : "s",
+                                spec.fault.max_restarts);
+    }
+    if (!stop_reason.empty()) action = "stop";
+    events.Write("fault", [&](metrics::JsonObject& e) {
+      e.Add("attempt", attempt).Add("kind", f.kind).Add("rank", f.rank).Add("host", f.host).Add("detail", f.detail);
+      e.Add("detect_latency_s", f.detect_latency_s).Add("steps_reached", reached).Add("action", action);
+    });
+    if (stop_reason.empty())
+      recovered += fmt::format("{}{} in attempt {}", recovered.empty() ? "" : ", ", f.kind, attempt);
+    if (!stop_reason.empty()) {
+      const double wall = WallSeconds() - driver_start, productive = ProductiveSeconds(run_dir);
+      events.Write("summary", [&](metrics::JsonObject& e) {
+        e.Add("attempts", attempt + 1).Add("faults", faults).Add("wall_s", wall).Add("productive_s", productive);
+        e.Add("effective_training_time_ratio", wall > 0 ? productive / wall : 0).Add("end", stop_reason);
+      });
+      if (redis) redis->Stop().IgnoreError();
+      const int64_t newest = RestartStep(spec);
+      return Aborted("{} in attempt {}: {}. Stopping: {}{}. {}", f.kind, attempt, f.detail, stop_reason,
+                     recovered.empty() ? std::string() : fmt::format(" (recovered before: {})", recovered),
+                     newest >= 0 ? fmt::format("The checkpoints are intact (newest: step {}): `megascale resume` "
+                                               "continues from it once the cause is fixed",
+                                               newest)
+                                 : std::string("No checkpoint was committed yet"));
+    }
+    // Back off (longer after each fault), still honouring the job's stop signals.
+    const double backoff = std::min(60.0, spec.fault.restart_backoff_s * (1 << std::min(attempt, 10)));
+    LogWarn("{} in attempt {}: {}; {} in {:.0f} s from the newest checkpoint ({} of fault.max_restarts = {})", f.kind,
+            attempt, f.detail, action, backoff, attempt + 1, spec.fault.max_restarts);
+    for (const double until = NowSeconds() + backoff; NowSeconds() < until;) {
+      const SignalCounts sig = TakeSignals();
+      if (sig.terminate || sig.interrupt) {
+        if (redis) redis->Stop().IgnoreError();
+        LogWarn("stopped by {} while waiting to restart; the checkpoints are intact",
+                sig.terminate ? "SIGTERM" : "SIGINT");
+        return sig.terminate ? JobEnd::kSavedOnSignal : JobEnd::kInterrupted;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    resume_step = RestartStep(spec);
+    recovering = Recovery{f.kind, detected_at, reached, resume_step};
   }
-  SuperviseOptions so;
-  so.run_dir = run_dir;
-  so.grace_s = StopGraceSeconds(spec);
-  so.redis = redis ? &*redis : nullptr;
-  Result<JobEnd> end = Supervise(*attempt, world, so);
-  attempt.reset();
-  if (redis) {
-    Status stopped = redis->Stop();  // after the ranks: they needed it for their last checkpoint
-    if (!stopped.ok()) LogWarn("stopping the embedded redis-server: {}", stopped.message());
-  }
-  return end;
 }
 
 }  // namespace

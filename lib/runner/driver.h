@@ -22,13 +22,13 @@ double StopGraceSeconds(const config::JobSpec& spec);
 
 // How a job's ranks go on a Slurm allocation: `nodes` nodes with `tasks_per_node` ranks each.
 struct SlurmFit {
-  int nodes = 0;
+  int nodes = 0;  // used by a job step (the allocation may have spare ones)
   int tasks_per_node = 0;
 };
-// Checks that the job fits the allocation, before anything launches: as many tasks as ranks, the
-// same number on every node, tensor-parallel groups inside a node (tasks per node a multiple of
-// tp), no more ranks per node than GPUs on the CUDA backend. FailedPrecondition naming both sides
-// and a fix (--ntasks-per-node, --nodes, parallel.dp).
+// Checks that the job fits the allocation, before anything launches: as many tasks as ranks (or
+// more, by whole spare nodes, which replace a bad node), the same number on every node, tensor-parallel groups inside a
+// node (tasks per node a multiple of tp), no more ranks per node than GPUs on the CUDA backend. FailedPrecondition
+// naming both sides and a fix (--ntasks-per-node, --nodes, parallel.dp).
 Result<SlurmFit> FitSlurmAllocation(const config::JobSpec& spec, const cluster::SlurmAllocation& alloc);
 // The address the embedded redis-server listens on: runtime.address, else runtime.interface's
 // address, else (inside an allocation) this host's address toward the allocation's other nodes,

@@ -1,6 +1,9 @@
 #include "runner/fault_injection.h"
 
+#include <signal.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +17,9 @@ struct Fault {
   std::string kind, at;
   int rank = -1;
   double seconds = 0;
+  int64_t step = -1;
+  double factor = 1;
+  int attempt = 0;
 };
 
 std::vector<std::string_view> Split(std::string_view s, char sep) {
@@ -37,7 +43,7 @@ const std::vector<Fault>& Faults() {
       auto fields = Split(entry, ':');
       Fault f;
       f.kind = std::string(fields[0]);
-      bool ok = f.kind == "delay";
+      bool ok = f.kind == "delay" || f.kind == "nan" || f.kind == "slow" || f.kind == "hang" || f.kind == "crash";
       for (size_t i = 1; i < fields.size() && ok; ++i) {
         const size_t eq = fields[i].find('=');
         if (eq == std::string_view::npos) {
@@ -52,6 +58,12 @@ const std::vector<Fault>& Faults() {
             f.rank = std::stoi(value);
           } else if (key == "s") {
             f.seconds = std::stod(value);
+          } else if (key == "step") {
+            f.step = std::stoll(value);
+          } else if (key == "factor") {
+            f.factor = std::stod(value);
+          } else if (key == "attempt") {
+            f.attempt = std::stoi(value);
           } else {
             ok = false;
           }
@@ -59,7 +71,8 @@ const std::vector<Fault>& Faults() {
           ok = false;
         }
       }
-      if (!ok || f.at.empty()) {
+      if (!ok || (f.kind == "delay" && f.at.empty()) || (f.kind != "delay" && f.rank < 0) ||
+          ((f.kind == "nan" || f.kind == "hang" || f.kind == "crash") && f.step < 0)) {
         LogWarn("MEGASCALE_FAULT: ignoring malformed entry '{}'", entry);
         continue;
       }
@@ -70,7 +83,53 @@ const std::vector<Fault>& Faults() {
   return faults;
 }
 
+int Attempt() {
+  static const int attempt = [] {
+    auto a = GetEnv("MEGASCALE_ATTEMPT");
+    return a ? std::atoi(a->c_str()) : 0;
+  }();
+  return attempt;
+}
+
+const Fault* Find(std::string_view kind, int rank, int64_t step) {
+  for (const Fault& f : Faults()) {
+    if (f.kind == kind && f.rank == rank && f.attempt == Attempt() && (step < 0 || f.step == step)) return &f;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+bool InjectNan(int rank, int64_t step) {
+  if (!Find("nan", rank, step)) return false;
+  LogWarn("MEGASCALE_FAULT: a NaN in rank {}'s gradient at step {} (test hook)", rank, step);
+  return true;
+}
+
+double SlowFactor(int rank) {
+  const Fault* f = Find("slow", rank, -1);
+  if (!f) return 1;
+  LogWarn("MEGASCALE_FAULT: rank {} computes {} times as long (test hook)", rank, f->factor);
+  return f->factor;
+}
+
+void InjectHang(int rank, int64_t step) {
+  if (Find("crash", rank, step)) {
+    LogWarn("MEGASCALE_FAULT: rank {} crashes at step {} (test hook)", rank, step);
+    raise(SIGKILL);
+  }
+  if (!Find("hang", rank, step)) return;
+  LogWarn("MEGASCALE_FAULT: rank {} hangs at step {} (test hook)", rank, step);
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(3600));
+}
+
+void BurnCpu(double seconds) {
+  const double end = NowSeconds() + seconds;
+  volatile double sink = 0;
+  while (NowSeconds() < end) {
+    for (int i = 0; i < 1000; ++i) sink = sink + i * 1e-9;
+  }
+}
 
 void InjectDelay(std::string_view point, int rank) {
   for (const Fault& f : Faults()) {

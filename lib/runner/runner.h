@@ -53,6 +53,9 @@ class Coordinator;
 namespace ms::bootstrap {
 class Store;
 }
+namespace ms::runner {
+class ProgressBoard;
+}
 
 namespace ms::runner {
 
@@ -61,12 +64,18 @@ enum class JobEnd {
   kCompleted,      // trained every step
   kSavedOnSignal,  // SIGTERM: stopped after committing a checkpoint ("saved, requeue me")
   kInterrupted,    // SIGINT: stopped after a step without saving
+  // A rank (worker) only, never the job: the ranks agreed on a numeric fault (non-finite loss or
+  // gradient, a loss spike) and stopped before changing the parameters.
+  kRollback,         // fault policy rollback: the driver restarts from the newest checkpoint
+  kStoppedByPolicy,  // fault policy stop: the driver ends the job
 };
 // Exit statuses of `megascale train` / `resume` and of every worker process (docs/slurm.md).
 inline constexpr int kExitCompleted = 0;
 inline constexpr int kExitFailed = 1;         // any error; the message names the cause
 inline constexpr int kExitSaved = 75;         // EX_TEMPFAIL: stopped by SIGTERM with its checkpoint committed
 inline constexpr int kExitInterrupted = 130;  // 128 + SIGINT
+inline constexpr int kExitRollback = 76;      // a worker: restart me from the newest checkpoint
+inline constexpr int kExitStopPolicy = 77;    // a worker: stopped on a fault whose policy is stop
 int ExitCode(JobEnd end);
 
 // Catches SIGINT, SIGTERM and SIGUSR1 for the job (counted, acted on at step boundaries). Call it
@@ -103,6 +112,7 @@ struct Runtime {
   std::shared_ptr<void> keepalive;                       // owns what the communicators use (process groups, store)
   std::shared_ptr<checkpoint::Coordinator> coordinator;  // checkpoint durability across ranks (null: one rank)
   std::shared_ptr<bootstrap::Store> store;               // the job's store, for waits on one rank (null: one rank)
+  std::shared_ptr<ProgressBoard> board;                  // what this rank does, for its heartbeat (null: none)
   double collective_timeout_s = 60;                      // runtime.collective_timeout_s
   // Start-up milestones (name, WallSeconds()): the driver's (from MEGASCALE_STARTUP) and this rank's;
   // rank 0 writes them with the first step's as one "startup" row of metrics.jsonl.

@@ -35,7 +35,10 @@ Result<SlurmFit> FitSlurmAllocation(const config::JobSpec& spec, const cluster::
         "node: submit with --ntasks-per-node",
         have, counts);
   }
-  if (world != a.tasks) {
+  // More tasks than ranks is fine when whole nodes are left over: spare nodes, which the fault
+  // tolerance uses in place of a bad one.
+  const bool spare_nodes = world < a.tasks && world % per_node == 0;
+  if (world != a.tasks && !spare_nodes) {
     std::string fix;
     if (world % per_node == 0) {
       fix = fmt::format("submit with --nodes={} --ntasks-per-node={}", world / per_node, per_node);
@@ -62,7 +65,7 @@ Result<SlurmFit> FitSlurmAllocation(const config::JobSpec& spec, const cluster::
         "--ntasks-per-node={} or --gpus-per-node={}",
         per_node, a.job_id, a.gpus_per_node, a.gpus_per_node == 1 ? "" : "s", a.gpus_per_node, per_node);
   }
-  return SlurmFit{nodes, per_node};
+  return SlurmFit{world / per_node, per_node};
 }
 
 Result<std::string> ChooseStoreAddress(const config::JobSpec& spec, const cluster::SlurmAllocation* alloc) {

@@ -113,6 +113,28 @@ int StatusOf(std::string_view cause) {
   return 1 << 8;
 }
 
+}  // namespace
+
+std::vector<RankExit> ParseSrunTaskLine(std::string_view line, int world) {
+  static constexpr std::string_view kError = "srun: error: ";
+  std::vector<RankExit> out;
+  if (!line.starts_with(kError)) return out;
+  std::string_view rest = line.substr(kError.size());
+  const size_t c1 = rest.find(": task");
+  if (c1 == std::string_view::npos) return out;
+  const std::string node(rest.substr(0, c1));
+  rest = rest.substr(c1 + 2);  // "task 3: Killed" or "tasks 0-2,5: Exited with exit code 1"
+  const size_t space = rest.find(' '), colon = rest.find(": ");
+  if (space == std::string_view::npos || colon == std::string_view::npos || colon < space) return out;
+  const int status = StatusOf(rest.substr(colon + 2));
+  for (int t : ParseTaskList(rest.substr(space + 1, colon - space - 1))) {
+    if (t >= 0 && t < world) out.push_back({t, node, status, false});
+  }
+  return out;
+}
+
+namespace {
+
 class SlurmAttempt final : public Attempt {
  public:
   SlurmAttempt(int world, SlurmStep step) : world_(world), step_(std::move(step)) {}
@@ -132,8 +154,13 @@ class SlurmAttempt final : public Attempt {
               "--distribution=block:block",
               fmt::format("--job-name={}", step_.name),
               "--kill-on-bad-exit=0",  // the driver decides: it names the cause, then cancels the step
-              "--export=ALL",
-              plan.exe};
+              "--export=ALL"};
+    if (!step_.exclude.empty()) {
+      std::string list;
+      for (const auto& h : step_.exclude) list += (list.empty() ? "" : ",") + h;
+      s.argv.push_back("--exclude=" + list);
+    }
+    s.argv.push_back(plan.exe);
     for (auto& a : plan.args(0)) s.argv.push_back(a);
     // Each task takes its rank and local rank from Slurm; none may come from the driver's own.
     std::vector<std::string> env;
@@ -249,6 +276,8 @@ class SlurmAttempt final : public Attempt {
     return out;
   }
 
+  double ReportDelay() const override { return 1.5; }
+
   std::string LauncherError() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return launcher_error_;
@@ -324,17 +353,12 @@ class SlurmAttempt final : public Attempt {
       if (launcher_error_.empty()) launcher_error_ = std::string(line);
       return;
     }
-    const std::string node(rest.substr(0, c1));
-    rest = rest.substr(c1 + 2);  // "task 3: Killed" or "tasks 0-2,5: Exited with exit code 1"
-    const size_t space = rest.find(' '), colon = rest.find(": ");
-    if (space == std::string_view::npos || colon == std::string_view::npos || colon < space) return;
-    const std::vector<int> tasks = ParseTaskList(rest.substr(space + 1, colon - space - 1));
-    const int status = StatusOf(rest.substr(colon + 2));
     std::lock_guard<std::mutex> lock(mu_);
-    for (int t : tasks) {
-      if (t < 0 || t >= world_ || seen_.count(t)) continue;
-      seen_.insert(t);
-      parsed_.push_back({t, node, status, killed_.load() || cancelled_});
+    for (RankExit& e : ParseSrunTaskLine(line, world_)) {
+      if (seen_.count(e.rank)) continue;
+      seen_.insert(e.rank);
+      e.collateral = killed_.load() || cancelled_;
+      parsed_.push_back(std::move(e));
     }
   }
 

@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <vector>
 
+#include "bootstrap/bootstrap.h"
 #include "cuda/cuda.h"
 #include "data/data.h"
 #include "device/device.h"
@@ -18,6 +20,7 @@
 #include "parallel/parallel.h"
 #include "runner/checkpointing.h"
 #include "runner/fault_injection.h"
+#include "runner/heartbeat.h"
 #include "runner/runner.h"
 #include "runner/signals.h"
 
@@ -341,6 +344,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   // Model shard, data-parallel engine, optimizer.
   MS_ASSIGN_OR_RETURN(Compute compute, MakeCompute(spec, rt));  // may swap the communicators for NCCL ones
   TimedComm tp_timed(rt.tp.get());
+  ProgressBoard* board = rt.board.get();  // null without heartbeats
+  auto set_phase = [board](Phase p) {
+    if (board) board->SetPhase(p);
+  };
+  const double slow_factor = SlowFactor(rt.rank);  // test hook: a straggler
   device::Device* device = compute.device.get();
   model::ShardSpec shard;
   shard.tp_size = par.tp;
@@ -412,6 +420,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
 
   // Forward-only pass over the validation split (each dp rank its own eval_batches micro-batches).
   auto evaluate = [&]() -> Result<double> {
+    set_phase(Phase::kEval);
     if (sampler.num_valid() == 0) return -1.0;
     MS_RETURN_IF_ERROR(dpe->WaitAllParams());
     double sum = 0;
@@ -493,6 +502,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   // What every rank must act on at the same step: each flag is reduced on its own (max), so one
   // rank's SIGUSR1 never hides another's SIGTERM.
   enum Flag { kInterrupt, kTerminate, kSave, kCheckpointsFailing, kNumFlags };
+  int64_t saves_seen = 0, saves_done = 0;  // SIGUSR1 requests: received here, and acted on by the job
   bool stop_interrupt = false, stop_terminate = false;
   int failed_in_row = 0;  // consecutive failed checkpoints (rank 0's count decides)
   Status last_ckpt_error, last_outcome;
@@ -531,8 +541,12 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     }
     return Status::Ok();
   };
+  double loss_average = 0;  // of the recent steps, for fault.loss_spike_factor
+  int64_t loss_history = 0;
   for (int64_t step = start_step; step <= spec.train.steps; ++step) {
     const double t0 = NowSeconds();
+    if (board) board->SetStep(step);
+    InjectHang(rt.rank, step);  // test hook: a rank that stops making progress
     double data_s = 0, loss_sum = 0;
     pipe.reset_wait();
     tp_timed.reset();
@@ -554,6 +568,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       const bool needs_tokens = gpt->has_embedding(c) || gpt->has_head(c);
       if (a.kind == parallel::ActionKind::kForward) {
         if (needs_tokens) {
+          set_phase(Phase::kData);
           const double td = NowSeconds();
           MS_RETURN_IF_ERROR(FetchBatch(sampler, true, batch_first(step, a.micro), micro, T, &seq, &inputs, &targets));
           data_s += NowSeconds() - td;
@@ -563,6 +578,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           MS_ASSIGN_OR_RETURN(x_in, pipe.TakeRecv(prev_rank, PipeComm::Tag(0, a.micro, g)));
         }
         MS_RETURN_IF_ERROR(pipe.WaitSend({c, slot}));  // the slot's last output must have left
+        set_phase(Phase::kForward);
         const double tf = NowSeconds();
         double layer_t = tf;
         int layer_prev = -2;
@@ -576,9 +592,9 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         };
         MS_ASSIGN_OR_RETURN(float l, gpt->ForwardChunk(c, slot, inputs.data(), targets.data(), x_in, before));
         trace.Span(fmt::format("fwd mb{} layer {}", a.micro, layer_prev), "compute", layer_t, NowSeconds());
+        if (slow_factor > 1) BurnCpu((slow_factor - 1) * (NowSeconds() - tf));
         if (gpt->has_head(c)) {
-          loss_sum += l;
-          if (!std::isfinite(l)) return DataLoss("loss is {} at step {}; stopping (lower optimizer.lr?)", l, step);
+          loss_sum += l;  // a non-finite loss is handled once the ranks have agreed on it (fault.nan_policy)
         } else {
           MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
           pipe.Send(gpt->ChunkOutput(c, slot), next_rank, PipeComm::Tag(0, a.micro, g + 1), {c, slot});
@@ -589,7 +605,9 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           MS_ASSIGN_OR_RETURN(dout, pipe.TakeRecv(next_rank, PipeComm::Tag(1, a.micro, g)));
         }
         MS_RETURN_IF_ERROR(pipe.WaitSend({-1 - c, slot}));  // the slot's last input gradient must have left
-        double layer_t = NowSeconds();
+        set_phase(Phase::kBackward);
+        const double tb = NowSeconds();
+        double layer_t = tb;
         auto done = [&](int layer) {
           const double now = NowSeconds();
           trace.Span(fmt::format("bwd mb{} layer {}", a.micro, layer), "compute", layer_t, now);
@@ -597,6 +615,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           dpe->OnLayerDone(layer, a.micro, n_micro);
         };
         MS_RETURN_IF_ERROR(gpt->BackwardChunk(c, slot, dout, dloss, done));
+        if (slow_factor > 1) BurnCpu((slow_factor - 1) * (NowSeconds() - tb));
         MS_RETURN_IF_ERROR(dpe->EndMicroBatch(a.micro, n_micro));
         if (!gpt->has_embedding(c)) {
           MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
@@ -607,25 +626,92 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     MS_RETURN_IF_ERROR(pipe.WaitAll());
     MS_RETURN_IF_ERROR(gpt->ReduceSequenceParallelGrads());
     MS_RETURN_IF_ERROR(dpe->FinishBackward());
-    const double lr = optim::LearningRate(spec.optimizer, step, spec.train.steps);
-    const double t_opt = NowSeconds();
-    auto norm_or = opt->Step(dpe->segment_data(), step, lr, reduce_world);
-    if (!norm_or.ok()) return norm_or.status();
-    MS_RETURN_IF_ERROR(dpe->StartParamGather());
-    trace.Span(fmt::format("optimizer step {}", step), "compute", t_opt, NowSeconds());
-
+    if (InjectNan(rt.rank, step)) {  // test hook: a NaN in this rank's gradient
+      const auto& segs = opt->segments();
+      auto data = dpe->segment_data();
+      for (size_t i = 0; i < segs.size(); ++i) {
+        if (!segs[i].count || segs[i].len == 0) continue;
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        MS_RETURN_IF_ERROR(gpt->backend()->CopyFromHost(data[i].grad, &nan, sizeof nan));
+        MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
+        break;
+      }
+    }
     // The loss lives on the last pipeline stage: sum it over the world from one rank per dp replica.
+    // Every rank learns it (and the gradient norm) before any parameter changes, so all agree on a fault.
     const bool reporter = gpt->has_head(gpt->num_chunks() - 1) && rt.tp_rank == 0;
     std::vector<double> agg{reporter ? loss_sum / n_micro : 0.0};
     MS_RETURN_IF_ERROR(reduce_world(&agg));
     const double loss = agg[0] / par.dp;
-    if (!std::isfinite(loss)) return DataLoss("loss is {} at step {}; stopping (lower optimizer.lr?)", loss, step);
+    const double lr = optim::LearningRate(spec.optimizer, step, spec.train.steps);
+    set_phase(Phase::kOptimizer);
+    const double t_opt = NowSeconds();
+    Result<double> norm_or = std::isfinite(loss) ? opt->Step(dpe->segment_data(), step, lr, reduce_world)
+                                                 : Result<double>(DataLoss("loss is {}", loss));
+    std::string numeric_fault;  // non-finite loss or gradient norm: the parameters were left unchanged
+    if (!norm_or.ok()) {
+      if (norm_or.status().code() != Code::kDataLoss) return norm_or.status();
+      numeric_fault = fmt::format("non-finite {} at step {} ({})", std::isfinite(loss) ? "gradient norm" : "loss", step,
+                                  norm_or.status().message());
+    }
+    if (numeric_fault.empty() && spec.fault.loss_spike_factor > 0 && loss_history > 10 &&
+        loss > spec.fault.loss_spike_factor * loss_average) {
+      const std::string spike = fmt::format("loss spike at step {}: {:.4f}, {:.1f} x its recent average {:.4f}", step,
+                                            loss, loss / loss_average, loss_average);
+      if (spec.fault.spike_policy == "rollback") {
+        numeric_fault = spike;
+      } else if (rank0) {
+        LogWarn("{} (fault.spike_policy: warn)", spike);
+        metrics::JsonObject ev;
+        ev.Add("phase", "fault").Add("kind", "loss_spike").Add("step", step).Add("loss", loss);
+        ev.Add("average", loss_average).Add("action", "warn");
+        MS_RETURN_IF_ERROR(jsonl->Write(ev));
+      }
+    }
+    if (!numeric_fault.empty()) {
+      const std::string& policy =
+          numeric_fault.find("spike") != std::string::npos ? spec.fault.spike_policy : spec.fault.nan_policy;
+      if (rank0) {
+        metrics::JsonObject ev;
+        ev.Add("phase", "fault").Add("kind", numeric_fault.find("spike") != std::string::npos ? "loss_spike" : "nan");
+        ev.Add("step", step).Add("detail", numeric_fault).Add("action", policy);
+        MS_RETURN_IF_ERROR(jsonl->Write(ev));
+      }
+      if (policy == "skip") {
+        if (rank0) LogWarn("{}: step skipped, parameters unchanged (fault.nan_policy: skip)", numeric_fault);
+        norm_or = std::numeric_limits<double>::quiet_NaN();
+      } else {
+        // rollback: every rank stops here (they all saw the same numbers) and the driver restarts
+        // the job from the newest checkpoint; stop: the job ends.
+        if (rank0 && rt.store) {
+          rt.store->Set("fault/note", numeric_fault).IgnoreError();  // best effort: the driver's diagnosis
+        }
+        if (rank0) LogError("{} (policy: {})", numeric_fault, policy);
+        MS_RETURN_IF_ERROR(dpe->WaitAllParams());
+        checkpointer->Wait().IgnoreError();
+        summary.steps_done = step - 1;
+        summary.end = policy == "rollback" ? JobEnd::kRollback : JobEnd::kStoppedByPolicy;
+        if (!rt.store) {  // one rank, no driver to restart it
+          return DataLoss(
+              "{}; stopping (fault.nan_policy {} needs a multi-rank job's driver to restart; lower "
+              "optimizer.lr?)",
+              numeric_fault, policy);
+        }
+        return summary;
+      }
+    } else {
+      loss_average = loss_history == 0 ? loss : 0.9 * loss_average + 0.1 * loss;
+      ++loss_history;
+    }
+    MS_RETURN_IF_ERROR(dpe->StartParamGather());
+    trace.Span(fmt::format("optimizer step {}", step), "compute", t_opt, NowSeconds());
     const double dt = NowSeconds() - t0;
     ema_step = step == 1 ? dt : 0.9 * ema_step + 0.1 * dt;
     const double tokens = static_cast<double>(spec.train.global_batch) * T;
     const double flops = flops_per_seq * spec.train.global_batch / dt;
     const double mfu = peak > 0 ? flops / (peak * rt.world) : 0;
     const double comm_exposed = dpe->stats().dp_wait_s + tp_timed.wait_s();
+    if (board) board->RecordStep(step, dt, dt - data_s - comm_exposed - pipe.wait_s(), comm_exposed + pipe.wait_s());
     if (step == start_step) summary.first_loss = loss;
     summary.final_loss = loss;
     summary.steps_done = step;
@@ -680,7 +766,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     std::vector<int64_t> flags(kNumFlags, 0);
     flags[kInterrupt] = got.interrupt > 0;
     flags[kTerminate] = got.terminate > 0;
-    flags[kSave] = got.save > 0;
+    // SIGUSR1 as a running count: the driver's forwarded signal reaches the ranks at slightly
+    // different times, possibly on both sides of a step boundary; the max of the counts grows once
+    // per request however the ranks see it, so one request makes one checkpoint.
+    saves_seen += got.save;
+    flags[kSave] = saves_seen;
     flags[kCheckpointsFailing] = spec.checkpoint.max_failures > 0 && failed_in_row >= spec.checkpoint.max_failures;
     if (rt.world > 1) {
       MS_RETURN_IF_ERROR(rt.world_comm->AllReduce(flags.data(), kNumFlags, comm::ReduceOp::kMax)->Wait());
@@ -700,8 +790,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     stop_interrupt |= flags[kInterrupt] != 0;
     stop_terminate |= flags[kTerminate] != 0;
     const bool want_save = (spec.checkpoint.interval > 0 && step % spec.checkpoint.interval == 0) ||
-                           flags[kTerminate] != 0 || flags[kSave] != 0;
+                           flags[kTerminate] != 0 || flags[kSave] > saves_done;
+    saves_done = std::max(saves_done, flags[kSave]);
     if (want_save) {
+      set_phase(Phase::kCheckpoint);
       MS_RETURN_IF_ERROR(dpe->WaitAllParams());
       MS_ASSIGN_OR_RETURN(auto pieces, RankPieces(*gpt, *opt, rt.dp_rank, &ckpt_staging));
       MS_ASSIGN_OR_RETURN(auto info, checkpointer->Snapshot(step, pieces, MakeMetadata(spec, step)));

@@ -1,6 +1,7 @@
 // RunWorker: one rank of a multi-rank job, started by the driver (attempt.h): store, rendezvous,
 // process groups, then Train().
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 
 #include "bootstrap/bootstrap.h"
@@ -8,6 +9,7 @@
 #include "comm/nccl_comm.h"
 #endif
 #include "runner/checkpointing.h"
+#include "runner/heartbeat.h"
 #include "runner/runner.h"
 
 namespace ms::runner {
@@ -55,6 +57,7 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
   bootstrap::StoreOptions so;
   so.url = *url;  // the password comes from MEGASCALE_REDIS_PASSWORD
   so.job_id = *job_id;
+  if (auto attempt = GetEnv("MEGASCALE_ATTEMPT")) so.attempt = std::atoi(attempt->c_str());  // its own keys
   MS_ASSIGN_OR_RETURN(auto store, bootstrap::ConnectRedisStore(so));
   MS_ASSIGN_OR_RETURN(auto grid, bootstrap::ParallelGrid::Make(world, spec.parallel.tp, spec.parallel.pp));
   const bootstrap::Millis timeout(static_cast<int64_t>(spec.runtime.rendezvous_timeout_s * 1000));
@@ -86,25 +89,33 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
   rt.startup = DriverMilestones();
   rt.startup.emplace_back("worker_start", worker_start);
   rt.startup.emplace_back("bootstrap_done", bootstrap_done);
+  // Every wait in a communicator is recorded on the board that the heartbeat publishes.
+  auto board = std::make_shared<ProgressBoard>();
+  board->set_pp_rank(coords.pp);
+  std::array<int, 5> group_id{};  // by bootstrap::GroupKind
   auto make = [&](const std::shared_ptr<gloo::Context>& ctx, std::string name) {
     comm::GlooOptions go;
-    go.name = std::move(name);
+    go.name = name;
     go.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.runtime.collective_timeout_s * 1000));
-    return comm::MakeGlooCommunicator(ctx, go);
+    return TrackWaits(comm::MakeGlooCommunicator(ctx, go), board.get(), board->RegisterGroup(name));
   };
   rt.tp = make(g.tp, fmt::format("tp[{}]", grid.GroupIndex(bootstrap::GroupKind::kTp, me.rank)));
+  group_id[static_cast<int>(bootstrap::GroupKind::kTp)] = 0;
   rt.pp = make(g.pp, fmt::format("pp[{}]", grid.GroupIndex(bootstrap::GroupKind::kPp, me.rank)));
+  group_id[static_cast<int>(bootstrap::GroupKind::kPp)] = 1;
   rt.dp = make(g.dp, fmt::format("dp[{}]", grid.GroupIndex(bootstrap::GroupKind::kDp, me.rank)));
+  group_id[static_cast<int>(bootstrap::GroupKind::kDp)] = 2;
   rt.world_comm = make(g.world, "world");
   if (spec.parallel.pp > 1 && spec.model.tied_embeddings && g.embedding) {
     rt.embedding =
         make(g.embedding, fmt::format("embedding[{}]", grid.GroupIndex(bootstrap::GroupKind::kEmbedding, me.rank)));
+    group_id[static_cast<int>(bootstrap::GroupKind::kEmbedding)] = 4;
   }
 #if defined(MS_HAVE_NCCL)
   // NCCL groups for the CUDA backend on GPUs: the same members and group ranks as the Gloo groups, each created
   // from an id its leader publishes in the store, in the Gloo groups' order (no rank waits on a group it is not
   // in). Not run in CI (no GPU).
-  rt.use_nccl = [holder, grid, timeout, rank = me.rank](Runtime& r, void* stream) -> Status {
+  rt.use_nccl = [holder, grid, timeout, rank = me.rank, board, group_id](Runtime& r, void* stream) -> Status {
     const auto& groups = holder->first;
     auto make = [&](bootstrap::GroupKind kind) -> Result<std::unique_ptr<comm::Communicator>> {
       const auto& members = groups.members[static_cast<int>(kind)];
@@ -115,9 +126,11 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
       comm::NcclOptions o;
       o.name = fmt::format("nccl-{}[{}]", bootstrap::GroupKindName(kind), index);
       o.compute_stream = static_cast<cudaStream_t>(stream);
-      return bootstrap::CreateNcclCommunicator(
-          *holder->second, fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
-          static_cast<int>(pos - members.begin()), static_cast<int>(members.size()), timeout, o);
+      MS_ASSIGN_OR_RETURN(auto c,
+                          bootstrap::CreateNcclCommunicator(
+                              *holder->second, fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
+                              static_cast<int>(pos - members.begin()), static_cast<int>(members.size()), timeout, o));
+      return TrackWaits(std::move(c), board.get(), group_id[static_cast<int>(kind)]);
     };
     MS_ASSIGN_OR_RETURN(r.tp, make(bootstrap::GroupKind::kTp));
     MS_ASSIGN_OR_RETURN(r.pp, make(bootstrap::GroupKind::kPp));
@@ -131,8 +144,20 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
   MS_ASSIGN_OR_RETURN(rt.coordinator, MakeStoreCoordinator(*coordination_store));
   rt.store = std::move(coordination_store);
   rt.keepalive = holder;
-  MS_ASSIGN_OR_RETURN(TrainSummary summary, Train(spec, options, rt));
-  return summary.end;
+  rt.board = board;
+  // The heartbeat: from here to the end, whatever the training thread does (destroyed before rt).
+  std::unique_ptr<Heartbeat> heartbeat;
+  if (spec.fault.heartbeat_s > 0) {
+    MS_ASSIGN_OR_RETURN(auto beat_store, holder->second->Clone());
+    heartbeat = Heartbeat::Start(std::move(beat_store), me.rank, me.hostname, spec.fault.heartbeat_s, board.get());
+  }
+  auto summary = Train(spec, options, rt);
+  if (!summary.ok()) {
+    // Told to the driver, which names it when it reports this rank's failure (best effort).
+    rt.store->Set(fmt::format("error/{}", me.rank), summary.status().message()).IgnoreError();
+    return summary.status();
+  }
+  return summary->end;
 }
 
 }  // namespace ms::runner

@@ -290,8 +290,11 @@ def main():
     spec = os.path.join(WORK, "kill.yaml")
     open(spec, "w").write(spec_text(data, "parallel", "adamw").replace("steps: 10", "steps: 100000"))
     run_dir = os.path.join(WORK, "kill")
+    # No restart (fault.max_restarts=0): this checks that the failure is reported; recovery is tested in
+    # tests/runner/fault_test.py.
     p = subprocess.Popen([BIN, "train", spec, "--no-progress", "--set", "parallel.dp=2", "--set",
-                          f"log.run_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          f"log.run_dir={run_dir}", "--set", "fault.max_restarts=0"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     victim = None
     deadline = time.time() + 60
     while victim is None and time.time() < deadline:

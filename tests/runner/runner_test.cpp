@@ -13,6 +13,7 @@
 #include "runner/attempt.h"
 #include "runner/checkpointing.h"
 #include "runner/driver.h"
+#include "runner/heartbeat.h"
 #include "runner/run_dir.h"
 #include "runner/runner.h"
 
@@ -225,6 +226,17 @@ TEST_CASE("a layout that does not fit the Slurm allocation is refused before lau
   auto uneven = FitSlurmAllocation(spec, a);
   REQUIRE_FALSE(uneven.ok());
   CHECK(uneven.status().message().find("(6,2)") != std::string::npos);
+  // Spare whole nodes are allowed (the fault tolerance runs without a bad node on one of them).
+  spec.parallel.dp = 2;
+  a.nodes = {"node0", "node1", "node2"};
+  a.tasks_per_node = {4, 4, 4};
+  a.tasks = 12;
+  auto spare = FitSlurmAllocation(spec, a);
+  REQUIRE(spare.ok());
+  CHECK(spare->nodes == 2);
+  a.nodes = {"node0", "node1"};
+  a.tasks_per_node = {4, 4};
+  a.tasks = 8;
   // dp offered as the fix when tp * pp divides the tasks.
   spec.parallel.dp = 3;
   a.tasks_per_node = {4, 4};
@@ -249,6 +261,62 @@ TEST_CASE("the store listens where the other nodes can reach it, or where the sp
   spec.runtime.address.clear();
   spec.runtime.interface = "nope0";
   CHECK_FALSE(ChooseStoreAddress(spec, nullptr).ok());
+}
+
+}  // namespace ms::runner
+
+namespace ms::runner {
+
+TEST_CASE("a heartbeat says what the rank does, and the driver reads it back") {
+  ProgressBoard b;
+  b.set_pp_rank(1);
+  const int tp = b.RegisterGroup("tp[0]");
+  b.RegisterGroup("dp[3]");
+  b.SetStep(5);
+  b.SetPhase(Phase::kBackward);
+  for (int64_t s = 1; s <= 70; ++s) b.RecordStep(s, 0.02, 0.015, 0.005);  // more than the ring holds
+  b.EnterWait(tp, "all-reduce");
+  const std::string text = "n=3\nt=1795486100.123456\nrank=1\nhost=node2\npid=42\n" + b.Snapshot();
+  auto beat = ParseHeartbeat(text);
+  REQUIRE_MESSAGE(beat.ok(), beat.status().ToString(), "\n", text);
+  CHECK(beat->n == 3);
+  CHECK(beat->rank == 1);
+  CHECK(beat->host == "node2");
+  CHECK(beat->pp_rank == 1);
+  CHECK(beat->groups == std::vector<std::string>{"tp[0]", "dp[3]"});
+  CHECK(beat->step == 5);
+  CHECK(beat->phase == "backward");
+  CHECK(beat->wait_op == "all-reduce");
+  CHECK(beat->wait_group == "tp[0]");
+  REQUIRE(beat->steps.size() == 64);
+  CHECK(beat->steps.front().step == 7);
+  CHECK(beat->steps.back().step == 70);
+  CHECK(beat->steps.back().compute_s == doctest::Approx(0.015));
+  b.LeaveWait();
+  auto idle = ParseHeartbeat("n=4\nt=1\nrank=1\nhost=h\npid=1\n" + b.Snapshot());
+  REQUIRE(idle.ok());
+  CHECK(idle->wait_group.empty());
+  CHECK_FALSE(ParseHeartbeat("n=x\nrank=1\n").ok());
+}
+
+}  // namespace ms::runner
+
+namespace ms::runner {
+
+TEST_CASE("srun's reports of its tasks' ends are read as rank exits") {
+  auto killed = ParseSrunTaskLine("srun: error: node1: task 3: Killed", 8);
+  REQUIRE(killed.size() == 1);
+  CHECK(killed[0].rank == 3);
+  CHECK(killed[0].host == "node1");
+  CHECK(WIFSIGNALED(killed[0].status));
+  CHECK(WTERMSIG(killed[0].status) == SIGKILL);
+  auto exited = ParseSrunTaskLine("srun: error: node0: tasks 0-2,5: Exited with exit code 75", 8);
+  REQUIRE(exited.size() == 4);
+  CHECK(exited[3].rank == 5);
+  CHECK(WIFEXITED(exited[0].status));
+  CHECK(WEXITSTATUS(exited[0].status) == 75);
+  CHECK(ParseSrunTaskLine("srun: Force Terminated StepId=2.0", 8).empty());
+  CHECK(ParseSrunTaskLine("srun: error: node0: tasks 7-9: Killed", 8).size() == 1);  // out of range dropped
 }
 
 }  // namespace ms::runner

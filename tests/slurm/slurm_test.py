@@ -15,6 +15,9 @@ namespace), megascale launched inside allocations with sbatch and salloc.
   usr1_warning_then_step_cancel  the time-limit warning (B:USR1) saves and training goes on;
                         `scancel --signal=TERM <step>` saves and ends the job with 75; a plain step scancel
                         (Slurm's SIGKILL) is reported as such
+  restart_as_new_step   a crashed rank: the job restarts as a new step from its checkpoint and ends with
+                        the undisturbed loss
+  bad_host_excluded     the same fault twice on a node, with a spare node: the next step excludes it
   misfit                layouts that do not fit the allocation fail before anything launches
 
 If Slurm cannot start here the test fails, unless MEGASCALE_SKIP_SLURM=1 asks to skip it (exit 77,
@@ -60,10 +63,10 @@ def case(fn):
     return fn
 
 
-def login(*args, timeout=180):
+def login(*args, timeout=180, env=None):
     """Runs a command on the login host; returns (exit status, stdout + stderr)."""
     p = subprocess.run(["bash", CLUSTER, "login", STATE, "--", *args], capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=env)
     return p.returncode, p.stdout + p.stderr
 
 
@@ -258,7 +261,7 @@ try:
     @case
     def killed_rank():
         run_dir = os.path.join(WORK, "killed")
-        s = spec("killed", run_dir, steps=100000)
+        s = spec("killed", run_dir, steps=100000, extra="fault: {max_restarts: 0}\n")  # recovery: below
         job = sbatch(f"""#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=4 --output={WORK}/killed.out
 exec {BIN} train {shlex.quote(s)} --no-progress
@@ -340,6 +343,44 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         out = open(os.path.join(WORK, "killed-step.out")).read()
         last = [l for l in out.splitlines() if l.startswith("error: ")][-1:]
         assert last and "the job step was cancelled from outside" in last[0], f"{last}; {out[-1000:]}"
+        assert not stray(), stray()
+
+    @case
+    def restart_as_new_step():
+        # A rank crashing on node1: the driver restarts the job as a new job step from the newest
+        # checkpoint, and it ends with exactly the loss of the undisturbed run.
+        run_dir = os.path.join(WORK, "restart")
+        fault = "checkpoint: {interval: 5}\nfault: {heartbeat_s: 0.25, restart_backoff_s: 0.1}\n"
+        s = spec("restart", run_dir, steps=30, layout="tp: 2, pp: 1, dp: 2", extra=fault)
+        env = dict(os.environ, MEGASCALE_FAULT="crash:rank=3:step=12")
+        rc, out = login("salloc", "--nodes=2", "--ntasks-per-node=2", BIN, "train", s, "--no-progress", env=env)
+        assert rc == 0, out[-1500:]
+        events = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl"))]
+        faults = [e for e in events if e["event"] == "fault"]
+        assert [(f["kind"], f["rank"], f["host"]) for f in faults] == [("crash", 3, "node1")], events
+        assert [e["attempt"] for e in events if e["event"] == "attempt"] == [0, 1]
+        assert any(e["event"] == "recovered" for e in events), events
+        assert losses(run_dir)[30] == local_losses(s)[30]
+        assert not stray(), stray()
+
+    @case
+    def bad_host_excluded():
+        # The same fault twice on node0, with a spare node in the allocation (3 nodes for a job of 2):
+        # the third attempt runs without node0 and finishes with the undisturbed loss.
+        run_dir = os.path.join(WORK, "bad-host")
+        fault = "checkpoint: {interval: 5}\nfault: {heartbeat_s: 0.25, restart_backoff_s: 0.1}\n"
+        s = spec("bad host", run_dir, steps=30, layout="tp: 2, pp: 1, dp: 2", extra=fault)
+        env = dict(os.environ, MEGASCALE_FAULT="crash:rank=1:step=12;crash:rank=1:step=17:attempt=1")
+        rc, out = login("salloc", "--nodes=3", "--ntasks-per-node=2", BIN, "train", s, "--no-progress", env=env)
+        assert rc == 0, out[-1500:]
+        events = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl"))]
+        actions = [(f["host"], f["action"]) for f in events if f["event"] == "fault"]
+        assert actions == [("node0", "restart"), ("node0", "restart without host node0")], events
+        assert "excluding node0" in out, out[-1500:]
+        hosts = {re.findall(r"on host (\S+)", open(f).read())[-1]  # each attempt appends to the rank's log
+                 for f in glob.glob(os.path.join(run_dir, "logs", "rank-*.log"))}
+        assert hosts == {"node1", "node2"}, f"last attempt's ranks ran on {hosts}"
+        assert losses(run_dir)[30] == local_losses(s)[30]
         assert not stray(), stray()
 
     @case
