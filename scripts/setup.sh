@@ -8,7 +8,7 @@ pkgs=(
   cmake ninja-build g++ pkg-config         # build
   libcli11-dev libyaml-cpp-dev libfmt-dev   # CLI, job spec, formatting
   libhiredis-dev redis-server               # bootstrap store
-  libgloo-dev libfabric-dev                 # CPU collectives, fabric
+  libgloo-dev libfabric-dev libfabric-bin   # CPU collectives, fabric (fi_pingpong: scripts/bench_fault.sh)
   libdnnl-dev                               # CPU GEMMs (oneDNN)
   doctest-dev                               # unit tests
   fortunes-min fortunes                     # demo corpus

@@ -22,6 +22,7 @@ CLI::App* AddPrepareDataCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddInitTestCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddBenchCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddExportCommand(CLI::App& parent, RunFn* run);
+CLI::App* AddSelfCheckCommand(CLI::App& parent, RunFn* run);
 
 // Prints "error: <message>" to stderr and returns 1: the one error boundary.
 int ReportError(const Status& status);

@@ -63,8 +63,16 @@ CLI::App* AddWorkerCommand(CLI::App& parent, RunFn* run) {
   sub->add_flag("--no-progress", *no_progress, "Do not draw the progress line");
   sub->add_option("--dump-params", options->dump_params_dir, "Write final parameter shards to DIR");
   sub->add_option("--resume-step", options->resume_step, "Restore the checkpoint of this step (chosen by the driver)");
-  *run = [path, options, no_progress]() -> int {
+  auto self_check = std::make_shared<bool>(false);
+  auto check = std::make_shared<runner::SelfCheckOptions>();
+  sub->add_flag("--self-check", *self_check, "Run the self-check's measurements instead of training");
+  sub->add_option("--provider", check->provider, "libfabric provider of the self-check's point-to-point test");
+  *run = [path, options, no_progress, self_check, check]() -> int {
     runner::InstallStopSignals();
+    if (*self_check) {
+      Status s = runner::RunSelfCheckWorker(*path, *check);
+      return s.ok() ? 0 : ReportError(s);
+    }
     options->progress = !*no_progress;
     auto end = runner::RunWorker(*path, *options);
     if (!end.ok()) return ReportError(end.status());

@@ -145,6 +145,9 @@ struct FaultSpec {
   std::string spike_policy = "warn";    // warn | rollback
   double straggler_ratio = 0.5;         // median compute time this much above the median of its peers ...
   int straggler_steps = 10;             // ... over this many steps: a straggler; 0 = off
+  bool self_check = false;              // run `megascale self-check` before each attempt (multi-rank jobs)
+  std::string self_check_provider = "tcp";  // libfabric provider of its point-to-point test: tcp, shm, verbs, efa
+  double self_check_tolerance = 0.5;        // a result this much worse than the median (1 + x times) is flagged
   bool operator==(const FaultSpec&) const = default;
 };
 

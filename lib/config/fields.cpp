@@ -408,6 +408,9 @@ std::vector<Field> BuildFields() {
   f.push_back(String("fault.spike_policy", MS_FIELD(fault.spike_policy), true, {"warn", "rollback"}));
   f.push_back(Real("fault.straggler_ratio", MS_FIELD(fault.straggler_ratio), Positive()));
   f.push_back(Integer("fault.straggler_steps", MS_FIELD(fault.straggler_steps), AtLeast(0)));
+  f.push_back(Boolean("fault.self_check", MS_FIELD(fault.self_check)));
+  f.push_back(String("fault.self_check_provider", MS_FIELD(fault.self_check_provider), true));
+  f.push_back(Real("fault.self_check_tolerance", MS_FIELD(fault.self_check_tolerance), Positive()));
   return f;
 }
 #undef MS_FIELD

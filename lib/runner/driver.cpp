@@ -1,6 +1,5 @@
 // The driver: RunJob checks, locks and prepares the run, then trains in-process (one rank) or
 // launches an attempt of worker processes and supervises it (see runner.h for the contract).
-#include <limits.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +22,7 @@
 #include "runner/monitor.h"
 #include "runner/run_dir.h"
 #include "runner/runner.h"
+#include "runner/self_check.h"
 #include "runner/signals.h"
 
 namespace ms::runner {
@@ -343,6 +343,38 @@ int64_t RestartStep(const config::JobSpec& spec) {
   return latest->step();
 }
 
+// fault.self_check: the self-check on the attempt's placement. Hosts it flags are excluded when
+// the Slurm allocation has spare nodes for them all; otherwise the job stops with its findings.
+Status CheckBeforeAttempt(const config::JobSpec& spec, const JobStore& store, const Placement& where,
+                          const std::string& job_id, int attempt, EventLog& events,
+                          std::vector<std::string>& excluded) {
+  SelfCheckOptions sco;
+  sco.provider = spec.fault.self_check_provider;
+  sco.tolerance = spec.fault.self_check_tolerance;
+  const double t0 = NowSeconds();
+  MS_ASSIGN_OR_RETURN(SelfCheckReport report, RunSelfCheckAttempt(spec, store, where, job_id + "-check", attempt, sco));
+  events.Write("self_check", [&](metrics::JsonObject& e) {
+    e.Add("attempt", attempt).Add("passed", report.passed() ? 1 : 0).Add("seconds", NowSeconds() - t0);
+    e.Add("failures", fmt::format("{}", fmt::join(report.failures, "; ")));
+    e.Add("bad_hosts", fmt::format("{}", fmt::join(report.bad_hosts, ",")));
+  });
+  if (report.passed()) return Status::Ok();
+  const int spare = where.alloc ? static_cast<int>(where.alloc->nodes.size() - excluded.size()) - where.fit.nodes : 0;
+  if (where.alloc && !report.bad_hosts.empty() && static_cast<int>(report.bad_hosts.size()) <= spare) {
+    excluded.insert(excluded.end(), report.bad_hosts.begin(), report.bad_hosts.end());
+    LogWarn(
+        "self-check before attempt {} flagged host(s) {}: the attempt runs without them (spare nodes of the "
+        "allocation take their place)",
+        attempt, fmt::join(report.bad_hosts, ", "));
+    return Status::Ok();
+  }
+  return FailedPrecondition(
+      "self-check before attempt {} failed: {}. {}", attempt, fmt::join(report.failures, "; "),
+      where.alloc
+          ? fmt::format("The allocation has {} spare node(s) for {} flagged host(s)", spare, report.bad_hosts.size())
+          : std::string("The local launcher has no other host; fix the cause or set fault.self_check: false"));
+}
+
 Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options,
                         const std::optional<cluster::SlurmAllocation>& alloc, double driver_start) {
   const int world = static_cast<int>(config::WorldSize(spec.parallel));
@@ -350,30 +382,9 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
   const std::string spec_path = run_dir + "/job.yaml";
   MS_RETURN_IF_ERROR(WriteFileAtomic(spec_path, config::ToYaml(spec)));
 
-  std::optional<bootstrap::EmbeddedRedis> redis;
-  std::string url = spec.runtime.redis, password;
-  if (!spec.runtime.redis_password_file.empty()) {
-    MS_ASSIGN_OR_RETURN(password, ReadFile(spec.runtime.redis_password_file));
-    while (!password.empty() && (password.back() == '\n' || password.back() == '\r')) password.pop_back();
-  }
-  if (url.empty()) {
-    bootstrap::EmbeddedRedisOptions ro;
-    ro.max_clients = std::max(1000, 4 * world);
-    // Its pid file and log live (and, after a crash, stay) in the run directory; redis-server
-    // changes into its directory, so the path must be absolute.
-    char abs_dir[PATH_MAX];
-    if (realpath(run_dir.c_str(), abs_dir) == nullptr) return ErrnoError(fmt::format("resolving {}", run_dir), errno);
-    ro.temp_parent = abs_dir;
-    MS_ASSIGN_OR_RETURN(ro.bind_address, ChooseStoreAddress(spec, alloc ? &*alloc : nullptr));
-    MS_ASSIGN_OR_RETURN(auto r, bootstrap::EmbeddedRedis::Start(ro));
-    redis.emplace(std::move(r));
-    url = redis->url();
-    password = redis->password();
-    LogInfo("started redis-server (pid {}) on {}:{} for the rank bootstrap", redis->pid(), redis->address(),
-            redis->port());
-  } else if (password.empty()) {
-    password = GetEnv("MEGASCALE_REDIS_PASSWORD").value_or("");
-  }
+  MS_ASSIGN_OR_RETURN(JobStore store, StartJobStore(spec, alloc ? &*alloc : nullptr, world));
+  std::optional<bootstrap::EmbeddedRedis>& redis = store.redis;
+  const std::string &url = store.url, &password = store.password;
   const double store_ready = WallSeconds();
   const std::string job_id = JobId(spec.name);
   const int threads = spec.runtime.threads > 0 ? spec.runtime.threads : std::max(1, NumCores() / world);
@@ -414,36 +425,25 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
       return args;
     };
     // The password travels in the environment only (never on a command line, in a file or a log).
-    plan.env = {fmt::format("MEGASCALE_WORLD={}", world), fmt::format("MEGASCALE_STORE_URL={}", url),
-                fmt::format("MEGASCALE_JOB_ID={}", job_id), fmt::format("MEGASCALE_ATTEMPT={}", attempt)};
-    if (!password.empty()) plan.env.push_back("MEGASCALE_REDIS_PASSWORD=" + password);
+    plan.env = RankEnvironment(world, store, job_id, attempt);
     // Start-up milestones, for the "startup" row of metrics.jsonl.
     plan.env.push_back(fmt::format("MEGASCALE_STARTUP=driver_start={:.6f},store_ready={:.6f},launch={:.6f}",
                                    driver_start, store_ready, WallSeconds()));
     events.Write("attempt", [&](metrics::JsonObject& e) {
       e.Add("attempt", attempt).Add("resume_step", resume_step).Add("world", world);
     });
-    std::unique_ptr<Attempt> launched;
-    if (alloc) {
-      SlurmStep step;
-      step.job_id = alloc->job_id;
-      step.nodes = fit->nodes;
-      step.tasks_per_node = fit->tasks_per_node;
-      step.exclude = excluded;
-      step.name = fmt::format("megascale-{}-{}", job_id, attempt);
-      LogInfo("attempt {}: launching {} ranks as a Slurm job step of job {}: {} node{} x {} tasks{}, job id {}",
-              attempt, world, alloc->job_id, fit->nodes, fit->nodes == 1 ? "" : "s", fit->tasks_per_node,
-              excluded.empty() ? "" : fmt::format(" (excluding {})", fmt::join(excluded, ",")), job_id);
-      MS_ASSIGN_OR_RETURN(launched, LaunchSlurmStep(plan, step));
-    } else {
-      plan.env.push_back(fmt::format("MEGASCALE_LOCAL_WORLD={}", world));
-      plan.env.push_back(fmt::format("OMP_NUM_THREADS={}", threads));
-      plan.rank_env = [](int r) {
-        return std::vector<std::string>{fmt::format("MEGASCALE_RANK={}", r), fmt::format("MEGASCALE_LOCAL_RANK={}", r)};
-      };
-      LogInfo("attempt {}: launching {} local ranks ({} threads each), job id {}", attempt, world, threads, job_id);
-      MS_ASSIGN_OR_RETURN(launched, LaunchLocal(plan));
+    Placement where;
+    where.alloc = alloc ? &*alloc : nullptr;
+    if (fit) where.fit = *fit;
+    where.exclude = excluded;
+    where.threads = threads;
+    if (spec.fault.self_check) {
+      MS_RETURN_IF_ERROR(CheckBeforeAttempt(spec, store, where, job_id, attempt, events, excluded));
+      where.exclude = excluded;
     }
+    MS_ASSIGN_OR_RETURN(std::unique_ptr<Attempt> launched,
+                        LaunchAttempt(std::move(plan), where, fmt::format("megascale-{}-{}", job_id, attempt),
+                                      fmt::format("attempt {} (job id {})", attempt, job_id)));
     // The driver's own view of the attempt's store namespace: heartbeats and the ranks' notes.
     std::unique_ptr<Monitor> monitor;
     {

@@ -1,11 +1,16 @@
 // Internal to the runner: the driver's small decisions, exposed for unit tests.
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "bootstrap/bootstrap.h"
 #include "cluster/cluster.h"
 #include "config/config.h"
 #include "core/core.h"
+#include "runner/attempt.h"
 
 namespace ms::runner {
 
@@ -34,5 +39,28 @@ Result<SlurmFit> FitSlurmAllocation(const config::JobSpec& spec, const cluster::
 // address, else (inside an allocation) this host's address toward the allocation's other nodes,
 // else 127.0.0.1.
 Result<std::string> ChooseStoreAddress(const config::JobSpec& spec, const cluster::SlurmAllocation* alloc);
+
+// The store of a job's ranks: the embedded redis-server the driver starts (on ChooseStoreAddress's
+// address, its pid file and log in the run directory), or runtime.redis.
+struct JobStore {
+  std::optional<bootstrap::EmbeddedRedis> redis;  // empty: runtime.redis names an external one
+  std::string url, password;
+};
+Result<JobStore> StartJobStore(const config::JobSpec& spec, const cluster::SlurmAllocation* alloc, int world);
+
+// Where and how the ranks of an attempt run: this host (no allocation) or one Slurm job step.
+struct Placement {
+  const cluster::SlurmAllocation* alloc = nullptr;  // null: local processes
+  SlurmFit fit;                                     // with alloc: nodes and tasks per node
+  std::vector<std::string> exclude;                 // with alloc: hosts found bad
+  int threads = 1;                                  // local: OMP_NUM_THREADS of each rank
+};
+// Launches `plan` (whose env already holds what every rank needs) as `what` (for the console):
+// one Slurm job step named `step_name`, or local processes with their rank variables.
+Result<std::unique_ptr<Attempt>> LaunchAttempt(LaunchPlan plan, const Placement& where, const std::string& step_name,
+                                               const std::string& what);
+// The variables every rank of an attempt gets: world, store URL and password (only ever in the
+// environment), job id, attempt number.
+std::vector<std::string> RankEnvironment(int world, const JobStore& store, const std::string& job_id, int attempt);
 
 }  // namespace ms::runner

@@ -43,7 +43,8 @@ const std::vector<Fault>& Faults() {
       auto fields = Split(entry, ':');
       Fault f;
       f.kind = std::string(fields[0]);
-      bool ok = f.kind == "delay" || f.kind == "nan" || f.kind == "slow" || f.kind == "hang" || f.kind == "crash";
+      bool ok = f.kind == "delay" || f.kind == "nan" || f.kind == "slow" || f.kind == "hang" || f.kind == "crash" ||
+                f.kind == "slow_gemm" || f.kind == "slow_link";
       for (size_t i = 1; i < fields.size() && ok; ++i) {
         const size_t eq = fields[i].find('=');
         if (eq == std::string_view::npos) {
@@ -107,9 +108,13 @@ bool InjectNan(int rank, int64_t step) {
 }
 
 double SlowFactor(int rank) {
-  const Fault* f = Find("slow", rank, -1);
+  return InjectedFactor("slow", rank);
+}
+
+double InjectedFactor(std::string_view kind, int rank) {
+  const Fault* f = Find(kind, rank, -1);
   if (!f) return 1;
-  LogWarn("MEGASCALE_FAULT: rank {} computes {} times as long (test hook)", rank, f->factor);
+  LogWarn("MEGASCALE_FAULT: {} of rank {}: {} times as long (test hook)", kind, rank, f->factor);
   return f->factor;
 }
 

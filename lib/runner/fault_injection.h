@@ -11,6 +11,8 @@
 //   slow   rank=<r> factor=<f>                 rank r computes f times as long (a straggler)
 //   hang   rank=<r> step=<s>                   rank r stops making progress at the start of step s
 //   crash  rank=<r> step=<s>                   rank r kills itself (SIGKILL) at the start of step s
+//   slow_gemm rank=<r> factor=<f>              self-check: rank r's GEMM test takes f times as long
+//   slow_link rank=<r> factor=<f>              self-check: rank r's point-to-point sends take f times as long
 // Points: resume_scan (the driver's checkpoint scan), restore_read (a rank's checkpoint read,
 // before its data-parallel peers are sent what it read), train_start (a rank, after start-up and
 // restore, before its first step).
@@ -28,6 +30,8 @@ void InjectDelay(std::string_view point, int rank);
 bool InjectNan(int rank, int64_t step);
 // The compute slow-down of this rank (1: none).
 double SlowFactor(int rank);
+// The factor of a slow-down `kind` (slow, slow_gemm, slow_link) for this rank (1: none).
+double InjectedFactor(std::string_view kind, int rank);
 // Never returns when this rank is to hang at this step (sleeps in a compute phase), or to crash.
 void InjectHang(int rank, int64_t step);
 // Keeps this thread busy for `seconds` (a slow device takes CPU time, not sleep).

@@ -101,6 +101,14 @@ std::string ProgressBoard::Snapshot() const {
 
 namespace {
 
+thread_local double tl_waited_s = 0;  // this thread's time inside tracked communicator calls
+
+// Adds the time from construction to destruction to this thread's waited time.
+struct WaitClock {
+  double t0 = NowSeconds();
+  ~WaitClock() { tl_waited_s += NowSeconds() - t0; }
+};
+
 class TrackedComm final : public comm::Communicator {
  public:
   TrackedComm(std::unique_ptr<comm::Communicator> inner, ProgressBoard* board, int group)
@@ -109,30 +117,39 @@ class TrackedComm final : public comm::Communicator {
   int size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
   std::unique_ptr<comm::Work> AllReduce(float* d, int64_t n, comm::ReduceOp op) override {
+    WaitClock clock;
     return Wrap(inner_->AllReduce(d, n, op), "all-reduce");
   }
   std::unique_ptr<comm::Work> AllReduce(double* d, int64_t n, comm::ReduceOp op) override {
+    WaitClock clock;
     return Wrap(inner_->AllReduce(d, n, op), "all-reduce");
   }
   std::unique_ptr<comm::Work> AllReduce(int64_t* d, int64_t n, comm::ReduceOp op) override {
+    WaitClock clock;
     return Wrap(inner_->AllReduce(d, n, op), "all-reduce");
   }
   std::unique_ptr<comm::Work> ReduceScatter(const float* in, float* out, int64_t n) override {
+    WaitClock clock;
     return Wrap(inner_->ReduceScatter(in, out, n), "reduce-scatter");
   }
   std::unique_ptr<comm::Work> AllGather(const float* in, float* out, int64_t n) override {
+    WaitClock clock;
     return Wrap(inner_->AllGather(in, out, n), "all-gather");
   }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
+    WaitClock clock;
     return Wrap(inner_->Broadcast(d, n, root), "broadcast");
   }
   std::unique_ptr<comm::Work> Send(const float* d, int64_t n, int peer, int tag) override {
+    WaitClock clock;
     return Wrap(inner_->Send(d, n, peer, tag), "send");
   }
   std::unique_ptr<comm::Work> Recv(float* d, int64_t n, int peer, int tag) override {
+    WaitClock clock;
     return Wrap(inner_->Recv(d, n, peer, tag), "recv");
   }
   Status Barrier() override {
+    WaitClock clock;
     board_->EnterWait(group_, "barrier");
     Status s = inner_->Barrier();
     board_->LeaveWait();
@@ -145,6 +162,7 @@ class TrackedComm final : public comm::Communicator {
     TrackedWork(std::unique_ptr<comm::Work> w, ProgressBoard* board, int group, const char* op)
         : w_(std::move(w)), board_(board), group_(group), op_(op) {}
     Status Wait() override {
+      WaitClock clock;
       board_->EnterWait(group_, op_);
       Status s = w_->Wait();
       board_->LeaveWait();
@@ -166,6 +184,10 @@ class TrackedComm final : public comm::Communicator {
 };
 
 }  // namespace
+
+double ThreadWaitedSeconds() {
+  return tl_waited_s;
+}
 
 std::unique_ptr<comm::Communicator> TrackWaits(std::unique_ptr<comm::Communicator> inner, ProgressBoard* board,
                                                int group) {

@@ -71,9 +71,14 @@ class ProgressBoard {
   std::atomic<uint64_t> next_{0};
 };
 
-// Wraps a communicator so that every Wait() is recorded on the board as a wait in `group`.
+// Wraps a communicator so that every Wait() is recorded on the board as a wait in `group`, and the
+// time of each call (posting and waiting) is added to the calling thread's ThreadWaitedSeconds().
 std::unique_ptr<comm::Communicator> TrackWaits(std::unique_ptr<comm::Communicator> inner, ProgressBoard* board,
                                                int group);
+
+// Seconds the calling thread has spent inside communicators wrapped by TrackWaits (a running
+// total): what a step of the training thread did not compute, whichever collective it waited in.
+double ThreadWaitedSeconds();
 
 class Heartbeat {
  public:

@@ -139,6 +139,20 @@ Status PreflightCheck(const config::JobSpec& spec, bool files);
 // config::ResolveAndValidate then refuses with the reason). Call between --set and validation.
 Status ResolveForLauncher(config::JobSpec* spec);
 
+// `megascale self-check` (docs/jobs.md): node diagnostics over the job's ranks, launched as the
+// job's would be (local processes, or a Slurm job step): per-device GEMM, per-host memory
+// bandwidth, libfabric point-to-point latency and bandwidth between every pair of hosts (or of
+// ranks on one host), an all-reduce over the job's world communicator. Prints a table; outliers
+// against the median are flagged. Also run before each attempt with fault.self_check: true.
+struct SelfCheckOptions {
+  std::string provider = "tcp";  // libfabric provider of the point-to-point test (tcp, shm, verbs, efa, ...)
+  double tolerance = 0.5;        // flagged: this much worse than the median (throughput below median / 1.5)
+};
+// spec must have passed config::ResolveAndValidate. true: every check passed.
+Result<bool> RunSelfCheck(const config::JobSpec& spec, const SelfCheckOptions& options);
+// Entry of a self-check worker process (hidden `megascale worker --self-check`).
+Status RunSelfCheckWorker(const std::string& job_spec_path, const SelfCheckOptions& options);
+
 // spec must have passed config::ResolveAndValidate. Runs PreflightCheck itself.
 Result<JobEnd> RunJob(const config::JobSpec& spec, const TrainOptions& options = {});
 // Entry of a worker process launched by RunJob; reads its rank from the environment.

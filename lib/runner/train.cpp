@@ -21,83 +21,12 @@
 #include "runner/checkpointing.h"
 #include "runner/fault_injection.h"
 #include "runner/heartbeat.h"
+#include "runner/rank.h"
 #include "runner/runner.h"
 #include "runner/signals.h"
 
 namespace ms::runner {
 namespace {
-
-// The device and ops backend of a rank: runtime.backend cpu, cuda (the linked flavor: a GPU, or the emulator in
-// megascale-emu), or auto (cuda when this binary drives GPUs and one is present, else cpu).
-struct Compute {
-  std::unique_ptr<device::Device> device;
-  std::unique_ptr<ops::Backend> backend;  // null: the model's own CPU backend
-};
-Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
-  Compute c;
-  bool use_cuda = spec.runtime.backend == config::Backend::kCuda;
-  const int ordinal = DeviceOrdinal(rt);
-  if (spec.runtime.backend == config::Backend::kAuto && cuda::LinkedFlavor() == cuda::Flavor::kGpu) {
-    auto probe = cuda::MakeCudaDevice(ordinal);
-    if (probe.ok()) {
-      use_cuda = true;
-      c.device = std::move(probe).value();
-    } else {
-      LogInfo("runtime.backend auto: no usable GPU ({}); using the CPU backend", probe.status().message());
-    }
-  }
-  if (!use_cuda) {
-    if (spec.train.precision == config::Precision::kBf16) {
-      LogWarn("train.precision bf16 on the CPU backend: GEMMs run in fp32");
-    }
-    c.device = device::MakeCpuDevice();
-    return c;
-  }
-  const bool nccl = cuda::LinkedFlavor() == cuda::Flavor::kGpu && rt.world > 1;
-  if (nccl && !rt.use_nccl) {
-    return Unimplemented(
-        "{}: runtime.backend: cuda with {} ranks needs NCCL process groups, and this megascale was built without "
-        "NCCL; run one rank (tp=pp=dp=1), or the layout on the emulated CUDA backend with megascale-emu",
-        spec.source, rt.world);
-  }
-  if (!c.device) {
-    auto dev = cuda::MakeCudaDevice(cuda::LinkedFlavor() == cuda::Flavor::kEmulated ? 0 : ordinal);
-    if (!dev.ok()) return dev.status().WithContext("runtime.backend: cuda");
-    c.device = std::move(dev).value();
-  }
-  MS_ASSIGN_OR_RETURN(c.backend,
-                      cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16));
-  LogInfo("compute: {} on {} (GEMMs {})", c.backend->name(), c.device->name(),
-          c.backend->bf16_gemm() ? "bf16 inputs, fp32 accumulation" : "fp32");
-  if (nccl) {
-    // Device buffers travel through NCCL, on streams ordered after the backend's (world_comm stays Gloo: it
-    // carries host scalars).
-    MS_RETURN_IF_ERROR_CTX(rt.use_nccl(rt, cuda::BackendStream(*c.backend)), "creating the NCCL groups");
-    LogInfo("tensor-, pipeline- and data-parallel communicators: NCCL");
-  }
-  return c;
-}
-
-// The best GEMM rate of a backend: three linear-layer forwards of an n x n x n problem (the backend's precision),
-// each timed to completion. The MFU denominator when log.peak_flops is not set.
-Result<double> MeasureBackendGemmPeak(ops::Backend& be, int64_t n) {
-  const size_t bytes = sizeof(float) * static_cast<size_t>(n * n);
-  device::Device* dev = be.device();
-  MS_ASSIGN_OR_RETURN(device::Buffer a, device::Buffer::Allocate(dev, static_cast<size_t>(n * n)));
-  MS_ASSIGN_OR_RETURN(device::Buffer w, device::Buffer::Allocate(dev, static_cast<size_t>(n * n)));
-  MS_ASSIGN_OR_RETURN(device::Buffer out, device::Buffer::Allocate(dev, static_cast<size_t>(n * n)));
-  MS_RETURN_IF_ERROR(be.Zero(a.data(), bytes));
-  MS_RETURN_IF_ERROR(be.Zero(w.data(), bytes));
-  double best = 0;
-  for (int i = 0; i < 4; ++i) {
-    const double t0 = NowSeconds();
-    MS_RETURN_IF_ERROR(be.MatmulForward(out.f32(), a.f32(), w.f32(), nullptr, n, n, n));
-    MS_RETURN_IF_ERROR(be.Synchronize());
-    const double dt = NowSeconds() - t0;
-    if (i > 0 && dt > 0) best = std::max(best, 2.0 * n * n * n / dt);  // the first call warms up
-  }
-  return best;
-}
 
 // Fills inputs/targets [count, T] from samples first..first+count-1 of a split.
 Status FetchBatch(const data::Sampler& sampler, bool train, int64_t first, int count, int T, std::vector<int32_t>* seq,
@@ -544,7 +473,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   double loss_average = 0;  // of the recent steps, for fault.loss_spike_factor
   int64_t loss_history = 0;
   for (int64_t step = start_step; step <= spec.train.steps; ++step) {
-    const double t0 = NowSeconds();
+    const double t0 = NowSeconds(), waited0 = ThreadWaitedSeconds();
     if (board) board->SetStep(step);
     InjectHang(rt.rank, step);  // test hook: a rank that stops making progress
     double data_s = 0, loss_sum = 0;
@@ -711,7 +640,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     const double flops = flops_per_seq * spec.train.global_batch / dt;
     const double mfu = peak > 0 ? flops / (peak * rt.world) : 0;
     const double comm_exposed = dpe->stats().dp_wait_s + tp_timed.wait_s();
-    if (board) board->RecordStep(step, dt, dt - data_s - comm_exposed - pipe.wait_s(), comm_exposed + pipe.wait_s());
+    if (board) {  // every wait of this thread in a collective or transfer counts as communication
+      const double waited = ThreadWaitedSeconds() - waited0;
+      board->RecordStep(step, dt, std::max(0.0, dt - data_s - waited), waited);
+    }
     if (step == start_step) summary.first_loss = loss;
     summary.final_loss = loss;
     summary.steps_done = step;

@@ -1,5 +1,5 @@
-// RunWorker: one rank of a multi-rank job, started by the driver (attempt.h): store, rendezvous,
-// process groups, then Train().
+// RunWorker: one rank of a multi-rank job, started by the driver (attempt.h): JoinJob (store,
+// rendezvous, process groups), then Train().
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -10,6 +10,7 @@
 #endif
 #include "runner/checkpointing.h"
 #include "runner/heartbeat.h"
+#include "runner/rank.h"
 #include "runner/runner.h"
 
 namespace ms::runner {
@@ -30,11 +31,7 @@ std::vector<std::pair<std::string, double>> DriverMilestones() {
   return out;
 }
 
-Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& options) {
-  InstallStopSignals();  // before anything slow: a signal during start-up is honoured after it
-  const double worker_start = WallSeconds();
-  MS_ASSIGN_OR_RETURN(config::JobSpec spec, config::LoadJobSpec(job_spec_path));
-  MS_RETURN_IF_ERROR(config::ResolveAndValidate(&spec));
+Result<std::unique_ptr<Runtime>> JoinJob(const config::JobSpec& spec, double worker_start) {
   const int world = static_cast<int>(config::WorldSize(spec.parallel));
   MS_ASSIGN_OR_RETURN(bootstrap::RankInfo me, bootstrap::RankInfoFromEnv(-1));
   auto url = GetEnv("MEGASCALE_STORE_URL");
@@ -72,7 +69,8 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
       std::move(groups), std::move(store));
   auto& g = holder->first;
   const auto coords = grid.CoordsOf(me.rank);
-  Runtime rt;
+  auto rt_owner = std::make_unique<Runtime>();
+  Runtime& rt = *rt_owner;
   rt.rank = me.rank;
   rt.world = world;
   rt.host.index = topo.host_index;
@@ -145,16 +143,26 @@ Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& o
   rt.store = std::move(coordination_store);
   rt.keepalive = holder;
   rt.board = board;
+  return rt_owner;
+}
+
+Result<JobEnd> RunWorker(const std::string& job_spec_path, const TrainOptions& options) {
+  InstallStopSignals();  // before anything slow: a signal during start-up is honoured after it
+  const double worker_start = WallSeconds();
+  MS_ASSIGN_OR_RETURN(config::JobSpec spec, config::LoadJobSpec(job_spec_path));
+  MS_RETURN_IF_ERROR(config::ResolveAndValidate(&spec));
+  MS_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt, JoinJob(spec, worker_start));
   // The heartbeat: from here to the end, whatever the training thread does (destroyed before rt).
   std::unique_ptr<Heartbeat> heartbeat;
   if (spec.fault.heartbeat_s > 0) {
-    MS_ASSIGN_OR_RETURN(auto beat_store, holder->second->Clone());
-    heartbeat = Heartbeat::Start(std::move(beat_store), me.rank, me.hostname, spec.fault.heartbeat_s, board.get());
+    MS_ASSIGN_OR_RETURN(auto beat_store, rt->store->Clone());
+    heartbeat =
+        Heartbeat::Start(std::move(beat_store), rt->rank, rt->host.name, spec.fault.heartbeat_s, rt->board.get());
   }
-  auto summary = Train(spec, options, rt);
+  auto summary = Train(spec, options, *rt);
   if (!summary.ok()) {
     // Told to the driver, which names it when it reports this rank's failure (best effort).
-    rt.store->Set(fmt::format("error/{}", me.rank), summary.status().message()).IgnoreError();
+    rt->store->Set(fmt::format("error/{}", rt->rank), summary.status().message()).IgnoreError();
     return summary.status();
   }
   return summary->end;

@@ -16,6 +16,7 @@
 #include "runner/heartbeat.h"
 #include "runner/run_dir.h"
 #include "runner/runner.h"
+#include "runner/self_check.h"
 
 namespace ms::runner {
 namespace {
@@ -320,3 +321,81 @@ TEST_CASE("srun's reports of its tasks' ends are read as rank exits") {
 }
 
 }  // namespace ms::runner
+
+namespace {
+ms::runner::RankCheck Check(int rank, const std::string& host, double gemm) {
+  ms::runner::RankCheck r;
+  r.rank = rank;
+  r.host = host;
+  r.gemm_flops = gemm;
+  r.provider = "tcp;ofi_rxm";
+  return r;
+}
+}  // namespace
+
+TEST_CASE("self-check results survive the store's text form") {
+  auto r = Check(3, "node-1", 1.25e10);
+  r.memory_bytes_per_s = 9e9;
+  r.links.push_back({5, "node-2", 4.5e-5, 3.2e8});
+  r.allreduce_s = 0.0125;
+  r.allreduce_bus_bytes_per_s = 1.5e9;
+  r.errors.push_back("link to rank 7: timed out\nafter 60 s");
+  auto back = ms::runner::ParseRankCheck(ms::runner::FormatRankCheck(r));
+  REQUIRE(back.ok());
+  CHECK(back->rank == 3);
+  CHECK(back->host == "node-1");
+  CHECK(back->provider == "tcp;ofi_rxm");
+  CHECK(back->gemm_flops == doctest::Approx(1.25e10));
+  CHECK(back->memory_bytes_per_s == doctest::Approx(9e9));
+  REQUIRE(back->links.size() == 1);
+  CHECK(back->links[0].peer == 5);
+  CHECK(back->links[0].peer_host == "node-2");
+  CHECK(back->links[0].bytes_per_s == doctest::Approx(3.2e8));
+  CHECK(back->allreduce_bus_bytes_per_s == doctest::Approx(1.5e9));
+  REQUIRE(back->errors.size() == 1);
+  CHECK(back->errors[0] == "link to rank 7: timed out after 60 s");
+  CHECK(!ms::runner::ParseRankCheck("host=x\n").ok());
+  CHECK(!ms::runner::ParseRankCheck("rank=1\nlink=garbage\n").ok());
+}
+
+TEST_CASE("self-check: a slow GEMM, a slow endpoint and a failed check are flagged, and nothing else") {
+  using ms::runner::AnalyzeSelfCheck;
+  std::vector<ms::runner::RankCheck> ranks = {Check(0, "a", 10e9), Check(1, "a", 11e9), Check(2, "b", 9.5e9),
+                                              Check(3, "b", 10.5e9)};
+  auto healthy = AnalyzeSelfCheck(ranks, 0.5);
+  CHECK(healthy.passed());
+  CHECK(healthy.bad_hosts.empty());
+
+  ranks[2].gemm_flops = 3e9;  // 3.3x below the median
+  auto slow = AnalyzeSelfCheck(ranks, 0.5);
+  REQUIRE(slow.failures.size() == 1);
+  CHECK(slow.failures[0].find("rank 2 on b: GEMM 3.0 GFLOP/s") == 0);
+  CHECK(slow.bad_hosts == std::set<std::string>{"b"});
+  CHECK(AnalyzeSelfCheck(ranks, 3.0).passed());  // within a tolerance of 3 (below median / 4 only)
+  ranks[2].gemm_flops = 9.5e9;
+
+  // Links among 4 endpoints: every link of rank 1 is 4x slower; only rank 1 is named.
+  auto link = [](int peer, const char* host, double lat, double bw) {
+    return ms::runner::RankCheck::Link{peer, host, lat, bw};
+  };
+  ranks[0].links = {link(1, "a", 200e-6, 100e6), link(2, "b", 50e-6, 400e6), link(3, "b", 50e-6, 400e6)};
+  ranks[1].links = {link(2, "b", 200e-6, 100e6), link(3, "b", 200e-6, 100e6)};
+  ranks[2].links = {link(3, "b", 52e-6, 390e6)};
+  auto links = AnalyzeSelfCheck(ranks, 0.5);
+  REQUIRE(links.failures.size() == 2);  // its latency and its bandwidth
+  for (const auto& f : links.failures) CHECK(f.find("rank 1 on a: link") == 0);
+  CHECK(links.bad_hosts == std::set<std::string>{"a"});
+
+  // Two endpoints: links are shown, not judged.
+  std::vector<ms::runner::RankCheck> two = {Check(0, "a", 10e9), Check(1, "b", 10e9)};
+  two[0].links = {link(1, "b", 900e-6, 1e6)};
+  auto pair = AnalyzeSelfCheck(two, 0.5);
+  CHECK(pair.passed());
+  CHECK(pair.table.find("links are not judged") != std::string::npos);
+
+  // A check that failed on a rank fails the whole self-check.
+  two[1].errors.push_back("libfabric provider verbs: not found");
+  auto failed = AnalyzeSelfCheck(two, 0.5);
+  REQUIRE(failed.failures.size() == 1);
+  CHECK(failed.failures[0] == "rank 1 on b: libfabric provider verbs: not found");
+}

@@ -18,6 +18,8 @@ namespace), megascale launched inside allocations with sbatch and salloc.
   restart_as_new_step   a crashed rank: the job restarts as a new step from its checkpoint and ends with
                         the undisturbed loss
   bad_host_excluded     the same fault twice on a node, with a spare node: the next step excludes it
+  self_check_excludes   `megascale self-check` flags the node of a rank with a slowed GEMM; with
+                        fault.self_check: true the training step runs without that node
   misfit                layouts that do not fit the allocation fail before anything launches
 
 If Slurm cannot start here the test fails, unless MEGASCALE_SKIP_SLURM=1 asks to skip it (exit 77,
@@ -381,6 +383,25 @@ exec {BIN} train {shlex.quote(s)} --no-progress
                  for f in glob.glob(os.path.join(run_dir, "logs", "rank-*.log"))}
         assert hosts == {"node1", "node2"}, f"last attempt's ranks ran on {hosts}"
         assert losses(run_dir)[30] == local_losses(s)[30]
+        assert not stray(), stray()
+
+    @case
+    def self_check_excludes():
+        # `megascale self-check` in an allocation of 3 nodes for a job of 2 flags the node of the rank
+        # whose GEMM is slowed; with fault.self_check: true the training step then runs without it.
+        run_dir = os.path.join(WORK, "self-check")
+        s = spec("self check", run_dir, steps=4, layout="tp: 1, pp: 1, dp: 2", extra="fault: {self_check: true}\n")
+        env = dict(os.environ, MEGASCALE_FAULT="slow_gemm:rank=1:factor=4")
+        rc, out = login("salloc", "--nodes=3", "--ntasks-per-node=1", BIN, "self-check", s, env=env)
+        assert rc == 1 and "rank 1 on node1: GEMM" in out and "libfabric point-to-point (tcp" in out, out[-2000:]
+        rc, out = login("salloc", "--nodes=3", "--ntasks-per-node=1", BIN, "train", s, "--no-progress", env=env)
+        assert rc == 0 and "excluding node1" in out, out[-2000:]
+        events = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl"))]
+        checks = [(e["passed"], e["bad_hosts"]) for e in events if e["event"] == "self_check"]
+        assert checks == [(0, "node1")], events
+        hosts = {re.findall(r"on host (\S+)", open(f).read())[-1]
+                 for f in glob.glob(os.path.join(run_dir, "logs", "rank-*.log"))}
+        assert hosts == {"node0", "node2"}, f"the ranks ran on {hosts}"
         assert not stray(), stray()
 
     @case

@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""`megascale self-check` through the binary, on local ranks (issue #12):
+
+  passes            4 ranks, provider tcp: exit 0; the table has every rank's GEMM, the host's memory
+                    bandwidth, all 6 links and the all-reduce; self_check.jsonl has one row per rank
+  slow_gemm         one rank's GEMM slowed 4x by injection: exit 1, that rank (and no other) flagged
+  slow_link         one rank's libfabric sends slowed 4x: exit 1, that rank (and no other) flagged
+  bad_provider      a provider libfabric does not have: exit 1, naming the providers it has
+  before_training   fault.self_check: true: a clean check, then training; with a slow GEMM the job
+                    stops before training with the finding (the local launcher has no other host)
+
+Usage: self_check_test.py MEGASCALE WORK_DIR (MS_TEST_CASES=a,b runs only those cases).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
+results = []
+
+
+def case(fn):
+    if ONLY and fn.__name__ not in ONLY:
+        return fn
+    t0 = time.time()
+    try:
+        fn()
+        results.append(True)
+        print(f"ok   {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
+    except (AssertionError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as e:
+        results.append(False)
+        print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
+    return fn
+
+
+def spec(name, dp=4, extra=""):
+    path = os.path.join(WORK, f"{name}.yaml")
+    with open(path, "w") as f:
+        f.write(f"""name: {name}
+model: {{layers: 2, hidden: 64, heads: 4, seq_len: 64, vocab: 256}}
+train: {{steps: 4, global_batch: 8, seed: 3}}
+data: {{path: {DATA}, valid_fraction: 0.01}}
+log: {{peak_flops: 1.0e10, run_dir: {os.path.join(WORK, name)}}}
+runtime: {{threads: 1}}
+parallel: {{dp: {dp}}}
+{extra}""")
+    return path
+
+
+def run(*args, env=None, timeout=240):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, **(env or {})))
+    return p.returncode, p.stdout, p.stderr
+
+
+def flagged(out):
+    """The lines of the FAILED section."""
+    return [l.strip() for l in out.split("self-check FAILED", 1)[-1].splitlines()[1:] if l.startswith("  ")]
+
+
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+corpus = sorted(f for f in os.listdir("/usr/share/games/fortunes")
+                if os.path.isfile(os.path.join("/usr/share/games/fortunes", f)) and not f.endswith((".dat", ".u8")))[:2]
+DATA = os.path.join(WORK, "data")
+subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA,
+                *[os.path.join("/usr/share/games/fortunes", f) for f in corpus]], check=True, capture_output=True)
+
+
+@case
+def passes():
+    rc, out, err = run("self-check", spec("passes"))
+    assert rc == 0, f"exit {rc}\n{out}\n{err[-1500:]}"
+    assert "self-check passed" in out and "GEMM GFLOP/s" in out and "memory (memcpy)" in out, out
+    assert "libfabric point-to-point (tcp" in out and "all-reduce over the job's world communicator" in out, out
+    links = [l for l in out.splitlines() if l.startswith("rank ") and " - rank " in l]
+    assert len(links) == 6, out
+    rows = [json.loads(l) for l in open(os.path.join(WORK, "passes", "self_check.jsonl"))]
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3] and all(r["gemm_flops"] > 0 for r in rows), rows
+    assert rows[0]["memory_bytes_per_s"] > 0 and all(r["errors"] == "" for r in rows), rows
+    assert sum(len(r["links"].split(",")) for r in rows if r["links"]) == 6, rows
+
+
+@case
+def slow_gemm():
+    rc, out, err = run("self-check", spec("slow_gemm"), env={"MEGASCALE_FAULT": "slow_gemm:rank=2:factor=4"})
+    lines = flagged(out)
+    assert rc == 1 and lines and all(l.startswith("rank 2 on ") and "GEMM" in l for l in lines), f"{out}\n{err[-800:]}"
+
+
+@case
+def slow_link():
+    rc, out, err = run("self-check", spec("slow_link"), env={"MEGASCALE_FAULT": "slow_link:rank=1:factor=4"})
+    lines = flagged(out)
+    assert rc == 1 and lines and all(l.startswith("rank 1 on ") and "link" in l for l in lines), f"{out}\n{err[-800:]}"
+
+
+@case
+def bad_provider():
+    rc, out, err = run("self-check", spec("bad_provider", dp=2), "--provider", "nosuch")
+    assert rc == 1 and "libfabric provider nosuch" in out and "tcp" in out, f"{out}\n{err[-800:]}"
+
+
+@case
+def before_training():
+    s = spec("before_training", dp=2, extra="fault: {self_check: true}\n")
+    rc, out, err = run("train", s, "--no-progress")
+    assert rc == 0 and "self-check passed" in out, f"exit {rc}\n{out}\n{err[-1500:]}"
+    events = [json.loads(l) for l in open(os.path.join(WORK, "before_training", "events.jsonl"))]
+    assert [e["passed"] for e in events if e["event"] == "self_check"] == [1], events
+    s = spec("before_training_slow", dp=2, extra="fault: {self_check: true}\n")
+    rc, out, err = run("train", s, "--no-progress", env={"MEGASCALE_FAULT": "slow_gemm:rank=0:factor=4"})
+    assert rc == 1 and "self-check before attempt 0 failed: rank 0 on" in err and "no other host" in err, \
+        f"exit {rc}\n{out}\n{err[-1500:]}"
+    assert not os.path.exists(os.path.join(WORK, "before_training_slow", "metrics.jsonl")), "it trained"
+
+
+failed = results.count(False)
+print(f"{len(results) - failed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
