@@ -81,12 +81,13 @@ for r in map(json.loads, open(sys.argv[1])):
 " "$work/selfcheck/self_check.jsonl"
   if command -v fi_pingpong >/dev/null; then
     for size in 8 1048576; do
+      iters=$((size == 8 ? 10000 : 1000))
       port=$((20000 + RANDOM % 20000))
-      fi_pingpong -p "$provider" -e rdm -B "$port" -I 100 -S "$size" >/dev/null 2>&1 &
+      fi_pingpong -p "$provider" -e rdm -B "$port" -I "$iters" -S "$size" >/dev/null 2>&1 &
       server=$!
       sleep 0.5
-      echo "fi_pingpong -p $provider -e rdm -S $size -I 100:"
-      fi_pingpong -p "$provider" -e rdm -P "$port" -I 100 -S "$size" 127.0.0.1 2>&1 | tail -n 2 | sed 's/^/  /'
+      echo "fi_pingpong -p $provider -e rdm -S $size -I $iters (usec/xfer: one-way time of a ping-pong):"
+      fi_pingpong -p "$provider" -e rdm -P "$port" -I "$iters" -S "$size" 127.0.0.1 2>&1 | tail -n 2 | sed 's/^/  /'
       wait "$server" || true
     done
   else
