@@ -426,9 +426,6 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     };
     // The password travels in the environment only (never on a command line, in a file or a log).
     plan.env = RankEnvironment(world, store, job_id, attempt);
-    // Start-up milestones, for the "startup" row of metrics.jsonl.
-    plan.env.push_back(fmt::format("MEGASCALE_STARTUP=driver_start={:.6f},store_ready={:.6f},launch={:.6f}",
-                                   driver_start, store_ready, WallSeconds()));
     events.Write("attempt", [&](metrics::JsonObject& e) {
       e.Add("attempt", attempt).Add("resume_step", resume_step).Add("world", world);
     });
@@ -441,6 +438,9 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
       MS_RETURN_IF_ERROR(CheckBeforeAttempt(spec, store, where, job_id, attempt, events, excluded));
       where.exclude = excluded;
     }
+    // Start-up milestones, for the "startup" row of metrics.jsonl (after the self-check, if any).
+    plan.env.push_back(fmt::format("MEGASCALE_STARTUP=driver_start={:.6f},store_ready={:.6f},launch={:.6f}",
+                                   driver_start, store_ready, WallSeconds()));
     MS_ASSIGN_OR_RETURN(std::unique_ptr<Attempt> launched,
                         LaunchAttempt(std::move(plan), where, fmt::format("megascale-{}-{}", job_id, attempt),
                                       fmt::format("attempt {} (job id {})", attempt, job_id)));
