@@ -19,6 +19,7 @@ namespace), megascale launched inside allocations with sbatch and salloc.
                         the undisturbed loss
   nan_then_lost_rank    a NaN (rolled back), then a rank of the new step stopped (lost heartbeat): both
                         recovered as new job steps, the undisturbed loss
+  store_lost            the embedded redis-server killed mid-run: restarted in place, the undisturbed loss
   bad_host_excluded     the same fault twice on a node, with a spare node: the next step excludes it
   self_check_excludes   `megascale self-check` flags the node of a rank with a slowed GEMM; with
                         fault.self_check: true the training step runs without that node
@@ -405,6 +406,36 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         faults = [f for f in events if f["event"] == "fault"]
         assert [f["kind"] for f in faults] == ["nan", "lost_heartbeat"] and faults[1]["rank"] == 1, events
         assert sum(e["event"] == "recovered" for e in events) == 2, events
+        assert losses(run_dir)[30] == local_losses(s)[30]
+        assert not stray(), stray()
+
+    @case
+    def store_lost():
+        # The embedded redis-server (on the driver's host) killed mid-run under Slurm: restarted on its
+        # port, the ranks reconnect, and the run ends with exactly the undisturbed loss.
+        run_dir = os.path.join(WORK, "store-lost")
+        fault = "checkpoint: {interval: 5}\nfault: {heartbeat_s: 0.25}\n"
+        s = spec("store lost", run_dir, steps=30, layout="tp: 2, pp: 1, dp: 2", extra=fault)
+        p = subprocess.Popen(["bash", CLUSTER, "login", STATE, "--", "salloc", "--nodes=2", "--ntasks-per-node=2",
+                              BIN, "train", s, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None:
+            try:
+                if max(losses(run_dir), default=0) >= 8:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        # The store's pid file, in the run directory (redis-server does not inherit the job's environment).
+        pid_files = glob.glob(os.path.join(run_dir, "megascale-redis-*", "redis.pid"))
+        assert len(pid_files) == 1, f"pid files: {pid_files}"
+        os.kill(int(open(pid_files[0]).read()), signal.SIGKILL)
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out[-1500:]
+        events = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl"))]
+        lost = [e for e in events if e["event"] == "store_lost"]
+        assert len(lost) == 1 and lost[0]["recovered"] == 1, events
         assert losses(run_dir)[30] == local_losses(s)[30]
         assert not stray(), stray()
 
