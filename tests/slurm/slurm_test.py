@@ -75,6 +75,24 @@ def login(*args, timeout=180, env=None):
     return p.returncode, p.stdout + p.stderr
 
 
+def login_background(*args, env=None):
+    """Starts a command on the login host without waiting; its stdout + stderr in one pipe."""
+    return subprocess.Popen(["bash", CLUSTER, "login", STATE, "--", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def wait_for(p, ready, timeout=120):
+    """Polls ready() until it holds (files it reads may be missing or half-written meanwhile)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and p.poll() is None:
+        try:
+            if ready():
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+
+
 def squeue(*args):
     return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, env=SLURM_ENV).stdout.strip()
 
@@ -378,18 +396,13 @@ exec {BIN} train {shlex.quote(s)} --no-progress
                  "fault: {heartbeat_s: 0.25, heartbeat_timeout_s: 2, restart_backoff_s: 0.1}\n")
         s = spec("nan stop", run_dir, steps=30, layout="tp: 2, pp: 1, dp: 2", extra=fault)
         env = dict(os.environ, MEGASCALE_FAULT="nan:rank=2:step=8")
-        p = subprocess.Popen(["bash", CLUSTER, "login", STATE, "--", "salloc", "--nodes=2", "--ntasks-per-node=2",
-                              BIN, "train", s, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, env=env)
-        deadline = time.time() + 120
-        while time.time() < deadline and p.poll() is None:  # attempt 1 past step 16
-            try:
-                attempts = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl"))]
-                if sum(e["event"] == "attempt" for e in attempts) == 2 and max(losses(run_dir), default=0) >= 16:
-                    break
-            except (OSError, ValueError):  # not written yet, or a line being written
-                pass
-            time.sleep(0.05)
+        p = login_background("salloc", "--nodes=2", "--ntasks-per-node=2", BIN, "train", s, "--no-progress", env=env)
+
+        def second_attempt_past_step_16():
+            attempts = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl"))]
+            return sum(e["event"] == "attempt" for e in attempts) == 2 and max(losses(run_dir), default=0) >= 16
+
+        wait_for(p, second_attempt_past_step_16)
         victim = None
         for pid, name in job_processes().items():
             try:
@@ -416,17 +429,8 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         run_dir = os.path.join(WORK, "store-lost")
         fault = "checkpoint: {interval: 5}\nfault: {heartbeat_s: 0.25}\n"
         s = spec("store lost", run_dir, steps=30, layout="tp: 2, pp: 1, dp: 2", extra=fault)
-        p = subprocess.Popen(["bash", CLUSTER, "login", STATE, "--", "salloc", "--nodes=2", "--ntasks-per-node=2",
-                              BIN, "train", s, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-        deadline = time.time() + 120
-        while time.time() < deadline and p.poll() is None:
-            try:
-                if max(losses(run_dir), default=0) >= 8:
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.05)
+        p = login_background("salloc", "--nodes=2", "--ntasks-per-node=2", BIN, "train", s, "--no-progress")
+        wait_for(p, lambda: max(losses(run_dir), default=0) >= 8)
         # The store's pid file, in the run directory (redis-server does not inherit the job's environment).
         pid_files = glob.glob(os.path.join(run_dir, "megascale-redis-*", "redis.pid"))
         assert len(pid_files) == 1, f"pid files: {pid_files}"
