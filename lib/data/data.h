@@ -44,6 +44,24 @@ class Tokenizer {
 // Unknown name -> InvalidArgument listing the known ones.
 Result<std::unique_ptr<Tokenizer>> MakeTokenizer(std::string_view name);
 
+// What made a dataset's tokens: "<prefix>.json", written by PrepareDataset beside .bin/.idx.
+// A dataset without it (made before the file existed, or by another tool) is byte-tokenized.
+struct DatasetInfo {
+  std::string tokenizer = "byte";  // "byte" or "sentencepiece"
+  std::string tokenizer_model;     // sentencepiece: path of the model file ("<prefix>.model"), else ""
+  std::string model_sha256;        // sentencepiece: SHA-256 of that file's bytes
+  int vocab_size = 256;
+  int eod_token = 0;
+};
+// Reads <prefix>.json (absent: the byte defaults). A malformed file: DataLoss naming it.
+Result<DatasetInfo> ReadDatasetInfo(const std::string& prefix);
+
+// The tokenizer of a job: `name` is the spec's data.tokenizer: "auto" (whatever the dataset's
+// metadata names), "byte", "sentencepiece" (the model stored beside the dataset) or the path of a
+// SentencePiece .model file (it must be the one the dataset was made with: same SHA-256).
+// A tokenizer that does not match the dataset: InvalidArgument naming both and the fix.
+Result<std::unique_ptr<Tokenizer>> LoadTokenizer(std::string_view name, const std::string& dataset_prefix);
+
 // ---- Megatron-LM indexed dataset ---------------------------------------------------------
 //
 // Layout (Megatron-LM megatron/core/datasets/indexed_dataset.py, version 1), little endian:
