@@ -11,6 +11,7 @@ pkgs=(
   libgloo-dev libfabric-dev libfabric-bin   # CPU collectives, fabric (fi_pingpong: scripts/bench_fault.sh)
   libdnnl-dev                               # CPU GEMMs (oneDNN)
   doctest-dev                               # unit tests
+  libsentencepiece-dev                      # subword tokenizer (prepare-data --tokenizer bpe|unigram|X.model)
   fortunes-min fortunes                     # demo corpus
   python3                                   # test scripts
   slurmctld slurmd slurm-client munge       # the multi-node Slurm test cluster (tests/slurm)

@@ -95,7 +95,7 @@ struct DataSpec {
   // the current directory when the spec did not come from a file); ResolveAndValidate makes it
   // absolute.
   std::string path;
-  std::string tokenizer = "byte";
+  std::string tokenizer = "auto";
   double valid_fraction = 0.05;  // share of documents held out for evaluation, in [0, 0.5]
   bool operator==(const DataSpec&) const = default;
 };

@@ -44,21 +44,42 @@ class Tokenizer {
 // Unknown name -> InvalidArgument listing the known ones.
 Result<std::unique_ptr<Tokenizer>> MakeTokenizer(std::string_view name);
 
+// SentencePiece (Debian's libsentencepiece): a tokenizer from a .model file (the format LLaMA-family
+// tokenizers ship in). Its EOD token is the model's end-of-sequence piece (a model without one:
+// InvalidArgument). Text that is not well-formed UTF-8 is encoded byte by byte through the byte
+// pieces, so Decode(Encode(text)) == text for any bytes when the model has byte fallback (models
+// trained by TrainSentencePiece do); models without byte pieces map such bytes to the unknown piece.
+Result<std::unique_ptr<Tokenizer>> LoadSentencePiece(const std::string& model_path);
+// The same from the bytes of a .model file; `what` names it in errors.
+Result<std::unique_ptr<Tokenizer>> SentencePieceFromBytes(std::string_view serialized, const std::string& what);
+// Trains a SentencePiece model (model_type "bpe" or "unigram") of vocab_size pieces on the lines of
+// `inputs` (separator lines left out, see PrepareOptions) and returns the .model file's bytes.
+// Settings: byte fallback, identity normalization, no dummy prefix, whitespace kept, "\n" a piece,
+// unk 0, eos 1 (the EOD token), no bos/pad. Too large a vocabulary for the text: InvalidArgument.
+Result<std::string> TrainSentencePiece(const std::vector<std::string>& inputs, const std::string& doc_separator,
+                                       std::string_view model_type, int vocab_size);
+
 // What made a dataset's tokens: "<prefix>.json", written by PrepareDataset beside .bin/.idx.
 // A dataset without it (made before the file existed, or by another tool) is byte-tokenized.
 struct DatasetInfo {
   std::string tokenizer = "byte";  // "byte" or "sentencepiece"
   std::string tokenizer_model;     // sentencepiece: path of the model file ("<prefix>.model"), else ""
-  std::string model_sha256;        // sentencepiece: SHA-256 of that file's bytes
+  std::string model_fingerprint;   // sentencepiece: 64-bit FNV-1a of that file's bytes, in hex
   int vocab_size = 256;
   int eod_token = 0;
 };
+// 64-bit FNV-1a of `bytes`, 16 hex digits: identifies a tokenizer model file.
+std::string Fingerprint(std::string_view bytes);
+// Writes <prefix>.json (atomically) describing `info`; the model path is stored relative to the
+// dataset's directory.
+Status WriteDatasetInfo(const std::string& prefix, const DatasetInfo& info, int64_t documents, int64_t tokens,
+                        int64_t bytes_in);
 // Reads <prefix>.json (absent: the byte defaults). A malformed file: DataLoss naming it.
 Result<DatasetInfo> ReadDatasetInfo(const std::string& prefix);
 
 // The tokenizer of a job: `name` is the spec's data.tokenizer: "auto" (whatever the dataset's
 // metadata names), "byte", "sentencepiece" (the model stored beside the dataset) or the path of a
-// SentencePiece .model file (it must be the one the dataset was made with: same SHA-256).
+// SentencePiece .model file (it must be the one the dataset was made with: same fingerprint).
 // A tokenizer that does not match the dataset: InvalidArgument naming both and the fix.
 Result<std::unique_ptr<Tokenizer>> LoadTokenizer(std::string_view name, const std::string& dataset_prefix);
 
@@ -252,7 +273,11 @@ class Sampler {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // text files, read in this order
   std::string output_prefix;        // writes <prefix>.bin and <prefix>.idx
-  std::string tokenizer = "byte";   // see MakeTokenizer
+  // "byte"; "bpe" or "unigram": train a SentencePiece model of vocab_size pieces on the inputs;
+  // or the path of a SentencePiece .model file. A SentencePiece model is stored beside the dataset
+  // as <prefix>.model and named in <prefix>.json (see DatasetInfo).
+  std::string tokenizer = "byte";
+  int vocab_size = 4096;  // for bpe / unigram
   // A line equal to this (ignoring a trailing "\r") separates documents (e.g. "%" for fortune
   // files); the separator line itself is dropped, the other lines keep their "\n". Empty: each
   // file is one document. Documents with no bytes at all are skipped (not counted).
@@ -266,6 +291,9 @@ struct PrepareStats {
   int64_t tokens = 0;     // written, EOD tokens included
   int64_t bytes_in = 0;   // read from the inputs
   double seconds = 0;
+  double tokenizer_seconds = 0;  // training the tokenizer (bpe / unigram), included in seconds
+  std::string tokenizer;         // "byte" or "sentencepiece"
+  int vocab_size = 0;
 };
 
 // Tokenizes the inputs into an indexed dataset. Writes via temp files + rename (never a

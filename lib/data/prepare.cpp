@@ -90,7 +90,14 @@ Result<PrepareStats> PrepareDataset(const PrepareOptions& opts, const std::funct
   const double start = NowSeconds();
   if (opts.inputs.empty()) return InvalidArgument("prepare-data: no input files");
   if (opts.output_prefix.empty()) return InvalidArgument("prepare-data: no output prefix (--output)");
-  MS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, MakeTokenizer(opts.tokenizer));
+  const bool train_sp = opts.tokenizer == "bpe" || opts.tokenizer == "unigram";
+  const bool sp_file = opts.tokenizer.find('/') != std::string::npos || opts.tokenizer.ends_with(".model");
+  if (opts.tokenizer != "byte" && !train_sp && !sp_file) {
+    return InvalidArgument(
+        "prepare-data: tokenizer \"{}\": use byte, bpe or unigram (train a SentencePiece model of --vocab-size "
+        "pieces on the inputs), or the path of a SentencePiece .model file",
+        opts.tokenizer);
+  }
 
   // Every input must be there before anything is written.
   int64_t total = 0;
@@ -105,6 +112,33 @@ Result<PrepareStats> PrepareDataset(const PrepareOptions& opts, const std::funct
     total += st.st_size;
   }
 
+  // The tokenizer: trained on the inputs, read from a model file, or bytes. The output is claimed
+  // first, so that a refused --output costs no training.
+  std::unique_ptr<Tokenizer> tok;
+  std::string model_bytes;
+  double tokenizer_seconds = 0;
+  if (opts.tokenizer == "byte") {
+    MS_ASSIGN_OR_RETURN(tok, MakeTokenizer("byte"));
+  } else {
+    struct stat st;
+    if (!opts.overwrite && ::stat((opts.output_prefix + ".idx").c_str(), &st) == 0) {
+      return AlreadyExists("prepare-data: {}.idx exists; pass --overwrite to replace the dataset", opts.output_prefix);
+    }
+    const double t0 = NowSeconds();
+    if (train_sp) {
+      auto trained = TrainSentencePiece(opts.inputs, opts.doc_separator, opts.tokenizer, opts.vocab_size);
+      if (!trained.ok()) return trained.status().WithContext("prepare-data");
+      model_bytes = std::move(trained).value();
+    } else {
+      auto read = ReadFile(opts.tokenizer);
+      if (!read.ok()) return read.status().WithContext("prepare-data: reading --tokenizer");
+      model_bytes = std::move(read).value();
+    }
+    auto made = SentencePieceFromBytes(model_bytes, train_sp ? std::string("the trained model") : opts.tokenizer);
+    if (!made.ok()) return made.status().WithContext("prepare-data");
+    tok = std::move(made).value();
+    tokenizer_seconds = NowSeconds() - t0;
+  }
   MS_ASSIGN_OR_RETURN(IndexedDatasetBuilder builder,
                       IndexedDatasetBuilder::Create(opts.output_prefix, tok->vocab_size(), opts.overwrite));
   int64_t done = 0;
@@ -126,6 +160,21 @@ Result<PrepareStats> PrepareDataset(const PrepareOptions& opts, const std::funct
   stats.tokens = builder.num_tokens();
   stats.bytes_in = done;
   MS_RETURN_IF_ERROR_CTX(builder.Finish(), "prepare-data");
+  // The metadata after the tokens: the model first, then the file naming it.
+  DatasetInfo info;
+  info.tokenizer = std::string(tok->name());
+  info.vocab_size = tok->vocab_size();
+  info.eod_token = tok->eod_token();
+  if (!model_bytes.empty()) {
+    info.tokenizer_model = opts.output_prefix + ".model";
+    info.model_fingerprint = Fingerprint(model_bytes);
+    MS_RETURN_IF_ERROR_CTX(WriteFileAtomic(info.tokenizer_model, model_bytes), "prepare-data: writing the tokenizer");
+  }
+  MS_RETURN_IF_ERROR_CTX(WriteDatasetInfo(opts.output_prefix, info, stats.documents, stats.tokens, done),
+                         "prepare-data: writing {}.json", opts.output_prefix);
+  stats.tokenizer = info.tokenizer;
+  stats.vocab_size = info.vocab_size;
+  stats.tokenizer_seconds = tokenizer_seconds;
   if (progress) progress(done, std::max(total, done));
   stats.seconds = NowSeconds() - start;
   LogDebug("prepare-data: {} files, {} bytes -> {} documents, {} tokens ({}) in {:.2f} s", opts.inputs.size(), done,

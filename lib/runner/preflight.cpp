@@ -26,15 +26,15 @@ Status PreflightCheck(const config::JobSpec& spec, bool files) {
     }
 #endif
   }
-  auto tokenizer = data::MakeTokenizer(spec.data.tokenizer);
-  if (!tokenizer.ok()) {
-    return tokenizer.status().WithContext(
-        fmt::format("{}: data.tokenizer", config::KeyLocation(spec, "data.tokenizer")));
-  }
-  if ((*tokenizer)->vocab_size() > spec.model.vocab) {
-    return InvalidArgument("{}: model.vocab: tokenizer '{}' has {} tokens but model.vocab is {}; set model.vocab >= {}",
-                           config::KeyLocation(spec, "model.vocab"), (*tokenizer)->name(), (*tokenizer)->vocab_size(),
-                           spec.model.vocab, (*tokenizer)->vocab_size());
+  {
+    const std::string& t = spec.data.tokenizer;
+    if (t != "auto" && t != "byte" && t != "sentencepiece" && t.find('/') == std::string::npos &&
+        !t.ends_with(".model")) {
+      return InvalidArgument(
+          "{}: data.tokenizer \"{}\": use auto (what the dataset was made with), byte, sentencepiece or the path of "
+          "a SentencePiece .model file",
+          config::KeyLocation(spec, "data.tokenizer"), t);
+    }
   }
   if (!spec.runtime.redis.empty()) {
     auto ep = bootstrap::ParseRedisUrl(spec.runtime.redis);
@@ -54,6 +54,16 @@ Status PreflightCheck(const config::JobSpec& spec, bool files) {
   if (alloc && world > 1) MS_RETURN_IF_ERROR(FitSlurmAllocation(spec, *alloc).status());
   if (!files) return Status::Ok();
   MS_RETURN_IF_ERROR(config::CheckDataFiles(spec));
+  auto tokenizer = data::LoadTokenizer(spec.data.tokenizer, spec.data.path);
+  if (!tokenizer.ok()) {
+    return tokenizer.status().WithContext(
+        fmt::format("{}: data.tokenizer", config::KeyLocation(spec, "data.tokenizer")));
+  }
+  if ((*tokenizer)->vocab_size() > spec.model.vocab) {
+    return InvalidArgument("{}: model.vocab: tokenizer '{}' has {} tokens but model.vocab is {}; set model.vocab >= {}",
+                           config::KeyLocation(spec, "model.vocab"), (*tokenizer)->name(), (*tokenizer)->vocab_size(),
+                           spec.model.vocab, (*tokenizer)->vocab_size());
+  }
   auto ds = data::IndexedDataset::Open(spec.data.path);
   if (!ds.ok()) {
     return ds.status().WithContext(

@@ -233,7 +233,9 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   omp_set_num_threads(threads);
 
   // Data first: a bad dataset fails before any output is written.
-  MS_ASSIGN_OR_RETURN(auto tokenizer, data::MakeTokenizer(spec.data.tokenizer));
+  auto tokenizer_or = data::LoadTokenizer(spec.data.tokenizer, spec.data.path);
+  if (!tokenizer_or.ok()) return tokenizer_or.status().WithContext(fmt::format("{}: data.tokenizer", spec.source));
+  auto tokenizer = std::move(tokenizer_or).value();
   if (tokenizer->vocab_size() > m.vocab) {
     return InvalidArgument("{}: tokenizer '{}' has {} tokens but model.vocab is {}; set model.vocab >= {}", spec.source,
                            tokenizer->name(), tokenizer->vocab_size(), m.vocab, tokenizer->vocab_size());
