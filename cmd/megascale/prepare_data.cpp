@@ -39,13 +39,16 @@ CLI::App* AddPrepareDataCommand(CLI::App& parent, RunFn* run) {
     auto stats = data::PrepareDataset(*opts, progress);
     if (tty) std::fprintf(stderr, "\r\033[K");
     if (!stats.ok()) return ReportError(stats.status());
-    std::printf("wrote %s.{bin,idx,json}%s: %lld documents, %lld tokens from %lld bytes (%.3f tokens per byte, %s "
-                "tokenizer of %d pieces) in %.2f s%s\n",
-                opts->output_prefix.c_str(), stats->tokenizer == "byte" ? "" : " and .model",
-                (long long)stats->documents, (long long)stats->tokens, (long long)stats->bytes_in,
-                stats->bytes_in > 0 ? static_cast<double>(stats->tokens) / static_cast<double>(stats->bytes_in) : 0.0,
-                stats->tokenizer.c_str(), stats->vocab_size, stats->seconds,
-                stats->tokenizer_seconds > 0 ? fmt::format(" ({:.2f} s training the tokenizer)", stats->tokenizer_seconds).c_str() : "");
+    std::printf(
+        "wrote %s.{bin,idx,json}%s: %lld documents, %lld tokens from %lld bytes (%.3f tokens per byte, %s "
+        "tokenizer of %d pieces) in %.2f s%s\n",
+        opts->output_prefix.c_str(), stats->tokenizer == "byte" ? "" : " and .model", (long long)stats->documents,
+        (long long)stats->tokens, (long long)stats->bytes_in,
+        stats->bytes_in > 0 ? static_cast<double>(stats->tokens) / static_cast<double>(stats->bytes_in) : 0.0,
+        stats->tokenizer.c_str(), stats->vocab_size, stats->seconds,
+        stats->tokenizer_seconds > 0
+            ? fmt::format(" ({:.2f} s training the tokenizer)", stats->tokenizer_seconds).c_str()
+            : "");
     return 0;
   };
   return sub;

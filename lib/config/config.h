@@ -96,7 +96,10 @@ struct DataSpec {
   // absolute.
   std::string path;
   std::string tokenizer = "auto";
-  double valid_fraction = 0.05;  // share of documents held out for evaluation, in [0, 0.5]
+  double valid_fraction = 0.05;   // share of documents held out for evaluation, in [0, 0.5]
+  std::string loader = "shared";  // shared: one loader per host into shared memory | per_rank
+  int prefetch = 4;               // steps the shared loader runs ahead (slots of its ring)
+  double loader_timeout_s = 60;   // a rank fails when the host's loader published nothing for this long
   bool operator==(const DataSpec&) const = default;
 };
 

@@ -375,6 +375,9 @@ std::vector<Field> BuildFields() {
   f.back().example = Quote("../data/fortunes");
   f.push_back(String("data.tokenizer", MS_FIELD(data.tokenizer), true));
   f.push_back(Real("data.valid_fraction", MS_FIELD(data.valid_fraction), Closed(0, 0.5)));
+  f.push_back(String("data.loader", MS_FIELD(data.loader), true, {"shared", "per_rank"}));
+  f.push_back(Integer("data.prefetch", MS_FIELD(data.prefetch), Closed(1, 64)));
+  f.push_back(Real("data.loader_timeout_s", MS_FIELD(data.loader_timeout_s), Positive()));
   // checkpoint
   f.push_back(String("checkpoint.dir", MS_FIELD(checkpoint.dir), false));
   f.push_back(Integer("checkpoint.interval", MS_FIELD(checkpoint.interval), AtLeast(0)));

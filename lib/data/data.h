@@ -241,6 +241,8 @@ class Sampler {
   Sampler& operator=(Sampler&&) noexcept = default;
 
   int seq_len() const { return seq_len_; }
+  // Bytes per token of the dataset's .bin.
+  int itemsize() const { return ds_ ? ds_->itemsize() : 0; }
   int64_t num_train() const { return num_train_; }
   int64_t num_valid() const { return num_valid_; }
   // Index j (sample j starts at stream token j * seq_len) of training sample k; k < 0: OutOfRange.

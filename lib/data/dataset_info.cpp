@@ -136,18 +136,19 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizer(std::string_view name, const st
   const DatasetInfo& info = *info_or;
   const bool model_file = name.find('/') != std::string_view::npos || name.ends_with(".model");
   if (name != "auto" && name != "byte" && name != "sentencepiece" && !model_file) {
-    return InvalidArgument("data.tokenizer \"{}\": use auto (what the dataset was made with), byte, sentencepiece "
-                           "or the path of a SentencePiece .model file",
-                           name);
+    return InvalidArgument(
+        "data.tokenizer \"{}\": use auto (what the dataset was made with), byte, sentencepiece "
+        "or the path of a SentencePiece .model file",
+        name);
   }
-  const std::string made_with =
-      info.tokenizer == "byte" ? std::string("the byte tokenizer")
-                               : fmt::format("the SentencePiece model {}", info.tokenizer_model);
+  const std::string made_with = info.tokenizer == "byte"
+                                    ? std::string("the byte tokenizer")
+                                    : fmt::format("the SentencePiece model {}", info.tokenizer_model);
   if (name == "byte" || (name == "auto" && info.tokenizer == "byte")) {
     if (info.tokenizer != "byte") {
       return InvalidArgument(
-          "data.tokenizer is byte but dataset {} was made with {} ({} pieces); set data.tokenizer: auto", dataset_prefix,
-          made_with, info.vocab_size);
+          "data.tokenizer is byte but dataset {} was made with {} ({} pieces); set data.tokenizer: auto",
+          dataset_prefix, made_with, info.vocab_size);
     }
     return MakeTokenizer("byte");
   }
@@ -160,8 +161,8 @@ Result<std::unique_ptr<Tokenizer>> LoadTokenizer(std::string_view name, const st
   const std::string path = model_file ? std::string(name) : info.tokenizer_model;
   auto bytes = ReadFile(path);
   if (!bytes.ok()) {
-    return bytes.status().WithContext(fmt::format("the tokenizer of dataset {} (named in {}.json)", dataset_prefix,
-                                                  dataset_prefix));
+    return bytes.status().WithContext(
+        fmt::format("the tokenizer of dataset {} (named in {}.json)", dataset_prefix, dataset_prefix));
   }
   if (Fingerprint(*bytes) != info.model_fingerprint) {
     return InvalidArgument(

@@ -32,7 +32,7 @@ size_t Utf8Length(std::string_view text, size_t i) {
   }
   if (c >= 0xF0 && c <= 0xF4) {
     if (left < 4 || !cont(i + 1) || !cont(i + 2) || !cont(i + 3)) return 0;
-    if (c == 0xF0 && b(i + 1) < 0x90) return 0;  // overlong
+    if (c == 0xF0 && b(i + 1) < 0x90) return 0;   // overlong
     if (c == 0xF4 && b(i + 1) >= 0x90) return 0;  // above U+10FFFF
     return 4;
   }
@@ -46,9 +46,10 @@ class SentencePieceTokenizer final : public Tokenizer {
     auto st = t->sp_.LoadFromSerializedProto({serialized.data(), serialized.size()});
     if (!st.ok()) return DataLoss("{}: not a SentencePiece model: {}", what, st.ToString());
     if (t->sp_.eos_id() < 0) {
-      return InvalidArgument("{}: the SentencePiece model has no end-of-sequence piece (eos_id is -1); it is needed "
-                             "as the end-of-document token: train it with eos_id >= 0",
-                             what);
+      return InvalidArgument(
+          "{}: the SentencePiece model has no end-of-sequence piece (eos_id is -1); it is needed "
+          "as the end-of-document token: train it with eos_id >= 0",
+          what);
     }
     t->vocab_ = t->sp_.GetPieceSize();
     t->byte_ids_.fill(-1);

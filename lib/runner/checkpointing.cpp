@@ -103,10 +103,9 @@ std::string ModelSignature(const config::ModelSpec& m) {
                      m.tied_embeddings);
 }
 
-std::string MakeMetadata(const config::JobSpec& spec, int64_t step) {
-  return fmt::format("step={}\nconsumed_samples={}\nseed={}\nmodel={}\nlayout=tp{}.pp{}.dp{}\n", step,
-                     step * spec.train.global_batch, spec.train.seed, ModelSignature(spec.model), spec.parallel.tp,
-                     spec.parallel.pp, spec.parallel.dp);
+std::string MakeMetadata(const config::JobSpec& spec, int64_t step, int64_t consumed_samples) {
+  return fmt::format("step={}\nconsumed_samples={}\nseed={}\nmodel={}\nlayout=tp{}.pp{}.dp{}\n", step, consumed_samples,
+                     spec.train.seed, ModelSignature(spec.model), spec.parallel.tp, spec.parallel.pp, spec.parallel.dp);
 }
 
 std::string MetadataValue(const std::string& metadata, const std::string& key) {

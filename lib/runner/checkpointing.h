@@ -25,8 +25,9 @@ Result<std::shared_ptr<checkpoint::Coordinator>> MakeStoreCoordinator(const boot
 
 // The model description a checkpoint must match to be loaded into `spec`'s model.
 std::string ModelSignature(const config::ModelSpec& m);
-// Metadata blob of a rank: "key=value" lines (step, consumed_samples, seed, model, layout).
-std::string MakeMetadata(const config::JobSpec& spec, int64_t step);
+// Metadata blob of a rank: "key=value" lines (step, consumed_samples: the training samples consumed
+// once `step` is done, the data loader's position; seed, model, layout).
+std::string MakeMetadata(const config::JobSpec& spec, int64_t step, int64_t consumed_samples);
 Result<int64_t> MetadataStep(const std::string& metadata);
 // One value of a metadata blob ("" when absent).
 std::string MetadataValue(const std::string& metadata, const std::string& key);

@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "runner/attempt.h"
 #include "runner/driver.h"
+#include "runner/loader.h"
 #include "runner/monitor.h"
 #include "runner/run_dir.h"
 #include "runner/runner.h"
@@ -495,6 +496,11 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     so.on_tick = watch_recovery;
     AttemptEnd result = Supervise(*launched, world, so);
     launched.reset();
+    // The shared data loaders' segments of this attempt on this host (a killed rank leaves its own behind;
+    // other hosts' are removed by their next attempt).
+    if (const int removed = RemoveLoaderSegments(run_dir); removed > 0) {
+      LogDebug("removed {} data loader segment(s) left in /dev/shm by attempt {}", removed, attempt);
+    }
     if (monitor && result.end) monitor->Finish();
     next_look = 0;
     watch_recovery();

@@ -44,7 +44,7 @@ const std::vector<Fault>& Faults() {
       Fault f;
       f.kind = std::string(fields[0]);
       bool ok = f.kind == "delay" || f.kind == "nan" || f.kind == "slow" || f.kind == "hang" || f.kind == "crash" ||
-                f.kind == "slow_gemm" || f.kind == "slow_link";
+                f.kind == "slow_gemm" || f.kind == "slow_link" || f.kind == "loader_stall";
       for (size_t i = 1; i < fields.size() && ok; ++i) {
         const size_t eq = fields[i].find('=');
         if (eq == std::string_view::npos) {
@@ -73,7 +73,7 @@ const std::vector<Fault>& Faults() {
         }
       }
       if (!ok || (f.kind == "delay" && f.at.empty()) || (f.kind != "delay" && f.rank < 0) ||
-          ((f.kind == "nan" || f.kind == "hang" || f.kind == "crash") && f.step < 0)) {
+          ((f.kind == "nan" || f.kind == "hang" || f.kind == "crash" || f.kind == "loader_stall") && f.step < 0)) {
         LogWarn("MEGASCALE_FAULT: ignoring malformed entry '{}'", entry);
         continue;
       }
@@ -100,6 +100,12 @@ const Fault* Find(std::string_view kind, int rank, int64_t step) {
 }
 
 }  // namespace
+
+bool InjectLoaderStall(int rank, int64_t step) {
+  if (!Find("loader_stall", rank, step)) return false;
+  LogWarn("MEGASCALE_FAULT: the data loader of rank {} stops publishing at step {} (test hook)", rank, step);
+  return true;
+}
 
 bool InjectNan(int rank, int64_t step) {
   if (!Find("nan", rank, step)) return false;

@@ -13,6 +13,7 @@
 //   crash  rank=<r> step=<s>                   rank r kills itself (SIGKILL) at the start of step s
 //   slow_gemm rank=<r> factor=<f>              self-check: rank r's GEMM test takes f times as long
 //   slow_link rank=<r> factor=<f>              self-check: rank r's point-to-point sends take f times as long
+//   loader_stall rank=<r> step=<s>             the shared data loader in rank r stops publishing at step s
 // Points: resume_scan (the driver's checkpoint scan), restore_read (a rank's checkpoint read,
 // before its data-parallel peers are sent what it read), train_start (a rank, after start-up and
 // restore, before its first step).
@@ -28,6 +29,8 @@ namespace ms::runner {
 void InjectDelay(std::string_view point, int rank);
 // True when a NaN is to be planted in this rank's gradient at this step.
 bool InjectNan(int rank, int64_t step);
+// True when the shared data loader running in this rank is to stop publishing at this step.
+bool InjectLoaderStall(int rank, int64_t step);
 // The compute slow-down of this rank (1: none).
 double SlowFactor(int rank);
 // The factor of a slow-down `kind` (slow, slow_gemm, slow_link) for this rank (1: none).

@@ -21,6 +21,7 @@
 #include "runner/checkpointing.h"
 #include "runner/fault_injection.h"
 #include "runner/heartbeat.h"
+#include "runner/loader.h"
 #include "runner/rank.h"
 #include "runner/runner.h"
 #include "runner/signals.h"
@@ -345,9 +346,6 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
 
   // Which inputs a chunk needs: tokens for the embedding chunk, targets for the head chunk.
   std::vector<int32_t> seq, inputs(static_cast<size_t>(micro) * T), targets(inputs.size());
-  auto batch_first = [&](int64_t step, int mb) {
-    return (step - 1) * spec.train.global_batch + (static_cast<int64_t>(rt.dp_rank) * n_micro + mb) * micro;
-  };
 
   // Forward-only pass over the validation split (each dp rank its own eval_batches micro-batches).
   auto evaluate = [&]() -> Result<double> {
@@ -399,6 +397,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   if (!coordinator) coordinator = std::make_shared<checkpoint::InProcessCoordinator>();
   MS_ASSIGN_OR_RETURN(auto checkpointer, checkpoint::AsyncCheckpointer::Create(co, coordinator.get()));
   int64_t start_step = 1;
+  DataPosition position;
+  position.global_batch = spec.train.global_batch;
+  position.micro = micro;
+  position.n_micro = n_micro;
   if (resume_step >= 0) {
     const double tr = NowSeconds();
     MS_ASSIGN_OR_RETURN(auto ckpt, checkpoint::Checkpoint::Open(
@@ -406,11 +408,34 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
                                        checkpoint::Verify::kLazy));
     MS_RETURN_IF_ERROR(RestoreRank(ckpt, *gpt, *opt, rt));
     start_step = resume_step + 1;
+    // The data position: checkpoints record the training samples consumed so far (older ones did not:
+    // then it is the steps times this run's global batch).
+    const std::string consumed = MetadataValue(ckpt.metadata(0), "consumed_samples");
+    position.consumed_samples = consumed.empty() ? resume_step * spec.train.global_batch : std::stoll(consumed);
     if (rank0) {
       LogInfo("resumed from {} (step {}, saved under layout {}, now tp{}.pp{}.dp{}) in {:.2f} s", ckpt.dir(),
               resume_step, MetadataValue(ckpt.metadata(0), "layout"), par.tp, par.pp, par.dp, NowSeconds() - tr);
     }
   }
+
+  // The batches: this rank's reader of the host's shared loader, or its own sampler (data.loader).
+  position.start_step = start_step;
+  const bool needs_tokens = rt.pp_rank == 0 || rt.pp_rank == par.pp - 1;  // embedding or head chunk
+  MS_ASSIGN_OR_RETURN(auto batches, MakeBatchSource(spec, rt, sampler, position, needs_tokens));
+  std::vector<int64_t> sample_ids(static_cast<size_t>(micro));
+  std::FILE* sample_log = nullptr;  // MEGASCALE_LOG_SAMPLES=1: the sample index of every row this rank trains on
+  if (GetEnv("MEGASCALE_LOG_SAMPLES").value_or("") == "1" && needs_tokens) {
+    MS_RETURN_IF_ERROR(MakeDirs(run_dir + "/samples"));
+    const std::string path = fmt::format("{}/samples/rank-{}.txt", run_dir, rt.rank);
+    sample_log = std::fopen(path.c_str(), "a");
+    if (!sample_log) return ErrnoError(fmt::format("opening {}", path), errno);
+  }
+  struct CloseSampleLog {
+    std::FILE* f;
+    ~CloseSampleLog() {
+      if (f) std::fclose(f);
+    }
+  } close_sample_log{sample_log};
 
   InjectDelay("train_start", rt.rank);  // test hook: a long start-up
   const double model_ready = WallSeconds();
@@ -501,8 +526,14 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         if (needs_tokens) {
           set_phase(Phase::kData);
           const double td = NowSeconds();
-          MS_RETURN_IF_ERROR(FetchBatch(sampler, true, batch_first(step, a.micro), micro, T, &seq, &inputs, &targets));
+          MS_RETURN_IF_ERROR(batches->Fetch(step, a.micro, inputs.data(), targets.data(), sample_ids.data()));
           data_s += NowSeconds() - td;
+          if (sample_log && rt.tp_rank == 0 && gpt->has_embedding(c)) {
+            for (int i = 0; i < micro; ++i) {
+              std::fprintf(sample_log, "%lld %d %d %d %lld\n", static_cast<long long>(step), rt.dp_rank, a.micro, i,
+                           static_cast<long long>(sample_ids[static_cast<size_t>(i)]));
+            }
+          }
         }
         const float* x_in = nullptr;
         if (!gpt->has_embedding(c)) {
@@ -730,7 +761,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       set_phase(Phase::kCheckpoint);
       MS_RETURN_IF_ERROR(dpe->WaitAllParams());
       MS_ASSIGN_OR_RETURN(auto pieces, RankPieces(*gpt, *opt, rt.dp_rank, &ckpt_staging));
-      MS_ASSIGN_OR_RETURN(auto info, checkpointer->Snapshot(step, pieces, MakeMetadata(spec, step)));
+      MS_ASSIGN_OR_RETURN(auto info,
+                          checkpointer->Snapshot(step, pieces, MakeMetadata(spec, step, position.ConsumedAfter(step))));
       trace.Span(fmt::format("checkpoint snapshot {}", step), "compute", NowSeconds() - info.blocked_seconds,
                  NowSeconds());
       if (rank0) {
@@ -755,6 +787,13 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   MS_RETURN_IF_ERROR_CTX(last_outcome, "writing the last checkpoint");
   if (show) progress.Finish();
   summary.seconds = NowSeconds() - t_start;
+  {
+    const auto ds_stats = batches->stats();
+    LogFileOnly(
+        fmt::format("data ({} loader): {:.3f} s of CPU in data preparation, {} bytes read from the dataset, "
+                    "{} bytes of shared memory",
+                    spec.data.loader, ds_stats.cpu_s, ds_stats.dataset_bytes, ds_stats.segment_bytes));
+  }
   {
     rusage ru{};
     if (getrusage(RUSAGE_SELF, &ru) == 0) {

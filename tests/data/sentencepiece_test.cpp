@@ -15,8 +15,9 @@ using testing::TempDir;
 // English-like text made here (no downloads): sentences of 300 made-up words of 1-4 syllables, a few
 // of them with non-ASCII letters.
 std::string MakeCorpus(uint64_t seed, int sentences) {
-  static const char* syllables[] = {"ka", "to", "ri", "mun", "sel", "pa", "qua", "dre", "lo", "vin", "ex", "zu",
-                                    "ber", "stal", "gon", "fi", "\xc3\xa9t", "\xc3\xbcr", "\xe6\x97\xa5", "ny"};
+  static const char* syllables[] = {"ka",  "to", "ri",        "mun",       "sel",          "pa",  "qua",
+                                    "dre", "lo", "vin",       "ex",        "zu",           "ber", "stal",
+                                    "gon", "fi", "\xc3\xa9t", "\xc3\xbcr", "\xe6\x97\xa5", "ny"};
   Rng words_rng(1234);  // the same words for every seed
   std::vector<std::string> words(300);
   for (auto& w : words) {
