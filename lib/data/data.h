@@ -245,6 +245,8 @@ class Sampler {
   int itemsize() const { return ds_ ? ds_->itemsize() : 0; }
   int64_t num_train() const { return num_train_; }
   int64_t num_valid() const { return num_valid_; }
+  // Bytes held by the cached epoch permutations.
+  int64_t cache_bytes() const;
   // Index j (sample j starts at stream token j * seq_len) of training sample k; k < 0: OutOfRange.
   Result<int64_t> TrainSampleIndex(int64_t k) const;
   // out: seq_len + 1 tokens of training sample k (k >= 0, any epoch). k < 0: OutOfRange.

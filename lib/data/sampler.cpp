@@ -62,6 +62,12 @@ Result<int64_t> Sampler::TrainSampleIndex(int64_t k) const {
   return perm[i];
 }
 
+int64_t Sampler::cache_bytes() const {
+  if (!cache_) return 0;
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return static_cast<int64_t>(sizeof(int64_t) * (cache_->perm[0].capacity() + cache_->perm[1].capacity()));
+}
+
 Status Sampler::GetTrain(int64_t k, int32_t* out) const {
   MS_ASSIGN_OR_RETURN(int64_t j, TrainSampleIndex(k));
   return ds_->ReadTokens(j * seq_len_, seq_len_ + 1, out);

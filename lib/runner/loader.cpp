@@ -4,9 +4,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +33,18 @@ int64_t MonotonicNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+// Waits (at most timeout_s) while *word == seen; another process wakes it with Wake after changing the word.
+// The segment is a shared mapping, so the futexes are not process-private.
+void WaitChange(std::atomic<uint32_t>* word, uint32_t seen, double timeout_s) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout_s);
+  ts.tv_nsec = static_cast<long>((timeout_s - static_cast<double>(ts.tv_sec)) * 1e9);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+void Bump(std::atomic<uint32_t>* word) {
+  word->fetch_add(1, std::memory_order_acq_rel);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 bool ProcessGone(int pid) {
   return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
@@ -70,7 +84,11 @@ class PerRankSource final : public BatchSource {
     stats_.cpu_s += ThreadCpuSeconds() - c0;
     return Status::Ok();
   }
-  Stats stats() const override { return stats_; }
+  Stats stats() const override {
+    Stats s = stats_;
+    s.memory_bytes = sampler_.cache_bytes() + static_cast<int64_t>(4 * seq_.capacity());
+    return s;
+  }
 
  private:
   const data::Sampler& sampler_;
@@ -101,11 +119,14 @@ struct Header {
   std::atomic<int32_t> loader_pid;
   std::atomic<int64_t> heartbeat_ns;  // CLOCK_MONOTONIC of the loader's last sign of life
   std::atomic<int64_t> published;     // the last step written
+  std::atomic<uint32_t> publish_gen;  // futex: bumped by the loader after each slot and on failure
+  std::atomic<uint32_t> copy_gen;     // futex: bumped by a reader after each copy out of the ring
   char error[1024];
   int32_t dp_index[kMaxLocal];  // the data-parallel indices of the slot parts, ascending
   ReaderSlot readers[kMaxLocal];
 };
-static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free,
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free &&
+                  sizeof(std::atomic<uint32_t>) == 4,
               "the ring's atomics must work across processes");
 
 // A slot: its header, then one part per data-parallel index: n_micro * micro rows of
@@ -222,12 +243,14 @@ class HostLoader {
   }
   double cpu_s() const { return cpu_s_.load(); }
   int64_t dataset_bytes() const { return bytes_.load(); }
+  int64_t cache_bytes() const { return sampler_.cache_bytes(); }
 
  private:
   void Fail(const std::string& why) {
     Header* h = seg_->header();
     std::snprintf(h->error, sizeof h->error, "%s", why.c_str());
     h->state.store(kStateFailed, std::memory_order_release);
+    Bump(&h->publish_gen);
     LogError("data loader: {}", why);
   }
   void Beat() { seg_->header()->heartbeat_ns.store(MonotonicNs(), std::memory_order_release); }
@@ -235,8 +258,9 @@ class HostLoader {
   bool WaitForSlot(int64_t step) {
     Header* h = seg_->header();
     double next_check = 0;
-    for (int spins = 0;; ++spins) {
+    for (;;) {
       if (stop_.load()) return false;
+      const uint32_t gen = h->copy_gen.load(std::memory_order_acquire);
       bool free = true;
       for (int l = 0; l < h->local_world; ++l) {
         if (h->readers[l].needs && h->readers[l].copied.load(std::memory_order_acquire) < step - h->depth) {
@@ -258,12 +282,8 @@ class HostLoader {
           }
         }
       }
-      // The loader is ahead when it waits here: sleeping 1 ms costs no reader anything.
-      if (spins < 10) {
-        std::this_thread::yield();
-      } else {
-        ::usleep(1000);
-      }
+      // The loader is ahead when it waits here: it sleeps until a reader copies (or 0.1 s, for the checks).
+      WaitChange(&h->copy_gen, gen, 0.1);
     }
   }
   void Run() {
@@ -304,6 +324,7 @@ class HostLoader {
       slot->seq.store(2 * step + 2, std::memory_order_release);
       h->published.store(step, std::memory_order_release);
       Beat();
+      Bump(&h->publish_gen);
       cpu_s_.store(ThreadCpuSeconds() - c0);
     }
     cpu_s_.store(ThreadCpuSeconds() - c0);
@@ -337,6 +358,7 @@ class SharedSource final : public BatchSource {
   ~SharedSource() override {
     if (local_ >= 0) {  // never hold the loader back once gone
       seg_->header()->readers[local_].copied.store(INT64_MAX, std::memory_order_release);
+      Bump(&seg_->header()->copy_gen);
     }
     loader_.reset();  // the loader thread stops before the segment goes
   }
@@ -359,10 +381,12 @@ class SharedSource final : public BatchSource {
   }
   Stats stats() const override {
     Stats s = stats_;
+    s.memory_bytes = static_cast<int64_t>(copy_.capacity());
     if (loader_) {
       s.cpu_s += loader_->cpu_s();
       s.dataset_bytes += loader_->dataset_bytes();
       s.segment_bytes = static_cast<int64_t>(seg_->size());
+      s.memory_bytes += s.segment_bytes + loader_->cache_bytes();
     }
     return s;
   }
@@ -377,12 +401,14 @@ class SharedSource final : public BatchSource {
     SlotHeader* slot = SlotAt(*seg_, step);
     const int64_t want = 2 * step + 2;
     double next_check = NowSeconds() + 0.1;
-    for (int spins = 0;; ++spins) {
+    for (;;) {
+      const uint32_t gen = h->publish_gen.load(std::memory_order_acquire);
       const int64_t seq = slot->seq.load(std::memory_order_acquire);
       if (seq == want) break;
-      if (seq > want)
+      if (seq > want) {
         return Internal("{}: the slot of step {} was rewritten (sequence {}) before this rank read it", LoaderName(),
                         step, seq);
+      }
       if (h->state.load(std::memory_order_acquire) == kStateFailed) {
         return Aborted("{} failed: {}", LoaderName(), std::string(h->error, strnlen(h->error, sizeof h->error)));
       }
@@ -399,12 +425,8 @@ class SharedSource final : public BatchSource {
               LoaderName(), silent, timeout_s_, step, h->published.load());
         }
       }
-      // Behind: spin briefly, then sleep 50 us doubling to 1 ms (no core burnt while the loader reads).
-      if (spins < 50) {
-        std::this_thread::yield();
-      } else {
-        ::usleep(static_cast<useconds_t>(std::min(1000, 50 << std::min(5, (spins - 50) / 8))));
-      }
+      // Behind: sleep until the loader publishes (or 0.1 s, for the checks).
+      WaitChange(&h->publish_gen, gen, 0.1);
     }
     const double c0 = ThreadCpuSeconds();
     std::memcpy(copy_.data(), PartAt(*seg_, step, part_), copy_.size());
@@ -418,6 +440,7 @@ class SharedSource final : public BatchSource {
       return DataLoss("{}: the data of step {} fails its checksum", LoaderName(), step);
     }
     h->readers[local_].copied.store(step, std::memory_order_release);  // the slot is free for the loader
+    Bump(&h->copy_gen);
     have_step_ = step;
     stats_.cpu_s += ThreadCpuSeconds() - c0;
     return Status::Ok();
@@ -448,6 +471,7 @@ class LoaderOnly final : public BatchSource {
     s.cpu_s = loader_->cpu_s();
     s.dataset_bytes = loader_->dataset_bytes();
     s.segment_bytes = static_cast<int64_t>(seg_->size());
+    s.memory_bytes = s.segment_bytes + loader_->cache_bytes();
     return s;
   }
 

@@ -61,6 +61,7 @@ class BatchSource {
     double cpu_s = 0;
     int64_t dataset_bytes = 0;
     int64_t segment_bytes = 0;  // the shared ring's size (the loader's rank only)
+    int64_t memory_bytes = 0;   // host memory for data: the ring, private copies, the sampler's permutations
   };
   virtual Stats stats() const = 0;
 };

@@ -789,10 +789,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   summary.seconds = NowSeconds() - t_start;
   {
     const auto ds_stats = batches->stats();
-    LogFileOnly(
-        fmt::format("data ({} loader): {:.3f} s of CPU in data preparation, {} bytes read from the dataset, "
-                    "{} bytes of shared memory",
-                    spec.data.loader, ds_stats.cpu_s, ds_stats.dataset_bytes, ds_stats.segment_bytes));
+    LogFileOnly(fmt::format(
+        "data ({} loader): {:.3f} s of CPU in data preparation, {} bytes read from the dataset, "
+        "{} bytes of shared memory, {} bytes of memory for data",
+        spec.data.loader, ds_stats.cpu_s, ds_stats.dataset_bytes, ds_stats.segment_bytes, ds_stats.memory_bytes));
   }
   {
     rusage ru{};
