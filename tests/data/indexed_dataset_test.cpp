@@ -412,6 +412,25 @@ TEST_CASE("indexed dataset: cross-check with an independent Megatron-layout read
       CHECK(RunPy(dir, "read " + prefix) == Summary(*ds));
     }
   }
+  SUBCASE("python reads a dataset prepare-data tokenized with a trained SentencePiece model") {
+    std::string text;
+    for (int i = 0; i < 4000; ++i) {
+      text += fmt::format("line {} of the corpus, with word{} and word{}\n", i, rng.NextBelow(300), rng.NextBelow(50));
+      if (i % 7 == 0) text += "%\n";
+    }
+    Spit(dir / "corpus.txt", text);
+    PrepareOptions opts;
+    opts.inputs = {dir / "corpus.txt"};
+    opts.doc_separator = "%";
+    opts.output_prefix = dir / "sp";
+    opts.tokenizer = "bpe";
+    opts.vocab_size = 1000;
+    REQUIRE(PrepareDataset(opts).ok());
+    auto ds = IndexedDataset::Open(dir / "sp");
+    REQUIRE(ds.ok());
+    CHECK(ds->dtype_code() == kDTypeUint16);
+    CHECK(RunPy(dir, "read " + dir / "sp") == Summary(*ds));
+  }
   SUBCASE("we read what python writes") {
     for (auto [dtype, code, vocab] : {std::tuple{"uint16", 8, 50000}, std::tuple{"int32", 4, 100000}}) {
       const std::string prefix = dir / fmt::format("theirs_{}", dtype);

@@ -15,6 +15,8 @@
   loader_killed   SIGKILL of the loader's rank (local rank 0): the same
   resume_layout   a run stopped mid-epoch and resumed in another layout continues the sample
                   sequence exactly (sample indices compared, not only losses)
+  subword_dataset a SentencePiece-tokenized dataset trains; data.tokenizer and model.vocab are checked
+                  against its metadata before launch
 
 Usage: loader_test.py MEGASCALE WORK_DIR (MS_TEST_CASES=a,b runs only those cases).
 """
@@ -83,7 +85,8 @@ ENV = dict(os.environ, MEGASCALE_LOG_SAMPLES="1")
 
 
 def run(args, env=ENV, timeout=300):
-    return subprocess.run([BIN, *args, "--no-progress"], capture_output=True, text=True, timeout=timeout, env=env)
+    quiet = ["--no-progress"] if args[0] in ("train", "resume") else []
+    return subprocess.run([BIN, *args, *quiet], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def start(path, *args, env=ENV):
@@ -300,6 +303,26 @@ def resume_layout():
     meta = subprocess.run(["grep", "-rah", "consumed_samples=", os.path.join(WORK, name, "checkpoints", "step-00000014")],
                           capture_output=True).stdout.decode(errors="replace")
     assert "consumed_samples=112" in meta, meta[:300]
+
+@case
+def subword_dataset():
+    """A SentencePiece dataset trains, and a job's data.tokenizer / model.vocab are checked against it."""
+    corpus = os.path.join(WORK, "corpus.txt")
+    sp = os.path.join(WORK, "sp")
+    r = subprocess.run([BIN, "prepare-data", "--tokenizer", "unigram", "--vocab-size", "300", "--doc-separator", "%",
+                        "--output", sp, corpus], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "tokens per byte" in r.stdout and os.path.exists(sp + ".model") and os.path.exists(sp + ".json"), r.stdout
+    path = spec("subword", steps=3)
+    small = run(["validate", path, "--set", f"data.path={sp}"])
+    assert small.returncode != 0 and "model.vocab" in small.stderr and "300" in small.stderr, small.stderr
+    byte = run(["validate", path, "--set", f"data.path={sp}", "--set", "model.vocab=320", "--set",
+                "data.tokenizer=byte"])
+    assert byte.returncode != 0 and "data.tokenizer: auto" in byte.stderr, byte.stderr
+    ok = run(["train", path, "--set", f"data.path={sp}", "--set", "model.vocab=320", "--set", "parallel.dp=2"])
+    assert ok.returncode == 0, ok.stderr[-1500:]
+    assert len(losses("subword")) == 3
+
 
 print(f"{sum(results)} of {len(results)} loader cases passed")
 sys.exit(0 if results and all(results) else 1)
