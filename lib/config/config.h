@@ -62,6 +62,7 @@ struct ParallelSpec {
   double bucket_mb = 4;            // data-parallel gradient bucket size, MB of fp32
   bool overlap = true;             // start each bucket's reduction during backward (false: measure without)
   int tp_comm_chunks = 1;          // row chunks of each TP collective, pipelined with its GEMMs; 1 = unchunked
+  bool pp_overlap = true;  // pipeline receives posted ahead, sends completed lazily (false: each waited at once)
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -122,9 +123,10 @@ struct RuntimeSpec {
   double collective_timeout_s = 60;   // a collective (or a wait on a peer) with no progress for this long fails
   double rendezvous_timeout_s = 120;  // rank registration and process-group creation
   double stop_grace_s = 0;            // time ranks get to save and exit after SIGTERM; 0 -> sized from the model
-  std::string interface;  // network interface the job's sockets use on every host (e.g. ib0); empty -> the one
-                          // that routes to the driver's host
-  std::string address;    // address of the driver's host the embedded redis-server listens on; empty -> chosen
+  std::string interface;      // network interface the job's sockets use on every host (e.g. ib0); empty -> the one
+                              // that routes to the driver's host
+  std::string address;        // address of the driver's host the embedded redis-server listens on; empty -> chosen
+  bool fused_kernels = true;  // fused epilogues (bias + GeLU, residual + biases); false: unfused, an ablation
   bool operator==(const RuntimeSpec&) const = default;
 };
 

@@ -351,6 +351,7 @@ std::vector<Field> BuildFields() {
   f.push_back(Real("parallel.bucket_mb", MS_FIELD(parallel.bucket_mb), Positive()));
   f.push_back(Boolean("parallel.overlap", MS_FIELD(parallel.overlap)));
   f.push_back(Integer("parallel.tp_comm_chunks", MS_FIELD(parallel.tp_comm_chunks), AtLeast(1)));
+  f.push_back(Boolean("parallel.pp_overlap", MS_FIELD(parallel.pp_overlap)));
   // train
   f.push_back(Integer("train.steps", MS_FIELD(train.steps), AtLeast(1)));
   f.push_back(Integer("train.global_batch", MS_FIELD(train.global_batch), AtLeast(1)));
@@ -395,6 +396,7 @@ std::vector<Field> BuildFields() {
   f.push_back(Real("runtime.stop_grace_s", MS_FIELD(runtime.stop_grace_s), AtLeast(0)));
   f.push_back(String("runtime.interface", MS_FIELD(runtime.interface), false));
   f.push_back(String("runtime.address", MS_FIELD(runtime.address), false));
+  f.push_back(Boolean("runtime.fused_kernels", MS_FIELD(runtime.fused_kernels)));
   // log
   f.push_back(String("log.run_dir", MS_FIELD(log.run_dir), true));
   f.push_back(Integer("log.interval", MS_FIELD(log.interval), AtLeast(1)));

@@ -498,6 +498,15 @@ Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& 
   return sp ? local : full;
 }
 
+Status Gpt::ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
+                        int64_t C) {
+  if (shard_.fused_kernels) return be_->ResidualAdd(out, x, part, bias, bias2, R, C);
+  // Ablation (runtime.fused_kernels: false): the residual add and each bias as passes of their own.
+  MS_RETURN_IF_ERROR(be_->Add(out, x, part, R * C));
+  MS_RETURN_IF_ERROR(be_->AddRowBias(out, bias, R, C));
+  return bias2 ? be_->AddRowBias(out, bias2, R, C) : Status::Ok();
+}
+
 Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets, const float* x_in,
                                 const std::function<Status(int)>& before_layer) {
   auto before = [&](int layer) { return before_layer ? before_layer(layer) : Status::Ok(); };
@@ -572,6 +581,10 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       // fch holds the GEMM output without its bias: the bias is fused into the GeLU (and its gradient into the
       // GeLU backward).
       MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), nullptr, rows, C, Fl));
+      if (!shard_.fused_kernels) {  // ablation: the bias, then the GeLU, each a pass over memory (fch keeps the bias)
+        MS_RETURN_IF_ERROR(be_->AddRowBias(y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl));
+        return be_->GeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, rows * Fl);
+      }
       return be_->BiasGeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {
@@ -586,12 +599,12 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
       MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
       MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, false, part, partR));
-      MS_RETURN_IF_ERROR(be_->ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
+      MS_RETURN_IF_ERROR(ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
       MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(),
                                                P(w.ln2w), P(w.ln2b), R, C, spec_.norm_eps));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
       MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_rows, false, part, partR));
-      MS_RETURN_IF_ERROR(be_->ResidualAdd(out, y.mid.data(), mlp_out, P(w.mprojb), nullptr, R, C));
+      MS_RETURN_IF_ERROR(ResidualAdd(out, y.mid.data(), mlp_out, P(w.mprojb), nullptr, R, C));
     } else {
       // One gather feeds both branches' GEMMs.
       auto qkv_fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
@@ -608,7 +621,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         return be_->AddInPlace(dst, tmp, rows * C);
       };
       MS_ASSIGN_OR_RETURN(float* both, TpProduceRowsReduce("attn.proj+mlp.proj", both_rows, false, part, partR));
-      MS_RETURN_IF_ERROR(be_->ResidualAdd(out, x, both, P(w.projb), P(w.mprojb), R, C));
+      MS_RETURN_IF_ERROR(ResidualAdd(out, x, both, P(w.projb), P(w.mprojb), R, C));
     }
   }
   a.forward_done = true;
@@ -740,6 +753,11 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C));
+      if (!shard_.fused_kernels) {
+        MS_RETURN_IF_ERROR(
+            be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl));
+        return be_->BiasGrad(G(w.fcb), dfch + row0 * Fl, rows, Fl);
+      }
       return be_->BiasGeluBackward(dfch + row0 * Fl, G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
                                    dfch_gelu + row0 * Fl, rows, Fl);
     };

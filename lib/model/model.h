@@ -99,6 +99,9 @@ struct ShardSpec {
   int virtual_stages = 1;
   bool sequence_parallel = false;
   int tp_comm_chunks = 1;  // row chunks of each TP collective pipelined with its GEMMs; clamped to the rows
+  // Fused epilogues (the fc bias inside the GeLU, the row-parallel biases inside the residual add); false runs
+  // each as a pass of its own, to measure what fusion buys (runtime.fused_kernels).
+  bool fused_kernels = true;
 };
 
 // Communicators the model uses inside a layer (TP). Null when tp_size == 1.
@@ -230,6 +233,9 @@ class Gpt {
   // Gathers `local` [rows_, C] into the [N, C] rows and runs `consume` on them; chunked into
   // tp_comm_chunks pipelined steps under SP. `full` [N, C] receives the gathered tensor when
   // keep_full (else it is scratch for the unchunked path). Without SP, consume(0, N, local).
+  // out = x + part + bias (+ bias2), fused or not (ShardSpec::fused_kernels).
+  Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
+                     int64_t C);
   Status TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
                           const ConsumeFn& consume);
   // Runs `produce` for partial outputs of all N rows (zeroing its rows first when `zero`, for

@@ -1,5 +1,10 @@
-// A rank's compute device and ops backend (rank.h).
+// A rank's compute device and ops backend, and the peak its MFU is measured against (rank.h).
+#include <sys/stat.h>
+
+#include <cstdlib>
+
 #include "cuda/cuda.h"
+#include "metrics/metrics.h"
 #include "runner/rank.h"
 
 namespace ms::runner {
@@ -68,6 +73,65 @@ Result<double> MeasureBackendGemmPeak(ops::Backend& be, int64_t n) {
     if (i > 0 && dt > 0) best = std::max(best, 2.0 * n * n * n / dt);  // the first call warms up
   }
   return best;
+}
+
+double DatasheetPeak(std::string_view name) {
+  auto has = [&](std::string_view what) { return name.find(what) != std::string_view::npos; };
+  if (has("B200")) return 2250e12;
+  if (has("H200")) return 989e12;
+  if (has("H100")) return has("PCIe") ? 756e12 : has("NVL") ? 835e12 : 989e12;
+  if (has("A100")) return 312e12;
+  return 0;
+}
+
+namespace {
+
+std::string PeakCachePath(int threads) {
+  std::string dir;
+  if (auto x = GetEnv("XDG_CACHE_HOME"); x && !x->empty()) {
+    dir = *x + "/megascale";
+  } else if (auto home = GetEnv("HOME"); home && !home->empty()) {
+    dir = *home + "/.cache/megascale";
+  } else {
+    return "";
+  }
+  return fmt::format("{}/gemm-peak-{}-t{}.txt", dir, HostName(), threads);
+}
+
+}  // namespace
+
+Result<DevicePeak> ResolvePeak(const config::JobSpec& spec, const Compute& compute, int threads) {
+  if (spec.log.peak_flops > 0) return DevicePeak{spec.log.peak_flops, "configured (log.peak_flops)"};
+  if (compute.backend) {
+    const std::string name = compute.device->name();
+    const bool emulated = cuda::LinkedFlavor() == cuda::Flavor::kEmulated;
+    if (!emulated) {
+      if (const double sheet = DatasheetPeak(name); sheet > 0) {
+        return DevicePeak{sheet, fmt::format("datasheet dense bf16 of {}", name)};
+      }
+    }
+    MS_ASSIGN_OR_RETURN(double measured, MeasureBackendGemmPeak(*compute.backend, emulated ? 256 : 8192));
+    return DevicePeak{measured,
+                      compute.backend->bf16_gemm() ? "measured bf16 cuBLAS GEMM" : "measured fp32 cuBLAS GEMM"};
+  }
+  // The CPU: a calibration per host and thread count, measured once and reused.
+  const std::string path = PeakCachePath(threads);
+  if (!path.empty()) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && WallSeconds() - static_cast<double>(st.st_mtime) < 30 * 86400.0) {
+      auto text = ReadFile(path);
+      const double cached = text.ok() ? std::atof(text->c_str()) : 0;
+      if (cached > 0) return DevicePeak{cached, fmt::format("fp32 GEMM calibration of this host ({})", path)};
+    }
+  }
+  const double measured = metrics::MeasureGemmPeakFlops();
+  if (!path.empty() && measured > 0) {
+    const size_t slash = path.rfind('/');
+    Status saved = MakeDirs(path.substr(0, slash));
+    if (saved.ok()) saved = WriteFileAtomic(path, fmt::format("{:.6e}\n", measured));
+    if (!saved.ok()) LogDebug("not caching the GEMM calibration: {}", saved.message());
+  }
+  return DevicePeak{measured, "measured fp32 GEMM (now cached for this host)"};
 }
 
 }  // namespace ms::runner

@@ -33,4 +33,19 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt);
 // backend's precision), each timed to completion, in FLOP/s.
 Result<double> MeasureBackendGemmPeak(ops::Backend& be, int64_t n);
 
+// The peak FLOP/s of one device that MFU is measured against, and where it came from:
+//   log.peak_flops when set ("configured");
+//   a GPU: the datasheet dense bf16 tensor-core figure of its model (DatasheetPeak), else a measured cuBLAS GEMM;
+//   the CPU: a measured fp32 GEMM with this rank's threads, cached per host and thread count for 30 days in
+//   $XDG_CACHE_HOME/megascale (else ~/.cache/megascale) as gemm-peak-<host>-t<threads>.txt, so that every run
+//   and every bench point of a host divides by the same figure (delete the file to measure again).
+struct DevicePeak {
+  double flops = 0;
+  std::string source;
+};
+Result<DevicePeak> ResolvePeak(const config::JobSpec& spec, const Compute& compute, int threads);
+// Dense bf16 FLOP/s of a GPU model from its datasheet, by the device's name ("NVIDIA H100 80GB HBM3"): A100 312 T,
+// H100 SXM 989 T (PCIe 756 T, NVL 835 T), H200 and GH200 989 T, B200 2250 T; 0 when unknown.
+double DatasheetPeak(std::string_view device_name);
+
 }  // namespace ms::runner

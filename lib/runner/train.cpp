@@ -290,6 +290,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   shard.virtual_stages = par.virtual_stages;
   shard.sequence_parallel = par.sequence_parallel;
   shard.tp_comm_chunks = par.tp_comm_chunks;
+  shard.fused_kernels = spec.runtime.fused_kernels;
   model::ModelComms mcomms;
   if (par.tp > 1) mcomms.tp = &tp_timed;
   MS_ASSIGN_OR_RETURN(auto gpt,
@@ -317,18 +318,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   const int next_rank = (rt.pp_rank + 1) % par.pp, prev_rank = (rt.pp_rank + par.pp - 1) % par.pp;
 
   const double flops_per_seq = model::TrainingFlopsPerSequence(m);
-  // The peak: configured, else measured on this rank's backend (a GPU's cuBLAS GEMM; the emulator's CPU cuBLAS on a
-  // small problem, where MFU means little; the CPU's oneDNN GEMM).
-  double peak = spec.log.peak_flops;
-  const char* peak_source = "configured";
-  if (peak <= 0 && compute.backend) {
-    const bool emulated = cuda::LinkedFlavor() == cuda::Flavor::kEmulated;
-    MS_ASSIGN_OR_RETURN(peak, MeasureBackendGemmPeak(*compute.backend, emulated ? 256 : 8192));
-    peak_source = compute.backend->bf16_gemm() ? "measured bf16 cuBLAS GEMM" : "measured fp32 cuBLAS GEMM";
-  } else if (peak <= 0) {
-    peak = metrics::MeasureGemmPeakFlops();
-    peak_source = "measured fp32 GEMM";
-  }
+  // The peak of one device: configured, a GPU's datasheet, or a measured GEMM (cached per host on the CPU).
+  MS_ASSIGN_OR_RETURN(DevicePeak device_peak, ResolvePeak(spec, compute, threads));
+  const double peak = device_peak.flops;
+  const std::string& peak_source = device_peak.source;
   if (rank0) {
     int64_t n_params = 0;
     for (const auto& name : model::AllTensorNames(m)) (void)name;
@@ -510,8 +503,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     MS_RETURN_IF_ERROR(dpe->BeginStep());
     for (size_t ai = 0; ai < schedule.size(); ++ai) {
       const parallel::Action& a = schedule[ai];
-      // Post the receive the next action needs before computing this one.
-      if (ai + 1 < schedule.size()) {
+      // Post the receive the next action needs before computing this one (parallel.pp_overlap).
+      if (par.pp_overlap && ai + 1 < schedule.size()) {
         const parallel::Action& nx = schedule[ai + 1];
         const int g = gpt->global_chunk(nx.chunk);
         if (nx.kind == parallel::ActionKind::kForward && !gpt->has_embedding(nx.chunk)) {

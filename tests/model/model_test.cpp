@@ -161,6 +161,20 @@ TEST_CASE("learning-rate schedule: warm-up, cosine, constant") {
   CHECK(optim::LearningRate(s, 60, 110) == doctest::Approx(1.0));
 }
 
+TEST_CASE("flop formula against hand-computed values (docs/ARCHITECTURE.md, FLOPs and MFU)") {
+  // 6 x matmul parameters x tokens + 12 x layers x hidden x (keys attended, summed over positions).
+  config::ModelSpec a;
+  a.layers = 2, a.hidden = 64, a.heads = 4, a.ffn_hidden = 256, a.vocab = 256, a.seq_len = 8, a.window = 0;
+  // matmul parameters 2 * (4 * 64^2 + 2 * 64 * 256) + 256 * 64 = 114688; keys 1 + 2 + ... + 8 = 36
+  // 6 * 114688 * 8 + 12 * 2 * 64 * 36 = 5505024 + 55296
+  CHECK(TrainingFlopsPerSequence(a) == 5560320.0);
+  config::ModelSpec b;
+  b.layers = 3, b.hidden = 32, b.heads = 2, b.ffn_hidden = 0, b.vocab = 100, b.seq_len = 10, b.window = 4;
+  // ffn 4 * 32; matmul parameters 3 * (4 * 32^2 + 2 * 32 * 128) + 100 * 32 = 40064; a window of 4 shorter than
+  // the sequence: keys 1 + 2 + 3 + 4 * 7 = 34; 6 * 40064 * 10 + 12 * 3 * 32 * 34 = 2403840 + 39168
+  CHECK(TrainingFlopsPerSequence(b) == 2443008.0);
+}
+
 TEST_CASE("flop formula counts windowed attention keys") {
   config::ModelSpec m = SmallSpec(config::BlockKind::kParallel, 0);
   double full = TrainingFlopsPerSequence(m);
