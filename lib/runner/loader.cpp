@@ -112,7 +112,7 @@ struct alignas(64) ReaderSlot {
 
 struct Header {
   uint64_t magic;
-  char nonce[64];  // the job id and attempt: a reader never attaches to another run's segment
+  char nonce[256];  // the segment name (job id, attempt): a reader never attaches to another run's segment
   int32_t micro, n_micro, seq_len, depth, n_dp, local_world;
   int64_t slot_bytes, part_bytes, data_offset, first_step, last_step;
   std::atomic<int32_t> state;
@@ -224,7 +224,8 @@ char* PartAt(const Segment& seg, int64_t step, int part) {
 std::string SegmentName(const std::string& run_dir, int host_index) {
   const std::string job = GetEnv("MEGASCALE_JOB_ID").value_or(fmt::format("solo{}", getpid()));
   const std::string attempt = GetEnv("MEGASCALE_ATTEMPT").value_or("0");
-  return fmt::format("/{}{}-a{}-h{}", LoaderSegmentPrefix(run_dir), job, attempt, host_index);
+  // At most ~110 characters (the job id is at most 40 + 13): under NAME_MAX, and it fits Header::nonce.
+  return fmt::format("/{}{}-a{}-h{}", LoaderSegmentPrefix(run_dir), job.substr(0, 64), attempt, host_index);
 }
 
 // ---- shared: the loader thread --------------------------------------------------------------

@@ -66,10 +66,10 @@ def segments(run_dir):
     return sorted(f for f in os.listdir("/dev/shm") if f.startswith(prefix))
 
 
-def spec(name, steps=STEPS, extra=""):
+def spec(name, steps=STEPS, extra="", job_name=None):
     path = os.path.join(WORK, f"{name}.yaml")
     with open(path, "w") as f:
-        f.write(f"""name: {name}
+        f.write(f"""name: {json.dumps(job_name or name)}
 model: {{layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, seq_len: 16, vocab: 256, attention: {{window: 6}}}}
 train: {{steps: {steps}, global_batch: {GB}, micro_batch: 1, seed: 5}}
 optimizer: {{lr: 2.0e-3, warmup_steps: 2}}
@@ -192,7 +192,9 @@ def layouts():
 def segments_during_run():
     name = "seg"
     run_dir = os.path.join(WORK, name)
-    p = start(spec(name, steps=400, extra="parallel: {dp: 2}\n"))
+    # A long job name with quotes: the segment's name (which holds the job id) is longer than 64 characters.
+    p = start(spec(name, steps=400, extra="parallel: {dp: 2}\n",
+                   job_name="it's a \"long\" job name $(touch pwned) with more words than forty characters"))
     try:
         wait_step(name, 20, p)
         seen = segments(run_dir)
