@@ -113,12 +113,12 @@ def missing_data_and_corrupt_index():
 
 
 @case
-def bad_layouts_and_unbuilt_subcommands_refuse():
+def bad_layouts_and_bad_sweeps_refuse():
     spec = os.path.join(WORK, "ok.yaml")
     write_spec(spec, DATA, os.path.join(WORK, "run-refuse"))
     expect_error(["train", spec, "--set", "parallel.tp=3"], "not divisible by parallel.tp = 3")
     expect_error(["resume", spec], "nothing to resume")
-    expect_error(["bench"], "not built yet")
+    expect_error(["bench", spec, "--vary", "model.hiden=1,2"], "not a key of the job spec")
     expect_error(["train", spec, "--set", "model.hiden=3"], "did you mean")
 
 
