@@ -48,8 +48,11 @@ std::vector<double> Ticks(double lo, double hi, int target) {
       break;
     }
   }
+  // From the multiple at or below lo to the first at or above hi, so that the axis covers the data.
   std::vector<double> t;
-  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
+  const long first = static_cast<long>(std::floor(lo / step + 1e-9));
+  const long last = static_cast<long>(std::ceil(hi / step - 1e-9));
+  for (long k = first; k <= std::max(last, first + 1); ++k) t.push_back(static_cast<double>(k) * step);
   return t;
 }
 
@@ -77,12 +80,16 @@ std::string Head(const ChartSpec& spec) {
 }
 
 // The y axis (ticks, grid) and both labels; returns the frame.
-Frame YAxis(const ChartSpec& spec, double lo, double hi, std::string* svg) {
+Frame YAxis(const ChartSpec& spec, double lo, double hi, double bottom, std::string* svg) {
   if (!(hi > lo)) {
     hi = lo == 0 ? 1 : lo + std::fabs(lo) * 0.1 + 1e-12;
   }
   auto ticks = Ticks(lo, hi, 5);
-  Frame f{70,          34, static_cast<double>(spec.width) - 90, static_cast<double>(spec.height) - 100, ticks.front(),
+  Frame f{70,
+          34,
+          static_cast<double>(spec.width) - 90,
+          static_cast<double>(spec.height) - 34 - bottom,
+          ticks.front(),
           ticks.back()};
   if (f.yhi <= f.ylo) f.yhi = f.ylo + 1;
   for (double t : ticks) {
@@ -134,7 +141,7 @@ std::string LineChartSvg(const ChartSpec& spec, const std::vector<Series>& serie
   std::string svg = Head(spec);
   double lo, hi;
   Range(series, &lo, &hi);
-  const Frame f = YAxis(spec, lo, hi, &svg);
+  const Frame f = YAxis(spec, lo, hi, 56, &svg);
   double xlo = INFINITY, xhi = -INFINITY;
   for (const auto& s : series) {
     for (double v : s.x) xlo = std::min(xlo, v), xhi = std::max(xhi, v);
@@ -171,14 +178,22 @@ std::string BarChartSvg(const ChartSpec& spec, const std::vector<std::string>& c
   std::string svg = Head(spec);
   double lo, hi;
   Range(series, &lo, &hi);
-  const Frame f = YAxis(spec, std::min(0.0, lo), hi, &svg);
+  // Room below for the category names, written at a slant.
+  size_t longest = 0;
+  for (const auto& c : categories) longest = std::max(longest, c.size());
+  const double bottom = 40 + 4.5 * static_cast<double>(std::min<size_t>(longest, 40));
+  const Frame f = YAxis(spec, std::min(0.0, lo), hi, bottom, &svg);
   const double group = f.w / static_cast<double>(std::max<size_t>(1, categories.size()));
   const double bar = group * 0.8 / static_cast<double>(std::max<size_t>(1, series.size()));
   for (size_t c = 0; c < categories.size(); ++c) {
     const double gx = f.x0 + group * static_cast<double>(c) + group * 0.1;
     for (size_t s = 0; s < series.size(); ++s) {
       const double v = c < series[s].y.size() ? series[s].y[c] : NAN;
-      if (!std::isfinite(v)) continue;  // a gap
+      if (!std::isfinite(v)) {  // a gap, marked
+        svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#888\">n/a</text>\n",
+                           gx + bar * (static_cast<double>(s) + 0.5), f.Y(0) - 4);
+        continue;
+      }
       const double top = f.Y(std::max(v, 0.0)), bottom = f.Y(std::min(v, 0.0));
       svg += fmt::format(
           "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"><title>{}: "

@@ -74,7 +74,7 @@ for t in ok:
     parts = sum(float(t[k]) for k in ("compute_s", "comm_exposed_s", "bubble_s", "data_wait_s"))
     check(f"sane values {t['model.heads']}x{t['parallel.tp']}",
           0 < step < 10 and tps > 0 and flops > 0 and 0 < mfu < 1 and int(t["measured_steps"]) == 4 and
-          abs(tps * step - 4 * 32) < 0.35 * 4 * 32 and 0 < parts <= 1.05 * step, t)
+          abs(tps * step - 4 * 32) < 0.35 * 4 * 32 and 0 < parts <= 1.5 * step, t)  # medians of the parts need not add up exactly
     check(f"MFU = FLOP/s per device / peak {t['model.heads']}x{t['parallel.tp']}",
           abs(mfu - flops / 1e12) < 0.2 * mfu, t)
 doc = json.load(open(os.path.join(out_dir, "bench.json")))
