@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   using Adder = CLI::App* (*)(CLI::App&, ms::cmd::RunFn*);
   const Adder adders[] = {ms::cmd::AddTrainCommand,       ms::cmd::AddResumeCommand,   ms::cmd::AddValidateCommand,
                           ms::cmd::AddPrepareDataCommand, ms::cmd::AddInitTestCommand, ms::cmd::AddBenchCommand,
-                          ms::cmd::AddWorkerCommand,      ms::cmd::AddExportCommand,   ms::cmd::AddSelfCheckCommand};
+                          ms::cmd::AddWorkerCommand,      ms::cmd::AddExportCommand,   ms::cmd::AddSelfCheckCommand,
+                          ms::cmd::AddGenerateCommand};
   std::vector<std::pair<CLI::App*, ms::cmd::RunFn>> subs;
   subs.reserve(std::size(adders));  // Add*Command keeps a pointer into this vector
   for (Adder add : adders) {

@@ -32,6 +32,8 @@ class Tokenizer {
   virtual int vocab_size() const = 0;
   // The end-of-document token appended after each document by PrepareDataset.
   virtual int eod_token() const = 0;
+  // The id text the vocabulary lacks encodes to (-1: none; the byte tokenizer covers every byte).
+  virtual int unknown_token() const { return -1; }
   // Replaces *out with the ids of `text` (*out is cleared first).
   virtual void Encode(std::string_view text, std::vector<int32_t>* out) const = 0;
   // The text of `ids`. Never fails: the EOD token decodes to nothing (it marks a boundary,

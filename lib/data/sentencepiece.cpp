@@ -73,6 +73,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string_view name() const override { return "sentencepiece"; }
   int vocab_size() const override { return vocab_; }
   int eod_token() const override { return sp_.eos_id(); }
+  int unknown_token() const override { return sp_.unk_id(); }
 
   // Well-formed UTF-8 goes through SentencePiece; bytes that are not (and the U+2581 character, which
   // SentencePiece would turn into a space) become byte pieces, so that Decode gives back the exact bytes

@@ -270,4 +270,40 @@ class Gpt {
   SpanHook span_;
 };
 
+// ---- inference ---------------------------------------------------------------------------
+
+// Token-by-token inference of the whole (unsharded) GPT on the host, with a KV cache: Step(token)
+// appends one token at the next position and returns the logits (V) of what follows it. The math is
+// the training forward's (same ops, fp32): learned positions (so at most seq_len positions), the
+// block kind, the sliding window (the cache keeps only the last `window` keys and values of each
+// layer), tied or separate output head. Recompute() is the same without a cache: it runs the whole
+// context again through the same per-token code, for checking the cache (the logits are identical).
+// Not thread-safe; one decoder per sequence.
+class Decoder {
+ public:
+  // Reads every tensor of AllTensorNames(spec) in its global shape through `read(name, out, numel)`
+  // (e.g. from a checkpoint saved in any layout). spec must have passed config::ResolveAndValidate.
+  using TensorReader = std::function<Status(const std::string& name, float* out, int64_t numel)>;
+  static Result<std::unique_ptr<Decoder>> Create(const config::ModelSpec& spec, const TensorReader& read);
+
+  // Logits after appending `token` at position position(); OutOfRange past seq_len, InvalidArgument
+  // for a token outside the vocabulary.
+  Result<std::vector<float>> Step(int32_t token);
+  // The logits after the tokens so far, recomputed from the first token without the cache.
+  Result<std::vector<float>> Recompute();
+  int64_t position() const { return static_cast<int64_t>(tokens_.size()); }
+  void Reset();
+
+ private:
+  Decoder() = default;
+  Status Forward(int32_t token, int64_t pos, std::vector<float>* logits);
+
+  config::ModelSpec spec_;
+  std::map<std::string, std::vector<float>> w_;
+  std::vector<int32_t> tokens_;
+  // Per layer: keys and values of the cached positions, a ring of min(window, seq_len) rows (H * D each).
+  std::vector<std::vector<float>> k_, v_;
+  int64_t ring_ = 0;  // rows of each layer's cache
+};
+
 }  // namespace ms::model

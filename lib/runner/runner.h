@@ -139,6 +139,28 @@ Status PreflightCheck(const config::JobSpec& spec, bool files);
 // config::ResolveAndValidate then refuses with the reason). Call between --set and validation.
 Status ResolveForLauncher(config::JobSpec* spec);
 
+// `megascale generate` (docs/generate.md): loads the newest valid checkpoint of spec.checkpoint.dir
+// (or step `step`), saved in any layout, into one process, encodes the prompt with the dataset's
+// tokenizer (data.tokenizer against the dataset's metadata), and samples `tokens` tokens with the
+// model's sliding window and a KV cache (model::Decoder; computed on the CPU whatever the backend).
+struct GenerateOptions {
+  std::string prompt;        // empty: generation starts after an end-of-document token
+  int tokens = 64;           // to generate; prompt + tokens must fit model.seq_len (learned positions)
+  double temperature = 0.8;  // <= 0: greedy (the most likely token each time)
+  int top_k = 40;            // sample among the k most likely tokens; 0: all
+  uint64_t seed = 1;         // same seed, same checkpoint, same prompt: same tokens
+  int64_t step = -1;         // the checkpoint's step; -1: the newest valid one
+  bool kv_cache = true;      // false: recompute the whole context for every token (same tokens, slower)
+};
+struct GenerateResult {
+  std::string checkpoint;  // the step directory used
+  std::string layout;      // the layout it was saved in (tp.pp.dp)
+  std::vector<int32_t> prompt_ids, ids;
+  std::string text;  // the decoded generated tokens (without the prompt)
+  double seconds = 0, tokens_per_s = 0;
+};
+Result<GenerateResult> Generate(const config::JobSpec& spec, const GenerateOptions& options);
+
 // `megascale self-check` (docs/jobs.md): node diagnostics over the job's ranks, launched as the
 // job's would be (local processes, or a Slurm job step): per-device GEMM, per-host memory
 // bandwidth, libfabric point-to-point latency and bandwidth between every pair of hosts (or of

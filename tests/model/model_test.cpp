@@ -185,3 +185,58 @@ TEST_CASE("flop formula counts windowed attention keys") {
 }
 
 }  // namespace ms::model
+
+namespace ms::model {
+
+TEST_CASE("decoder: token-by-token logits with a KV cache give the training forward's loss") {
+  auto dev = device::MakeCpuDevice();
+  for (auto block : {config::BlockKind::kParallel, config::BlockKind::kSequential}) {
+    for (int window : {0, 3}) {  // 3: a window shorter than the sequence (7)
+      for (bool tied : {true, false}) {
+        CAPTURE(static_cast<int>(block));
+        CAPTURE(window);
+        CAPTURE(tied);
+        auto m = SmallSpec(block, window);
+        m.tied_embeddings = tied;
+        auto gpt = std::move(Gpt::Create(m, {}, 1, 17, dev.get())).value();
+        Batch batch = RandomBatch(m, 1, 9);
+        const double loss = *gpt->Forward(batch.inputs.data(), batch.targets.data());
+        auto read = [&](const std::string& name, float* out, int64_t numel) -> Status {
+          for (const auto& p : gpt->params()) {
+            if (p.name != name || p.tied_replica) continue;
+            if (p.numel != numel) return InvalidArgument("{}: {} floats, decoder wants {}", name, p.numel, numel);
+            std::copy(gpt->param_data() + p.offset, gpt->param_data() + p.offset + numel, out);
+            return Status::Ok();
+          }
+          return NotFound("no tensor {}", name);
+        };
+        auto dec_or = Decoder::Create(m, read);
+        REQUIRE(dec_or.ok());
+        auto& dec = *dec_or;
+        double sum = 0;
+        std::vector<float> last;
+        for (int t = 0; t < m.seq_len; ++t) {
+          auto logits = dec->Step(batch.inputs[t]);
+          REQUIRE(logits.ok());
+          double mx = -1e30, se = 0;
+          for (float v : *logits) mx = std::max(mx, static_cast<double>(v));
+          for (float v : *logits) se += std::exp(v - mx);
+          sum += mx + std::log(se) - (*logits)[batch.targets[t]];
+          last = *logits;
+        }
+        CHECK(sum / m.seq_len == doctest::Approx(loss).epsilon(1e-5));
+        // Without the cache, the same logits bit for bit; past seq_len, a clear error.
+        auto again = dec->Recompute();
+        REQUIRE(again.ok());
+        CHECK(*again == last);
+        auto full = dec->Step(1);
+        CHECK(full.status().code() == Code::kOutOfRange);
+        CHECK(full.status().message().find("model.seq_len") != std::string::npos);
+        dec->Reset();
+        CHECK(dec->Step(m.vocab).status().code() == Code::kInvalidArgument);
+      }
+    }
+  }
+}
+
+}  // namespace ms::model
