@@ -16,6 +16,7 @@ pkgs=(
   python3                                   # test scripts
   slurmctld slurmd slurm-client munge       # the multi-node Slurm test cluster (tests/slurm)
   iproute2 util-linux procps                # its network namespaces (ip, nsenter, unshare), pgrep
+  chromium                                  # headless browser: tests/report opens megascale report's page
 )
 if [[ "${1:-}" == "--with-torch" ]]; then
   pkgs+=(python3-torch python3-numpy)

@@ -24,6 +24,7 @@ CLI::App* AddBenchCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddExportCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddSelfCheckCommand(CLI::App& parent, RunFn* run);
 CLI::App* AddGenerateCommand(CLI::App& parent, RunFn* run);
+CLI::App* AddReportCommand(CLI::App& parent, RunFn* run);
 
 // Prints "error: <message>" to stderr and returns 1: the one error boundary.
 int ReportError(const Status& status);

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   const Adder adders[] = {ms::cmd::AddTrainCommand,       ms::cmd::AddResumeCommand,   ms::cmd::AddValidateCommand,
                           ms::cmd::AddPrepareDataCommand, ms::cmd::AddInitTestCommand, ms::cmd::AddBenchCommand,
                           ms::cmd::AddWorkerCommand,      ms::cmd::AddExportCommand,   ms::cmd::AddSelfCheckCommand,
-                          ms::cmd::AddGenerateCommand};
+                          ms::cmd::AddGenerateCommand,    ms::cmd::AddReportCommand};
   std::vector<std::pair<CLI::App*, ms::cmd::RunFn>> subs;
   subs.reserve(std::size(adders));  // Add*Command keeps a pointer into this vector
   for (Adder add : adders) {

@@ -325,7 +325,7 @@ Status WriteOutputs(const std::string& dir, const std::vector<PointResult>& poin
   MS_RETURN_IF_ERROR(WriteFileAtomic(dir + "/bench.json", json));
   // Bar charts across the points (a failed point is a gap).
   std::vector<std::string> labels;
-  report::Series mfu{"MFU (%)", {}, {}}, tps{"tokens/s", {}, {}};
+  report::Series mfu{"MFU (%)", {}, {}, ""}, tps{"tokens/s", {}, {}, ""};
   for (const auto& p : points) {
     labels.push_back(Label(p));
     const bool ok = p.status == "ok";

@@ -37,6 +37,11 @@ JsonObject& JsonObject::Add(std::string_view key, double v) {
   body_ += std::isfinite(v) ? fmt::format("{:.9g}", v) : std::string("null");
   return *this;
 }
+JsonObject& JsonObject::AddTime(std::string_view key, double unix_seconds) {
+  Key(key);
+  body_ += fmt::format("{:.3f}", unix_seconds);
+  return *this;
+}
 JsonObject& JsonObject::Add(std::string_view key, int64_t v) {
   Key(key);
   body_ += fmt::format("{}", v);
@@ -118,6 +123,8 @@ Status Trace::Write(const std::string& path) const {
   std::string out = "[\n";
   out +=
       fmt::format(R"({{"name": "process_name", "ph": "M", "pid": {}, "args": {{"name": "rank {}"}}}})", rank_, rank_);
+  out += fmt::format(",\n{{\"name\": \"clock_origin\", \"ph\": \"M\", \"pid\": {}, \"args\": {{\"unix_s\": {:.6f}}}}}",
+                     rank_, origin_unix_);
   for (size_t t = 0; t < lanes_.size(); ++t) {
     out += fmt::format(
         ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": {}, "

@@ -27,6 +27,8 @@ class JsonObject {
   JsonObject& Add(std::string_view key, int v) { return Add(key, static_cast<int64_t>(v)); }
   JsonObject& Add(std::string_view key, std::string_view v);
   JsonObject& Add(std::string_view key, const char* v) { return Add(key, std::string_view(v)); }
+  // A wall-clock time in seconds since the epoch, to the millisecond (Add(double) keeps 9 digits: 10 s).
+  JsonObject& AddTime(std::string_view key, double unix_seconds);
   std::string str() const { return "{" + body_ + "}"; }
 
  private:
@@ -74,7 +76,7 @@ class Progress {
 // Not thread-safe: spans are added by the training thread.
 class Trace {
  public:
-  explicit Trace(int rank) : rank_(rank), origin_(NowSeconds()) {}
+  explicit Trace(int rank) : rank_(rank), origin_(NowSeconds()), origin_unix_(WallSeconds()) {}
   bool enabled() const { return enabled_; }
   void set_enabled(bool e) { enabled_ = e; }
   // start/end from NowSeconds().
@@ -84,6 +86,7 @@ class Trace {
  private:
   int rank_;
   double origin_;
+  double origin_unix_;  // wall clock of ts 0, written as metadata: traces of several ranks line up on it
   bool enabled_ = false;
   std::vector<std::string> events_;
   std::vector<std::string> lanes_;

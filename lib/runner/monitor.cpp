@@ -11,7 +11,7 @@ namespace ms::runner {
 
 void EventLog::Write(std::string_view kind, const std::function<void(metrics::JsonObject&)>& fill) {
   metrics::JsonObject o;
-  o.Add("time", WallClockIso8601()).Add("unix_s", WallSeconds()).Add("event", kind);
+  o.Add("time", WallClockIso8601()).AddTime("unix_s", WallSeconds()).Add("event", kind);
   fill(o);
   auto w = metrics::JsonlWriter::Open(path_, /*append=*/true);
   Status s = w.ok() ? w->Write(o) : w.status();

@@ -468,7 +468,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       }
       if (!rank0) continue;
       metrics::JsonObject ev;
-      ev.Add("phase", "checkpoint").Add("step", w.step).Add("status", w.status.ok() ? "committed" : "failed");
+      ev.Add("phase", "checkpoint").Add("step", w.step).AddTime("unix_s", WallSeconds());
+      ev.Add("status", w.status.ok() ? "committed" : "failed");
       ev.Add("write_s", w.seconds);
       if (!w.status.ok()) ev.Add("error", w.status.message());
       MS_RETURN_IF_ERROR(jsonl->Write(ev));
@@ -677,7 +678,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     summary.mfu = mfu;
     if (rank0) {
       metrics::JsonObject row;
-      row.Add("phase", "train").Add("step", step).Add("loss", loss).Add("lr", lr).Add("grad_norm", *norm_or);
+      row.Add("phase", "train").Add("step", step).AddTime("unix_s", WallSeconds()).Add("loss", loss).Add("lr", lr);
+      row.Add("grad_norm", *norm_or);
       row.Add("tokens_per_s", tokens / dt).Add("flops_per_s", flops).Add("mfu", mfu).Add("step_s", dt);
       row.Add("compute_s", dt - data_s - comm_exposed - pipe.wait_s()).Add("comm_exposed_s", comm_exposed);
       row.Add("bubble_s", pipe.wait_s()).Add("data_wait_s", data_s);
@@ -710,7 +712,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         summary.final_val_loss = vl;
         if (rank0) {
           metrics::JsonObject ev;
-          ev.Add("phase", "eval").Add("step", step).Add("val_loss", vl);
+          ev.Add("phase", "eval").Add("step", step).AddTime("unix_s", WallSeconds()).Add("val_loss", vl);
           MS_RETURN_IF_ERROR(jsonl->Write(ev));
           std::string line = fmt::format("step {}: validation loss {:.4f}", step, vl);
           if (show) progress.Message(line);
