@@ -14,6 +14,7 @@
 #include "runner/checkpointing.h"
 #include "runner/driver.h"
 #include "runner/heartbeat.h"
+#include "runner/rank.h"
 #include "runner/run_dir.h"
 #include "runner/runner.h"
 #include "runner/self_check.h"
@@ -399,3 +400,18 @@ TEST_CASE("self-check: a slow GEMM, a slow endpoint and a failed check are flagg
   REQUIRE(failed.failures.size() == 1);
   CHECK(failed.failures[0] == "rank 1 on b: libfabric provider verbs: not found");
 }
+
+namespace ms::runner {
+
+TEST_CASE("the MFU peak of a GPU model comes from its datasheet (dense bf16)") {
+  CHECK(DatasheetPeak("cuda:0 (NVIDIA H100 80GB HBM3)") == 989e12);
+  CHECK(DatasheetPeak("cuda:0 (NVIDIA H100 PCIe)") == 756e12);
+  CHECK(DatasheetPeak("cuda:0 (NVIDIA H100 NVL)") == 835e12);
+  CHECK(DatasheetPeak("cuda:1 (NVIDIA H200)") == 989e12);
+  CHECK(DatasheetPeak("cuda:0 (NVIDIA A100-SXM4-80GB)") == 312e12);
+  CHECK(DatasheetPeak("cuda:0 (NVIDIA B200)") == 2250e12);
+  CHECK(DatasheetPeak("cuda:0 (NVIDIA GeForce RTX 4090)") == 0);  // unknown: measured instead
+  CHECK(DatasheetPeak("cpu") == 0);
+}
+
+}  // namespace ms::runner
