@@ -2,8 +2,11 @@
 // install, nothing downloaded), used by `megascale bench` for its plots.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "core/core.h"
 
 namespace ms::report {
 

@@ -93,8 +93,19 @@ check("chromium loads the page", dom.returncode == 0 and "</html>" in dom.stdout
 check("one heat-map row per rank", dom.stdout.count('class="heat-row"') == 4, dom.stdout.count('class="heat-row"'))
 check("one loss point per logged step", dom.stdout.count('class="pt-loss"') == len(steps) == 12,
       (dom.stdout.count('class="pt-loss"'), len(steps)))
-bad = [l for l in dom.stderr.splitlines() if "Uncaught" in l or "net::ERR" in l or "Failed to load" in l]
-check("no errors loading the page", not bad, bad)
+
+
+def page_errors(stderr):
+    return [l for l in stderr.splitlines() if "Uncaught" in l or "net::ERR" in l or "Failed to load" in l]
+
+
+check("no errors loading the page", not page_errors(dom.stderr), page_errors(dom.stderr))
+# The check can fail: a control page with a script error and a missing image is caught by it.
+control = os.path.join(WORK, "control.html")
+open(control, "w").write('<html><body><img src="missing.png"><script>throw new Error("planted")</script></body></html>')
+ctl = subprocess.run([*base, "--dump-dom", "file://" + control], capture_output=True, text=True, timeout=120)
+check("the error check catches a planted script error and missing file", len(page_errors(ctl.stderr)) >= 1,
+      ctl.stderr[-1500:])
 png = os.path.join(WORK, "page.png")
 shot = subprocess.run([*base, f"--screenshot={png}", "file://" + page], capture_output=True, text=True, timeout=120)
 ok_png = shot.returncode == 0 and os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
