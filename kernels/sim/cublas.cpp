@@ -13,7 +13,7 @@
 //                 contraction on x86-64 without -mfma); then C = alpha * acc + beta * C in fp32, rounded to bf16
 //                 (nearest even) for bf16 C. beta == 0 does not read C; alpha == 0 or k == 0 does not read A, B.
 //                 Sgemm computes in fp32 whatever the math mode (TF32 is not emulated).
-// Every call runs at once on the calling thread (streams are eager in the emulator). Matrices must lie inside
+// Every call is checked at once on the calling thread and runs in its stream's order (at once by default). Matrices must lie inside
 // cudaMalloc'd buffers (checked with the emulated runtime: an access outside is CUBLAS_STATUS_EXECUTION_FAILED,
 // reported like a failed kernel, as the GPU would fault); alpha and beta are read through the pointer mode
 // (host memory for CUBLAS_POINTER_MODE_HOST, device memory for _DEVICE).
@@ -272,18 +272,25 @@ cublasStatus_t Run(cublasHandle_t handle, const Gemm& g) {
     if (!IsDeviceRange(c, c_bytes)) return Fail(CUBLAS_STATUS_EXECUTION_FAILED, Where(g.api, "C", c, c_bytes));
   }
 
-  thread_local std::vector<float> ap, bp;
-  const bool round_inputs = g.compute == CUBLAS_COMPUTE_32F_FAST_16BF;
-  for (int64_t t = 0; t < g.batch; ++t) {
-    const char* a = static_cast<const char*>(g.A) + t * g.strideA * static_cast<int64_t>(ElementBytes(g.Atype));
-    const char* b = static_cast<const char*>(g.B) + t * g.strideB * static_cast<int64_t>(ElementBytes(g.Btype));
-    char* c = static_cast<char*>(g.C) + t * g.strideC * static_cast<int64_t>(ElementBytes(g.Ctype));
-    if (!reads_ab) {
-      Scale(g, c, beta);
-      continue;
+  // The multiplication itself runs in the order of the handle's stream (at once unless MS_SIM_STREAMS is async).
+  const cudaError_t queued = EnqueueOnStream(handle->stream, g.api, [g, alpha, beta, reads_ab]() {
+    thread_local std::vector<float> ap, bp;
+    const bool round_inputs = g.compute == CUBLAS_COMPUTE_32F_FAST_16BF;
+    for (int64_t t = 0; t < g.batch; ++t) {
+      const char* a = static_cast<const char*>(g.A) + t * g.strideA * static_cast<int64_t>(ElementBytes(g.Atype));
+      const char* b = static_cast<const char*>(g.B) + t * g.strideB * static_cast<int64_t>(ElementBytes(g.Btype));
+      char* c = static_cast<char*>(g.C) + t * g.strideC * static_cast<int64_t>(ElementBytes(g.Ctype));
+      if (!reads_ab) {
+        Scale(g, c, beta);
+        continue;
+      }
+      Pack(g, a, b, round_inputs, ap, bp);
+      Multiply(g, ap.data(), bp.data(), c, alpha, beta);
     }
-    Pack(g, a, b, round_inputs, ap, bp);
-    Multiply(g, ap.data(), bp.data(), c, alpha, beta);
+    return cudaSuccess;
+  });
+  if (queued != cudaSuccess) {
+    return Fail(CUBLAS_STATUS_EXECUTION_FAILED, std::string(g.api) + ": the handle's stream is not a live stream");
   }
   return CUBLAS_STATUS_SUCCESS;
 }

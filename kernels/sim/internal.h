@@ -4,8 +4,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
 #include <string>
+
+#include "sim/runtime_hooks.h"
 
 namespace ms::sim::internal {
 
@@ -20,5 +23,24 @@ size_t MaxDynamicSharedBytes(const void* kernel);
 // Records the message for ms::sim::LastErrorMessage() and prints it on stderr ("ms-sim: error: ...")
 // unless MS_SIM_QUIET=1; aborts the process if MS_SIM_ABORT=1 (to get a core file or a debugger stop).
 void ReportError(const std::string& message);
+
+// Streams and events (streams.cpp). Handles are the engine's objects; the legacy/per-thread/null stream is one
+// blocking stream. Errors are cudaErrorInvalidResourceHandle for unknown handles, or a stream's sticky error.
+bool AsyncStreams();
+bool KnownStreamHandle(cudaStream_t stream);
+bool KnownEventHandle(cudaEvent_t event);
+cudaStream_t NewStream(bool blocking);
+cudaError_t DestroyStream(cudaStream_t stream);
+cudaError_t Enqueue(cudaStream_t stream, const char* what, StreamOp op);
+cudaError_t SynchronizeStream(cudaStream_t stream);
+cudaError_t QueryStream(cudaStream_t stream);
+cudaError_t SynchronizeDevice();
+cudaEvent_t NewEvent();
+cudaError_t DestroyEvent(cudaEvent_t event);
+cudaError_t RecordEvent(cudaEvent_t event, cudaStream_t stream);
+cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event);
+cudaError_t SynchronizeEvent(cudaEvent_t event);
+cudaError_t QueryEvent(cudaEvent_t event);
+cudaError_t EventTime(cudaEvent_t event, std::chrono::steady_clock::time_point* t);
 
 }  // namespace ms::sim::internal

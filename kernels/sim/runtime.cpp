@@ -6,10 +6,11 @@
 //                     unwritten memory visible), registered so that copies can be checked;
 //   cudaMemcpy(Async) checks the pointer kinds against `kind` and that device ranges lie inside one
 //                     allocation, then copies (eagerly); cudaMemset likewise;
-//   streams, events   executed eagerly, in order: synchronization always succeeds (so a missing one is
-//                     never caught here); events record host time;
+//   streams, events   streams.cpp: eagerly on the calling thread (MS_SIM_STREAMS=sync, the default), or on a
+//                     thread per stream (async), or only when needed (deferred): see runtime_hooks.h;
+//                     events record host time;
 //   cudaFuncSetAttribute  MaxDynamicSharedMemorySize is honoured by the launch check, others accepted;
-//   cudaLaunchHostFunc    runs the function at once, on the calling thread; CUDA calls made from inside it fail
+//   cudaLaunchHostFunc    runs the function in stream order (sync mode: at once); CUDA calls made from inside it fail
 //                     with cudaErrorNotPermitted (CUDA forbids them: on a GPU they may fail or deadlock);
 //   device queries    one device, 0, "megascale SIMT emulator (CPU)": sm_90's launch limits, the host's RAM as
 //                     its memory (cudaMalloc fails above it), the host's cores as its multiprocessors.
@@ -25,7 +26,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "sim/internal.h"
 #include "sim/runtime_hooks.h"
@@ -40,19 +43,12 @@ thread_local int tls_host_function_depth = 0;  // inside cudaLaunchHostFunc's fu
 struct Registry {
   std::mutex mu;
   std::map<uintptr_t, size_t> allocations;  // base -> bytes
-  std::set<const void*> streams;
-  std::set<const void*> events;
   std::map<const void*, size_t> max_dynamic_smem;  // kernel -> bytes
 };
 Registry& Reg() {
   static Registry* r = new Registry;  // never destroyed: usable from other static destructors
   return *r;
 }
-
-struct Event {
-  std::chrono::steady_clock::time_point time;
-  bool recorded = false;
-};
 
 enum class Where { kHost, kDevice, kStraddles };
 
@@ -138,17 +134,48 @@ cudaError_t Set(void* p, int value, size_t count, const char* api) {
 }
 
 bool KnownStream(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
-  Registry& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.streams.count(s) != 0;
+  return KnownStreamHandle(s);
 }
 
 bool KnownEvent(cudaEvent_t e) {
-  if (e == nullptr) return false;
-  Registry& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.events.count(e) != 0;
+  return KnownEventHandle(e);
+}
+
+// The checks of a copy at its call, and the copy itself as a stream operation (async modes). Host-to-device
+// copies take a snapshot of their pageable source (CUDA returns once it is staged, so the caller may reuse it);
+// device-to-host copies into pageable memory return once complete (as CUDA's do).
+cudaError_t CopyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream,
+                      const char* api) {
+  if (!AsyncStreams()) return Copy(dst, src, count, kind, api);
+  if (count == 0) return cudaSuccess;
+  if (!dst || !src) return Fail(cudaErrorInvalidValue, std::string(api) + ": null pointer");
+  const Where d = Locate(dst, count), s = Locate(src, count);
+  if (d == Where::kHost && s == Where::kHost) return Copy(dst, src, count, kind, api);  // host to host: at once
+  // Validate now (the same checks as a synchronous copy), against a scratch destination if needed.
+  if (d == Where::kStraddles || s == Where::kStraddles || (kind == cudaMemcpyHostToDevice && d != Where::kDevice) ||
+      (kind == cudaMemcpyDeviceToHost && s != Where::kDevice) ||
+      (kind == cudaMemcpyDeviceToDevice && (d != Where::kDevice || s != Where::kDevice)) ||
+      (kind == cudaMemcpyHostToDevice && s != Where::kHost) || (kind == cudaMemcpyDeviceToHost && d != Where::kHost) ||
+      kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
+    return Copy(dst, src, count, kind, api);  // reports the error without copying anything valid
+  }
+  if (d == Where::kHost) {  // device to pageable host memory: complete before returning
+    if (cudaError_t r = SynchronizeStream(stream); r != cudaSuccess) return r;
+    std::memcpy(dst, src, count);
+    return cudaSuccess;
+  }
+  if (s == Where::kHost) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + count);
+    return Enqueue(stream, api, [dst, staged]() {
+      std::memcpy(dst, staged->data(), staged->size());
+      return cudaSuccess;
+    });
+  }
+  return Enqueue(stream, api, [dst, src, count]() {
+    std::memcpy(dst, src, count);
+    return cudaSuccess;
+  });
 }
 
 // The host's physical memory: what the emulated device offers as its global memory.
@@ -289,6 +316,8 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 cudaError_t cudaFree(void* ptr) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaFree");
   if (!ptr) return cudaSuccess;
+  // cudaFree synchronizes the device (work still in flight may use the buffer).
+  if (ms::sim::internal::AsyncStreams()) ms::sim::internal::SynchronizeDevice();
   bool known = false;
   {
     auto& r = Reg();
@@ -314,6 +343,8 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemcpy");
+  // On the legacy stream: after everything issued to it and to the blocking streams.
+  if (cudaError_t r = ms::sim::internal::SynchronizeStream(nullptr); r != cudaSuccess) return r;
   return ms::sim::internal::Copy(dst, src, count, kind, "cudaMemcpy");
 }
 
@@ -321,11 +352,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemcpyAsync");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: bad stream");
-  return ms::sim::internal::Copy(dst, src, count, kind, "cudaMemcpyAsync");
+  return ms::sim::internal::CopyAsync(dst, src, count, kind, stream, "cudaMemcpyAsync");
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemset");
+  if (cudaError_t r = ms::sim::internal::SynchronizeStream(nullptr); r != cudaSuccess) return r;
   return ms::sim::internal::Set(ptr, value, count, "cudaMemset");
 }
 
@@ -333,7 +365,12 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemsetAsync");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: bad stream");
-  return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
+  if (!ms::sim::internal::AsyncStreams() || count == 0) return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
+  if (!ms::sim::IsDeviceRange(ptr, count)) return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
+  return ms::sim::internal::Enqueue(stream, "cudaMemsetAsync", [ptr, value, count]() {
+    std::memset(ptr, value, count);
+    return cudaSuccess;
+  });
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -398,7 +435,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaDeviceSynchronize");
-  return cudaSuccess;
+  return ms::sim::internal::SynchronizeDevice();
 }
 
 cudaError_t cudaGetDevice(int* device) {
@@ -511,11 +548,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
   if (flags & ~static_cast<unsigned>(cudaStreamNonBlocking)) {
     return Fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: unknown flags");
   }
-  auto* s = reinterpret_cast<cudaStream_t>(new char);
-  auto& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.streams.insert(s);
-  *stream = s;
+  *stream = ms::sim::internal::NewStream((flags & cudaStreamNonBlocking) == 0);
   return cudaSuccess;
 }
 
@@ -525,28 +558,22 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamDestroy");
-  auto& r = Reg();
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (r.streams.erase(stream) == 1) {
-      delete reinterpret_cast<char*>(stream);
-      return cudaSuccess;
-    }
-  }
+  if (ms::sim::internal::DestroyStream(stream) == cudaSuccess) return cudaSuccess;
   return Fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a stream");
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamSynchronize");
-  return ms::sim::internal::KnownStream(stream)
-             ? cudaSuccess
-             : Fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a stream");
+  if (!ms::sim::internal::KnownStream(stream))
+    return Fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a stream");
+  return ms::sim::internal::SynchronizeStream(stream);
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamQuery");
-  return ms::sim::internal::KnownStream(stream) ? cudaSuccess
-                                                : Fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: not a stream");
+  if (!ms::sim::internal::KnownStream(stream))
+    return Fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: not a stream");
+  return ms::sim::internal::QueryStream(stream);
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
@@ -554,7 +581,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (!ms::sim::internal::KnownEvent(event) || !ms::sim::internal::KnownStream(stream)) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: bad stream or event");
   }
-  return cudaSuccess;
+  return ms::sim::internal::StreamWaitEvent(stream, event);
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
@@ -563,10 +590,13 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_
   if (!ms::sim::internal::KnownStream(stream)) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaLaunchHostFunc: not a stream");
   }
-  ++ms::sim::internal::tls_host_function_depth;
-  fn(user_data);  // everything before it on the stream has run (streams are eager)
-  --ms::sim::internal::tls_host_function_depth;
-  return cudaSuccess;
+  // After everything before it on the stream (at once in sync mode; on the stream's thread otherwise).
+  return ms::sim::internal::Enqueue(stream, "cudaLaunchHostFunc", [fn, user_data]() {
+    ++ms::sim::internal::tls_host_function_depth;
+    fn(user_data);
+    --ms::sim::internal::tls_host_function_depth;
+    return cudaSuccess;
+  });
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
@@ -574,11 +604,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   if (!event) return Fail(cudaErrorInvalidValue, "cudaEventCreate: null pointer");
   constexpr unsigned kKnown = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
   if (flags & ~kKnown) return Fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags: unknown flags");
-  auto* e = reinterpret_cast<cudaEvent_t>(new ms::sim::internal::Event);
-  auto& r = Reg();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.events.insert(e);
-  *event = e;
+  *event = ms::sim::internal::NewEvent();
   return cudaSuccess;
 }
 
@@ -588,51 +614,41 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventRecord");
-  if (!ms::sim::internal::KnownEvent(event) || !ms::sim::internal::KnownStream(stream)) {
+  if (ms::sim::internal::RecordEvent(event, stream) != cudaSuccess) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: bad stream or event");
   }
-  auto* e = reinterpret_cast<ms::sim::internal::Event*>(event);
-  e->time = std::chrono::steady_clock::now();
-  e->recorded = true;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventQuery");
-  return ms::sim::internal::KnownEvent(event) ? cudaSuccess
-                                              : Fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
+  if (!ms::sim::internal::KnownEvent(event))
+    return Fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
+  return ms::sim::internal::QueryEvent(event);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventSynchronize");
-  return ms::sim::internal::KnownEvent(event)
-             ? cudaSuccess
-             : Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not an event");
+  if (!ms::sim::internal::KnownEvent(event))
+    return Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not an event");
+  return ms::sim::internal::SynchronizeEvent(event);
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (!ms::sim::internal::KnownEvent(start) || !ms::sim::internal::KnownEvent(end)) {
-    return Fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not an event");
+  std::chrono::steady_clock::time_point a, b;
+  if (!ms || ms::sim::internal::EventTime(start, &a) != cudaSuccess ||
+      ms::sim::internal::EventTime(end, &b) != cudaSuccess) {
+    return Fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not an event, or not recorded");
   }
-  auto* a = reinterpret_cast<ms::sim::internal::Event*>(start);
-  auto* b = reinterpret_cast<ms::sim::internal::Event*>(end);
-  if (!ms || !a->recorded || !b->recorded) {
-    return Fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: events not recorded");
-  }
-  *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
+  *ms = std::chrono::duration<float, std::milli>(b - a).count();
   return cudaSuccess;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventDestroy");
-  {
-    auto& r = Reg();
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (r.events.erase(event) != 1) {
-      return Fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not an event");
-    }
+  if (ms::sim::internal::DestroyEvent(event) != cudaSuccess) {
+    return Fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not an event");
   }
-  delete reinterpret_cast<ms::sim::internal::Event*>(event);
   return cudaSuccess;
 }
 

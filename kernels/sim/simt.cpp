@@ -899,6 +899,25 @@ void RunKernel(const LaunchInfo& info, const void* kernel_address, void (*invoke
   internal::SetLastError(cudaSuccess);
 }
 
+bool LaunchesAreQueued() {
+  return internal::AsyncStreams();
+}
+
+void QueueKernel(const LaunchInfo& info, const void* kernel_address, void (*invoke)(const void*),
+                 std::shared_ptr<const void> args) {
+  const cudaError_t r = internal::Enqueue(info.stream, info.kernel, [info, kernel_address, invoke, args]() {
+    RunKernel(info, kernel_address, invoke, args.get());
+    return cudaGetLastError();  // this worker thread's: the outcome of the launch
+  });
+  if (r != cudaSuccess) {
+    internal::ReportError(Format("kernel %s launched at %s:%d: invalid launch: not a stream", info.kernel, info.file,
+                                 info.line));
+    internal::SetLastError(r);
+    return;
+  }
+  internal::SetLastError(cudaSuccess);
+}
+
 void* SharedArray(Site site, size_t bytes) {
   Scheduler& s = tls_sched;
   [[maybe_unused]] Thread& t = CurrentThread("MS_SHARED_ARRAY");

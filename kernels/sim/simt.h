@@ -57,8 +57,9 @@
 // Out of scope (not emulated; compile errors or undefined in the sim): mma PTX (mma.sync, ldmatrix),
 // other wmma shapes or element types (tf32, int8, sub-byte), inline PTX, cp.async / TMA / async barriers,
 // thread-block clusters and distributed shared memory, grid sync and cooperative launches, dynamic
-// parallelism, concurrent execution of streams (streams and events run eagerly, in order, so a missing
-// stream/event synchronization is never caught), concurrent blocks (blocks run one after another, so races
+// parallelism, concurrent execution of streams by default (streams and events run eagerly, in order, so a
+// missing stream/event synchronization is not caught; MS_SIM_STREAMS=async|deferred gives every stream a thread
+// and, deferred, runs work only when something waits for it: runtime_hooks.h), concurrent blocks (blocks run one after another, so races
 // between blocks and spin-waits on other threads are not emulated; TSan sees blocks ordered), bit-exact
 // floating point (intrinsics use libm; compare with tolerances), performance (a switch costs ~60 ns: keep
 // test shapes small), and non-x86-64 hosts.
@@ -98,6 +99,7 @@
 #include <cstring>
 #include <source_location>
 #include <string>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -150,22 +152,30 @@ struct LaunchInfo {
 // last CUDA error (cudaGetLastError) to the outcome.
 void RunKernel(const LaunchInfo& info, const void* kernel_address, void (*invoke)(const void*), const void* args);
 
+// Async stream modes (runtime_hooks.h): the launch is queued on its stream with its own copy of the arguments.
+bool LaunchesAreQueued();
+void QueueKernel(const LaunchInfo& info, const void* kernel_address, void (*invoke)(const void*),
+                 std::shared_ptr<const void> args);
+
 template <typename... P, typename... A>
 void LaunchKernel(const LaunchInfo& info, void (*kernel)(P...), A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "MS_LAUNCH: wrong number of kernel arguments");
   // Arguments are converted to the parameter types once, as a launch does; every thread copies them.
-  std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
   struct Pack {
     void (*kernel)(P...);
-    const std::tuple<std::decay_t<P>...>* params;
-  } pack{kernel, &params};
-  RunKernel(
-      info, reinterpret_cast<const void*>(kernel),
-      [](const void* p) {
-        const Pack* pk = static_cast<const Pack*>(p);
-        std::apply(pk->kernel, *pk->params);
-      },
-      &pack);
+    std::tuple<std::decay_t<P>...> params;
+  };
+  auto invoke = [](const void* p) {
+    const Pack* pk = static_cast<const Pack*>(p);
+    std::apply(pk->kernel, pk->params);
+  };
+  if (LaunchesAreQueued()) {
+    auto owned = std::make_shared<const Pack>(Pack{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)});
+    QueueKernel(info, reinterpret_cast<const void*>(kernel), invoke, std::shared_ptr<const void>(owned, owned.get()));
+    return;
+  }
+  const Pack pack{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+  RunKernel(info, reinterpret_cast<const void*>(kernel), invoke, &pack);
 }
 
 // ---- shared memory (per block, per declaration site) ----

@@ -34,7 +34,6 @@
 #include <string_view>
 #include <vector>
 
-#include "comm/nccl_comm.h"
 #include "core/core.h"
 
 namespace gloo {
@@ -380,16 +379,12 @@ Result<std::vector<std::string>> CheckGroupsAllReduce(const ProcessGroups& group
 
 // ---- NCCL communicators (CUDA backend; compiled when nvcc and NCCL are present) -------------
 
-#if defined(MS_HAVE_NCCL)
-// Creates the NCCL communicator of one group: the group's leader (rank_in_group 0) makes an
-// ncclUniqueId and publishes it once under `key` (e.g. "nccl/dp/3"); the members read it with
-// one blocking WaitGet, and everyone calls ncclCommInitRank. No global barrier; ranks not in
-// the group never touch the key. Order groups as CreateProcessGroups does (kAllGroupKinds) so
-// that no rank waits on a group it is not in. Not run in CI (no GPU); see docs/bootstrap.md.
-Result<std::unique_ptr<comm::Communicator>> CreateNcclCommunicator(Store& store, const std::string& key,
-                                                                   int rank_in_group, int group_size, Millis timeout,
-                                                                   comm::NcclOptions options);
-#endif
+// A group's shared secret (an ncclUniqueId, as bytes) made once by the group's leader (rank_in_group 0) with
+// `make` and published under `key` (e.g. "nccl/dp/3"); the members read it with one blocking WaitGet. No global
+// barrier; ranks not in the group never touch the key. Order groups as CreateProcessGroups does
+// (kAllGroupKinds) so that no rank waits on a group it is not in.
+Result<std::string> ShareGroupId(Store& store, const std::string& key, int rank_in_group, int group_size,
+                                 Millis timeout, const std::function<Result<std::string>()>& make);
 
 // ---- megascale init-test ------------------------------------------------------------------
 

@@ -1,27 +1,20 @@
-// NCCL communicator creation through the store (see bootstrap.h). Compiled only with MS_HAVE_NCCL.
+// ShareGroupId: a group's NCCL id through the store (see bootstrap.h).
 #include "bootstrap/bootstrap.h"
 
-#if defined(MS_HAVE_NCCL)
 namespace ms::bootstrap {
 
-Result<std::unique_ptr<comm::Communicator>> CreateNcclCommunicator(Store& store, const std::string& key,
-                                                                   int rank_in_group, int group_size, Millis timeout,
-                                                                   comm::NcclOptions options) {
+Result<std::string> ShareGroupId(Store& store, const std::string& key, int rank_in_group, int group_size,
+                                 Millis timeout, const std::function<Result<std::string>()>& make) {
   if (group_size < 1 || rank_in_group < 0 || rank_in_group >= group_size) {
-    return InvalidArgument("NCCL group {}: rank {} of {}", key, rank_in_group, group_size);
+    return InvalidArgument("group {}: rank {} of {}", key, rank_in_group, group_size);
   }
-  std::string id;
   if (rank_in_group == 0) {
-    MS_ASSIGN_OR_RETURN(id, comm::NewNcclUniqueId());
-    MS_RETURN_IF_ERROR_CTX(store.Set(key, id), "publishing the NCCL id of group {}", key);
-  } else {
-    MS_ASSIGN_OR_RETURN(auto values, store.WaitGet({key}, timeout));
-    id = values[0];
+    MS_ASSIGN_OR_RETURN(std::string id, make());
+    MS_RETURN_IF_ERROR_CTX(store.Set(key, id), "publishing the id of group {}", key);
+    return id;
   }
-  MS_ASSIGN_OR_RETURN(ncclComm_t comm, comm::InitNcclComm(id, rank_in_group, group_size));
-  options.name = options.name.empty() ? key : options.name;
-  return comm::MakeNcclCommunicator(comm, std::move(options));
+  MS_ASSIGN_OR_RETURN(auto values, store.WaitGet({key}, timeout));
+  return values[0];
 }
 
 }  // namespace ms::bootstrap
-#endif  // MS_HAVE_NCCL

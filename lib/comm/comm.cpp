@@ -1,4 +1,4 @@
-// defines: ReduceOpName, the default Communicator::AllReduce overloads for double and int64.
+// defines: ReduceOpName, the default Communicator::AllReduce overloads for double and int64, GroupP2p.
 #include "comm/comm.h"
 
 namespace ms::comm {
@@ -13,7 +13,31 @@ class DoneWork : public Work {
   Status status_;
 };
 
+class AllWork : public Work {
+ public:
+  explicit AllWork(std::vector<std::unique_ptr<Work>> works) : works_(std::move(works)) {}
+  Status Wait() override {
+    Status first = Status::Ok();
+    for (auto& w : works_) {
+      Status s = w->Wait();
+      if (first.ok() && !s.ok()) first = std::move(s);
+    }
+    return first;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Work>> works_;
+};
+
 }  // namespace
+
+std::unique_ptr<Work> Communicator::GroupP2p(const std::vector<P2pOp>& ops) {
+  std::vector<std::unique_ptr<Work>> works;
+  for (const P2pOp& o : ops) {
+    works.push_back(o.send ? Send(o.data, o.count, o.peer, o.tag) : Recv(o.data, o.count, o.peer, o.tag));
+  }
+  return std::make_unique<AllWork>(std::move(works));
+}
 
 std::string_view ReduceOpName(ReduceOp op) {
   switch (op) {

@@ -74,6 +74,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/core.h"
 
@@ -91,6 +92,15 @@ namespace ms::comm {
 
 enum class ReduceOp { kSum, kMax, kMin };
 std::string_view ReduceOpName(ReduceOp op);
+
+// One send or receive of a GroupP2p.
+struct P2pOp {
+  bool send = false;
+  float* data = nullptr;  // a send only reads it
+  int64_t count = 0;
+  int peer = 0;
+  int tag = 0;
+};
 
 class Work {
  public:
@@ -120,6 +130,18 @@ class Communicator {
   // Point to point; tag >= 0. Not ordered with collectives (see the Gloo notes above).
   virtual std::unique_ptr<Work> Send(const float* data, int64_t count, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> Recv(float* data, int64_t count, int peer, int tag) = 0;
+  // Sends and receives that must progress together (a pipeline stage's send of one micro-batch and its receive
+  // for the next, which its neighbour issues the other way round): one Work for all of them. NCCL runs them in
+  // one ncclGroupStart/End; the default posts each with Send/Recv (enough where those never block each other:
+  // Gloo) and waits for all.
+  virtual std::unique_ptr<Work> GroupP2p(const std::vector<P2pOp>& ops);
+  // Whether sends and receives of this communicator run in issue order on one stream, each blocking the ones
+  // after it until its peer has matched it (NCCL): then a receive must not be posted ahead of a send the peer
+  // needs first, and crossing sends/receives must go through GroupP2p.
+  virtual bool p2p_in_order() const { return false; }
+  // Whether an operation is ordered after the compute that produced its buffer without a host synchronization
+  // (NCCL communicators wait on the device for the backend's stream), so callers may skip Synchronize().
+  virtual bool orders_after_compute() const { return false; }
   // Ordered after every collective issued before it; blocks until all ranks arrive.
   virtual Status Barrier() = 0;
 };

@@ -127,6 +127,9 @@ struct RuntimeSpec {
                               // that routes to the driver's host
   std::string address;        // address of the driver's host the embedded redis-server listens on; empty -> chosen
   bool fused_kernels = true;  // fused epilogues (bias + GeLU, residual + biases); false: unfused, an ablation
+  std::string device_comm = "auto";  // tp/pp/dp communicators of a multi-rank CUDA job: auto | nccl | gloo
+                                     // (auto: NCCL, on GPUs or the emulated NCCL of megascale-emu; gloo:
+                                     // megascale-emu only, device memory being host memory there)
   bool operator==(const RuntimeSpec&) const = default;
 };
 

@@ -9,10 +9,13 @@
 // Which one a program has is fixed when it is linked; Flavor() tells.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "comm/comm.h"
 #include "core/core.h"
 #include "device/device.h"
 #include "ops/ops.h"
@@ -56,5 +59,36 @@ Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bo
 // The cudaStream_t a backend made by MakeCudaBackend enqueues on (as void*, so that callers need no CUDA
 // headers); nullptr for other backends. Communicators order their work after it (comm::NcclOptions).
 void* BackendStream(ops::Backend& backend);
+
+// ---- NCCL communicators (lib/cuda/nccl_comm.cpp) ----------------------------------------------------------------
+//
+// The flavor's NCCL: libnccl in the GPU flavor (when NCCL was found), the emulated NCCL of kernels/sim/nccl.cpp in
+// the emulated one (NCCL's stream semantics on the emulated device: docs/cuda.md). Each communicator owns one
+// non-blocking stream. A call makes that stream wait for an event recorded on `compute_stream` (so it sees what
+// the compute produced, without a host synchronization), enqueues the NCCL operation, records a completion event
+// and returns a Work. Collectives and sends/receives run in issue order on the stream; a receive blocks it until
+// the matching send arrives, so sends and receives that must progress together go through GroupP2p
+// (ncclGroupStart/End). Work::Wait polls the event and ncclCommGetAsyncError: the watchdog. An operation that
+// makes no progress for `timeout`, or an asynchronous NCCL error, aborts the communicator (ncclCommAbort: every
+// later call fails at once) and returns Timeout/Unavailable naming the group, the operation with its sequence
+// number and size, and the peer (point to point) or the group's other ranks (collectives).
+struct NcclOptions {
+  std::string name = "nccl";               // shown in every message, e.g. "nccl-pp[0]"
+  void* compute_stream = nullptr;          // the cudaStream_t producing and consuming the buffers (BackendStream)
+  std::chrono::milliseconds timeout{60'000};  // runtime.collective_timeout_s
+  device::Device* device = nullptr;        // a CUDA device whose caching allocator must know the stream (Free of
+                                           // a block is then ordered after the communicator's work too)
+};
+// Whether this flavor has an NCCL (false: GPU flavor built without NCCL, or no CUDA at all).
+bool NcclAvailable();
+// The id the group's rank 0 makes and every member passes to MakeNcclCommunicator (bytes, for a store).
+Result<std::string> NewNcclUniqueId();
+// ncclCommInitRank from `id`, then the communicator. Blocks until every member has joined.
+Result<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(const std::string& id, int rank, int size,
+                                                                 NcclOptions options);
+// The caching allocator of `device` (made by MakeCudaDevice) also orders its reuse of freed blocks after work
+// enqueued on `stream` (a communicator's). Call the returned function before the stream is destroyed (it may
+// outlive the device). No-op for other devices.
+std::function<void()> RegisterExternalStream(device::Device& device, cudaStream_t stream);
 
 }  // namespace ms::cuda

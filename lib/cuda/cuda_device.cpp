@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -347,6 +348,8 @@ class CudaDevice : public device::Device {
     return Status::Ok();
   }
 
+  const std::shared_ptr<DeviceState>& state() const { return state_; }
+
   std::unique_ptr<device::Stream> CreateStream() override {
     if (Status s = state_->MakeCurrent(); !s.ok()) Fatal(fmt::format("{}: CreateStream: {}", name_, s.message()));
     cudaStream_t stream = nullptr;
@@ -553,6 +556,21 @@ AllocatorStats GetAllocatorStats(device::Device& device) {
 
 void ReleaseCachedMemory(device::Device& device) {
   if (auto* cd = dynamic_cast<CudaDevice*>(&device)) cd->ReleaseCachedMemory();
+}
+
+std::function<void()> RegisterExternalStream(device::Device& device, cudaStream_t stream) {
+  auto* cd = dynamic_cast<CudaDevice*>(&device);
+  if (!cd) return [] {};
+  std::shared_ptr<DeviceState> state = cd->state();  // outlives the device if need be
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->streams.push_back(stream);
+  }
+  return [state, stream] {
+    std::lock_guard<std::mutex> lock(state->mu);
+    auto& v = state->streams;
+    v.erase(std::remove(v.begin(), v.end(), stream), v.end());
+  };
 }
 
 }  // namespace ms::cuda

@@ -35,4 +35,17 @@ Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }
 
+bool NcclAvailable() {
+  return false;
+}
+Result<std::string> NewNcclUniqueId() {
+  return Unavailable("this megascale was built without nvcc, so it has no NCCL");
+}
+Result<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(const std::string&, int, int, NcclOptions) {
+  return Unavailable("this megascale was built without nvcc, so it has no NCCL");
+}
+std::function<void()> RegisterExternalStream(device::Device&, cudaStream_t) {
+  return [] {};
+}
+
 }  // namespace ms::cuda

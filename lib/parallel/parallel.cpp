@@ -50,6 +50,69 @@ Result<std::vector<Action>> PipelineSchedule(int pp, int pp_rank, int v, int m) 
   return out;
 }
 
+Result<P2pPlan> PipelineP2pPlan(int pp, int pp_rank, int v, int m) {
+  std::vector<std::vector<Action>> all(static_cast<size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    MS_ASSIGN_OR_RETURN(all[static_cast<size_t>(r)], PipelineSchedule(pp, r, v, m));
+  }
+  const int G = pp * v;
+  // Message id: (kind, micro, receiving global chunk) -> round sent (-1: not yet).
+  auto id = [&](int kind, int micro, int g) { return (static_cast<size_t>(kind) * m + micro) * G + g; };
+  std::vector<int> sent(2 * static_cast<size_t>(m) * G, -1);
+  std::vector<size_t> next(static_cast<size_t>(pp), 0);
+  std::vector<std::vector<int>> round_of(static_cast<size_t>(pp));
+  struct Sent {
+    int round, from, to, kind, micro, g;
+  };
+  std::vector<Sent> messages;
+  size_t remaining = 0;
+  for (auto& a : all) remaining += a.size();
+  for (int t = 0; remaining > 0; ++t) {
+    std::vector<Sent> now;
+    bool progress = false;
+    for (int r = 0; r < pp; ++r) {
+      auto& i = next[static_cast<size_t>(r)];
+      const auto& sched = all[static_cast<size_t>(r)];
+      if (i >= sched.size()) continue;
+      const Action& a = sched[i];
+      const int g = a.chunk * pp + r;
+      const bool fwd = a.kind == ActionKind::kForward;
+      // Its input: the activation from g-1 (forward, g > 0) or the gradient from g+1 (backward, g < G-1).
+      if (fwd && g > 0 && !(sent[id(0, a.micro, g)] >= 0 && sent[id(0, a.micro, g)] < t)) continue;
+      if (!fwd && g < G - 1 && !(sent[id(1, a.micro, g)] >= 0 && sent[id(1, a.micro, g)] < t)) continue;
+      round_of[static_cast<size_t>(r)].push_back(t);
+      ++i;
+      --remaining;
+      progress = true;
+      if (fwd && g < G - 1) now.push_back({t, r, (g + 1) % pp, 0, a.micro, g + 1});
+      if (!fwd && g > 0) now.push_back({t, r, (g - 1 + pp) % pp, 1, a.micro, g - 1});
+    }
+    for (const Sent& x : now) {
+      sent[id(x.kind, x.micro, x.g)] = t;
+      messages.push_back(x);
+    }
+    if (!progress) {
+      return Internal("pipeline p2p plan: the schedule (pp {}, virtual stages {}, {} micro-batches) stalls in round {}",
+                      pp, v, m, t);
+    }
+  }
+  P2pPlan plan;
+  plan.action_round = round_of[static_cast<size_t>(pp_rank)];
+  const int rounds = plan.action_round.empty() ? 0 : messages.empty() ? 0 : messages.back().round + 1;
+  plan.rounds.assign(static_cast<size_t>(std::max(rounds, plan.action_round.empty() ? 0 : plan.action_round.back() + 1)),
+                     {});
+  for (const Sent& x : messages) {  // in (round, sender, ...) order; sorted below into one order for both sides
+    if (x.from == pp_rank) plan.rounds[static_cast<size_t>(x.round)].push_back({true, x.to, x.kind, x.micro, x.g});
+    if (x.to == pp_rank) plan.rounds[static_cast<size_t>(x.round)].push_back({false, x.from, x.kind, x.micro, x.g});
+  }
+  for (auto& group : plan.rounds) {
+    std::sort(group.begin(), group.end(), [](const P2pMessage& a, const P2pMessage& b) {
+      return std::tie(a.kind, a.micro, a.gchunk) < std::tie(b.kind, b.micro, b.gchunk);
+    });
+  }
+  return plan;
+}
+
 int MaxInFlight(const std::vector<Action>& schedule, int v) {
   std::vector<int> live(v, 0);
   int best = 1;

@@ -49,6 +49,27 @@ Result<std::vector<Action>> PipelineSchedule(int pp, int pp_rank, int virtual_st
 // Most micro-batches whose forward ran and backward did not yet, per chunk, over the schedule.
 int MaxInFlight(const std::vector<Action>& schedule, int virtual_stages);
 
+// The point-to-point plan of one pipeline rank for communicators whose sends and receives run in issue order
+// and match in issue order between a pair (NCCL: no tags, a receive blocks the stream until its data arrives).
+// Every rank simulates the schedules of all pp ranks in rounds (in a round, each rank runs its next action if its
+// input was sent in an earlier round; global chunk g = chunk * pp + rank, forward output to g+1, input gradient
+// to g-1). Messages sent in round t are sent and received in one group per rank issued at the end of round t, on
+// both sides, in one order (by message id): per pair the n-th send matches the n-th receive, every group of a
+// round completes once its peers issue theirs, and a rank only waits for messages of earlier rounds, so the plan
+// cannot deadlock. A receive is thereby posted as soon as its message is sent, however much later it is used.
+struct P2pMessage {
+  bool send;    // this rank sends it, or receives it
+  int peer;     // pp rank
+  int kind;     // 0 activation, 1 gradient
+  int micro;
+  int gchunk;   // the receiving global chunk
+};
+struct P2pPlan {
+  std::vector<int> action_round;                  // per action of this rank's schedule
+  std::vector<std::vector<P2pMessage>> rounds;    // per round: this rank's group (possibly empty), in match order
+};
+Result<P2pPlan> PipelineP2pPlan(int pp, int pp_rank, int virtual_stages, int micro_batches);
+
 // ---- data parallelism ----------------------------------------------------------------------
 
 struct DataParallelOptions {

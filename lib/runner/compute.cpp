@@ -29,12 +29,18 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
     c.device = device::MakeCpuDevice();
     return c;
   }
-  const bool nccl = cuda::LinkedFlavor() == cuda::Flavor::kGpu && rt.world > 1;
-  if (nccl && !rt.use_nccl) {
+  // tp/pp/dp traffic of a multi-rank CUDA job goes through NCCL: libnccl on GPUs; in megascale-emu the emulated
+  // NCCL (NCCL's stream semantics), unless runtime.device_comm: gloo keeps the Gloo groups there.
+  const cuda::Flavor flavor = cuda::LinkedFlavor();
+  const bool nccl = rt.world > 1 && (flavor == cuda::Flavor::kGpu ||
+                                     (flavor == cuda::Flavor::kEmulated && spec.runtime.device_comm != "gloo"));
+  if (nccl && (!rt.use_nccl || !cuda::NcclAvailable())) {
     return Unimplemented(
         "{}: runtime.backend: cuda with {} ranks needs NCCL process groups, and this megascale was built without "
-        "NCCL; run one rank (tp=pp=dp=1), or the layout on the emulated CUDA backend with megascale-emu",
-        spec.source, rt.world);
+        "NCCL; run one rank (tp=pp=dp=1){}",
+        spec.source, rt.world,
+        flavor == cuda::Flavor::kEmulated ? ", or runtime.device_comm: gloo"
+                                          : ", or the layout on the emulated CUDA backend with megascale-emu");
   }
   if (!c.device) {
     auto dev = cuda::MakeCudaDevice(cuda::LinkedFlavor() == cuda::Flavor::kEmulated ? 0 : ordinal);
@@ -48,8 +54,10 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
   if (nccl) {
     // Device buffers travel through NCCL, on streams ordered after the backend's (world_comm stays Gloo: it
     // carries host scalars).
-    MS_RETURN_IF_ERROR_CTX(rt.use_nccl(rt, cuda::BackendStream(*c.backend)), "creating the NCCL groups");
-    LogInfo("tensor-, pipeline- and data-parallel communicators: NCCL");
+    MS_RETURN_IF_ERROR_CTX(rt.use_nccl(rt, cuda::BackendStream(*c.backend), c.device.get()),
+                           "creating the NCCL groups");
+    LogInfo("tensor-, pipeline- and data-parallel communicators: {}",
+            flavor == cuda::Flavor::kEmulated ? "the emulated NCCL" : "NCCL");
   }
   return c;
 }

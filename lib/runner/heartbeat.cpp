@@ -148,6 +148,12 @@ class TrackedComm final : public comm::Communicator {
     WaitClock clock;
     return Wrap(inner_->Recv(d, n, peer, tag), "recv");
   }
+  std::unique_ptr<comm::Work> GroupP2p(const std::vector<comm::P2pOp>& ops) override {
+    WaitClock clock;
+    return Wrap(inner_->GroupP2p(ops), "send/recv");
+  }
+  bool p2p_in_order() const override { return inner_->p2p_in_order(); }
+  bool orders_after_compute() const override { return inner_->orders_after_compute(); }
   Status Barrier() override {
     WaitClock clock;
     board_->EnterWait(group_, "barrier");

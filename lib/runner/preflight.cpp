@@ -17,14 +17,18 @@ Status PreflightCheck(const config::JobSpec& spec, bool files) {
           "rebuild, use runtime.backend: cpu, or run the kernels on the emulator with megascale-emu",
           config::KeyLocation(spec, "runtime.backend"));
     }
-#if !defined(MS_HAVE_NCCL)
-    if (cuda::LinkedFlavor() == cuda::Flavor::kGpu && world > 1) {
+    if (cuda::LinkedFlavor() == cuda::Flavor::kGpu && world > 1 && !cuda::NcclAvailable()) {
       return Unimplemented(
           "{}: runtime.backend: cuda with {} ranks needs NCCL process groups, and this megascale was built without "
           "NCCL; run one rank (tp=pp=dp=1), or the layout on the emulated CUDA backend with megascale-emu",
           config::KeyLocation(spec, "runtime.backend"), world);
     }
-#endif
+    if (cuda::LinkedFlavor() == cuda::Flavor::kGpu && world > 1 && spec.runtime.device_comm == "gloo") {
+      return InvalidArgument(
+          "{}: runtime.device_comm: gloo cannot move GPU memory; use auto or nccl (gloo is for megascale-emu, whose "
+          "device memory is host memory)",
+          config::KeyLocation(spec, "runtime.device_comm"));
+    }
   }
   {
     const std::string& t = spec.data.tokenizer;

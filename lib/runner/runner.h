@@ -44,6 +44,9 @@
 #include "config/config.h"
 #include "core/core.h"
 
+namespace ms::device {
+class Device;
+}  // namespace ms::device
 namespace ms::model {
 class Gpt;
 }
@@ -120,7 +123,7 @@ struct Runtime {
   // Replaces tp, pp, dp and embedding by NCCL communicators on device memory, ordered after `compute_stream`
   // (the CUDA backend's cudaStream_t); world_comm stays on the host. Set by the worker entry in builds with
   // NCCL (MS_HAVE_NCCL); null otherwise. Used by multi-rank jobs on the CUDA backend with real GPUs.
-  std::function<Status(Runtime&, void* compute_stream)> use_nccl;
+  std::function<Status(Runtime&, void* compute_stream, device::Device* device)> use_nccl;
 };
 // The runtime of a single-rank job: every group is this rank alone.
 std::unique_ptr<Runtime> SingleRankRuntime();

@@ -6,8 +6,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
@@ -42,21 +45,54 @@ Status FetchBatch(const data::Sampler& sampler, bool train, int64_t first, int c
   return Status::Ok();
 }
 
-// Point-to-point traffic of the pipeline: receives posted ahead of the compute that needs
-// them, sends completed lazily (before their buffer is reused, and at the end of the step).
+// Point-to-point traffic of the pipeline: receives posted ahead of the compute that needs them, sends completed
+// lazily (before their buffer is reused, and at the end of the step).
+//
+// On a communicator whose sends and receives run in issue order and match in issue order between a pair, each
+// blocking the stream until its peer matches it (NCCL, p2p_in_order), posting a receive ahead of a send the peer
+// needs first deadlocks (stage 0 queues R(grad 0), S(act 1) while stage 1 queues R(act 1), S(grad 0)), so does
+// the 1F1B crossing of two sends once messages exceed NCCL's buffering, and an interleaved schedule receives
+// from a peer in another order than the peer sends. There the pipeline follows parallel::PipelineP2pPlan: after
+// each action the rank issues, one group per round (GroupP2p: ncclGroupStart/End), the sends and receives of
+// every message sent in the rounds up to its next action, in the plan's order; receives are taken from those
+// groups. With a communicator that orders itself after the compute stream (orders_after_compute) no host
+// synchronization precedes a send or a receive. Test hook: MEGASCALE_PP_P2P=ungrouped keeps the Gloo order on
+// such a communicator (what the emulated NCCL test shows deadlocking).
 class PipeComm {
  public:
   // Receive buffers are memory of the backend's device (the pipeline communicator moves device buffers).
   PipeComm(comm::Communicator* pp, ops::Backend* backend, int64_t floats, metrics::Trace* trace)
-      : pp_(pp), be_(backend), floats_(floats), trace_(trace) {}
+      : pp_(pp), be_(backend), floats_(floats), trace_(trace) {
+    const char* hook = std::getenv("MEGASCALE_PP_P2P");
+    in_order_ = pp && pp->p2p_in_order() && !(hook && std::string_view(hook) == "ungrouped");
+    device_ordered_ = pp && pp->orders_after_compute();
+  }
+  // Whether the plan drives the traffic (and receives are not posted ahead by the caller).
+  bool in_order() const { return in_order_; }
+  void SetPlan(parallel::P2pPlan plan) { plan_ = std::move(plan); }
+  // Before the step's first action: the groups of the rounds before it.
+  Status BeginStep() {
+    if (!in_order_ || plan_.action_round.empty()) return Status::Ok();
+    return IssueRounds(0, plan_.action_round[0]);
+  }
+  // After action i: its send (held back by Send) and every message of the rounds up to the next action.
+  Status EndAction(size_t i) {
+    if (!in_order_ || i >= plan_.action_round.size()) return Status::Ok();
+    const int until = i + 1 < plan_.action_round.size() ? plan_.action_round[i + 1]
+                                                        : static_cast<int>(plan_.rounds.size());
+    return IssueRounds(plan_.action_round[i], until);
+  }
+  // Whether a send needs the backend synchronized first.
+  bool needs_sync() const { return !device_ordered_; }
   // kind 0: activation (forward), 1: gradient (backward); gchunk: the receiving global chunk.
   static int Tag(int kind, int micro, int gchunk) { return (kind * 4096 + micro) * 256 + gchunk; }
   Status PostRecv(int peer, int tag) {
     if (recvs_.count(tag)) return Status::Ok();
     PendingRecv r;
     MS_RETURN_IF_ERROR_CTX(r.buf.Allocate(be_, floats_), "pipeline receive buffer");
-    MS_RETURN_IF_ERROR(be_->Synchronize());  // the buffer is zeroed before the transfer writes it
-    r.work = pp_->Recv(r.buf.data(), floats_, peer, tag);
+    if (!device_ordered_) MS_RETURN_IF_ERROR(be_->Synchronize());  // the buffer is zeroed before the transfer
+    FlushSend();
+    r.work = std::shared_ptr<comm::Work>(pp_->Recv(r.buf.data(), floats_, peer, tag));
     r.posted = NowSeconds();
     recvs_[tag] = std::move(r);
     return Status::Ok();
@@ -76,9 +112,23 @@ class PipeComm {
   }
   // Sends `floats_` floats; the buffer must stay unchanged until WaitSend(key) or WaitAll().
   void Send(const float* data, int peer, int tag, std::pair<int, int> key) {
-    sends_[key].push_back({pp_->Send(data, floats_, peer, tag), NowSeconds(), tag});
+    FlushSend();
+    if (in_order_) {
+      pending_ = PendingSend{data, peer, tag, key, NowSeconds()};
+      return;
+    }
+    sends_[key].push_back({std::shared_ptr<comm::Work>(pp_->Send(data, floats_, peer, tag)), NowSeconds(), tag});
+  }
+  // A held-back send that no plan group took (evaluation's forward chain) goes alone.
+  void FlushSend() {
+    if (!pending_) return;
+    sends_[pending_->key].push_back(
+        {std::shared_ptr<comm::Work>(pp_->Send(pending_->data, floats_, pending_->peer, pending_->tag)),
+         pending_->posted, pending_->tag});
+    pending_.reset();
   }
   Status WaitSend(std::pair<int, int> key) {
+    if (pending_ && pending_->key == key) FlushSend();
     auto it = sends_.find(key);
     if (it == sends_.end()) return Status::Ok();
     for (auto& s : it->second) MS_RETURN_IF_ERROR(Finish(s));
@@ -86,6 +136,7 @@ class PipeComm {
     return Status::Ok();
   }
   Status WaitAll() {
+    FlushSend();
     for (auto& [k, v] : sends_) {
       for (auto& s : v) MS_RETURN_IF_ERROR(Finish(s));
     }
@@ -97,15 +148,56 @@ class PipeComm {
 
  private:
   struct Pending {
-    std::unique_ptr<comm::Work> work;
+    std::shared_ptr<comm::Work> work;  // shared with a receive when grouped
     double posted;
     int tag;
   };
+  struct PendingSend {
+    const float* data;
+    int peer;
+    int tag;
+    std::pair<int, int> key;
+    double posted;
+  };
   struct PendingRecv {
     model::DeviceArray<float> buf;
-    std::unique_ptr<comm::Work> work;
+    std::shared_ptr<comm::Work> work;
     double posted = 0;
   };
+  // Groups of rounds [from, until): the round's messages in the plan's order; the send is the held-back one.
+  Status IssueRounds(int from, int until) {
+    for (int t = from; t < until && t < static_cast<int>(plan_.rounds.size()); ++t) {
+      const auto& msgs = plan_.rounds[static_cast<size_t>(t)];
+      if (msgs.empty()) continue;
+      std::vector<comm::P2pOp> ops;
+      std::vector<int> recv_tags;
+      std::optional<PendingSend> sent;
+      for (const parallel::P2pMessage& m : msgs) {
+        const int tag = Tag(m.kind, m.micro, m.gchunk);
+        if (m.send) {
+          if (!pending_ || pending_->tag != tag) {
+            return Internal("pipeline plan: round {} sends tag {} but the action held {}", t, tag,
+                            pending_ ? std::to_string(pending_->tag) : std::string("nothing"));
+          }
+          ops.push_back({true, const_cast<float*>(pending_->data), floats_, m.peer, tag});
+          sent = pending_;
+          pending_.reset();
+        } else {
+          PendingRecv r;
+          MS_RETURN_IF_ERROR_CTX(r.buf.Allocate(be_, floats_), "pipeline receive buffer");
+          if (!device_ordered_) MS_RETURN_IF_ERROR(be_->Synchronize());
+          ops.push_back({false, r.buf.data(), floats_, m.peer, tag});
+          r.posted = NowSeconds();
+          recvs_[tag] = std::move(r);
+          recv_tags.push_back(tag);
+        }
+      }
+      std::shared_ptr<comm::Work> w(pp_->GroupP2p(ops));
+      for (int tag : recv_tags) recvs_[tag].work = w;
+      if (sent) sends_[sent->key].push_back({w, sent->posted, sent->tag});
+    }
+    return Status::Ok();
+  }
   Status Finish(Pending& s) {
     const double t0 = NowSeconds();
     Status st = s.work->Wait();
@@ -117,8 +209,12 @@ class PipeComm {
   ops::Backend* be_;
   int64_t floats_;
   metrics::Trace* trace_;
+  bool in_order_ = false;
+  bool device_ordered_ = false;
   std::map<int, PendingRecv> recvs_;
   std::map<std::pair<int, int>, std::vector<Pending>> sends_;
+  std::optional<PendingSend> pending_;
+  parallel::P2pPlan plan_;
   model::DeviceArray<float> held_;
   double wait_s_ = 0;
 };
@@ -154,6 +250,11 @@ class TimedComm : public comm::Communicator {
   std::unique_ptr<comm::Work> Recv(float* d, int64_t n, int peer, int tag) override {
     return Wrap(inner_->Recv(d, n, peer, tag));
   }
+  std::unique_ptr<comm::Work> GroupP2p(const std::vector<comm::P2pOp>& ops) override {
+    return Wrap(inner_->GroupP2p(ops));
+  }
+  bool p2p_in_order() const override { return inner_->p2p_in_order(); }
+  bool orders_after_compute() const override { return inner_->orders_after_compute(); }
   Status Barrier() override { return inner_->Barrier(); }
   double wait_s() const { return wait_s_; }
   void reset() { wait_s_ = 0; }
@@ -315,6 +416,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   MS_ASSIGN_OR_RETURN(auto schedule, parallel::PipelineSchedule(par.pp, rt.pp_rank, par.virtual_stages, n_micro));
   const int slots = parallel::MaxInFlight(schedule, par.virtual_stages);
   PipeComm pipe(rt.pp.get(), gpt->backend(), gpt->boundary_floats(), spec.log.trace ? &trace : nullptr);
+  if (pipe.in_order()) {
+    MS_ASSIGN_OR_RETURN(auto plan, parallel::PipelineP2pPlan(par.pp, rt.pp_rank, par.virtual_stages, n_micro));
+    pipe.SetPlan(std::move(plan));
+  }
   const int next_rank = (rt.pp_rank + 1) % par.pp, prev_rank = (rt.pp_rank + par.pp - 1) % par.pp;
 
   const double flops_per_seq = model::TrainingFlopsPerSequence(m);
@@ -502,10 +607,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     tp_timed.reset();
     dpe->ResetStats();
     MS_RETURN_IF_ERROR(dpe->BeginStep());
+    MS_RETURN_IF_ERROR(pipe.BeginStep());
     for (size_t ai = 0; ai < schedule.size(); ++ai) {
       const parallel::Action& a = schedule[ai];
       // Post the receive the next action needs before computing this one (parallel.pp_overlap).
-      if (par.pp_overlap && ai + 1 < schedule.size()) {
+      if (par.pp_overlap && !pipe.in_order() && ai + 1 < schedule.size()) {
         const parallel::Action& nx = schedule[ai + 1];
         const int g = gpt->global_chunk(nx.chunk);
         if (nx.kind == parallel::ActionKind::kForward && !gpt->has_embedding(nx.chunk)) {
@@ -552,7 +658,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         if (gpt->has_head(c)) {
           loss_sum += l;  // a non-finite loss is handled once the ranks have agreed on it (fault.nan_policy)
         } else {
-          MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
+          if (pipe.needs_sync()) MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
           pipe.Send(gpt->ChunkOutput(c, slot), next_rank, PipeComm::Tag(0, a.micro, g + 1), {c, slot});
         }
       } else {
@@ -574,10 +680,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         if (slow_factor > 1) BurnCpu((slow_factor - 1) * (NowSeconds() - tb));
         MS_RETURN_IF_ERROR(dpe->EndMicroBatch(a.micro, n_micro));
         if (!gpt->has_embedding(c)) {
-          MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
+          if (pipe.needs_sync()) MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
           pipe.Send(gpt->InputGrad(c, slot), prev_rank, PipeComm::Tag(1, a.micro, g - 1), {-1 - c, slot});
         }
       }
+      MS_RETURN_IF_ERROR(pipe.EndAction(ai));
     }
     MS_RETURN_IF_ERROR(pipe.WaitAll());
     MS_RETURN_IF_ERROR(gpt->ReduceSequenceParallelGrads());

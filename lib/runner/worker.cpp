@@ -5,9 +5,7 @@
 #include <cstdlib>
 
 #include "bootstrap/bootstrap.h"
-#if defined(MS_HAVE_NCCL)
-#include "comm/nccl_comm.h"
-#endif
+#include "cuda/cuda.h"
 #include "runner/checkpointing.h"
 #include "runner/heartbeat.h"
 #include "runner/rank.h"
@@ -109,11 +107,12 @@ Result<std::unique_ptr<Runtime>> JoinJob(const config::JobSpec& spec, double wor
         make(g.embedding, fmt::format("embedding[{}]", grid.GroupIndex(bootstrap::GroupKind::kEmbedding, me.rank)));
     group_id[static_cast<int>(bootstrap::GroupKind::kEmbedding)] = 4;
   }
-#if defined(MS_HAVE_NCCL)
-  // NCCL groups for the CUDA backend on GPUs: the same members and group ranks as the Gloo groups, each created
-  // from an id its leader publishes in the store, in the Gloo groups' order (no rank waits on a group it is not
-  // in). Not run in CI (no GPU).
-  rt.use_nccl = [holder, grid, timeout, rank = me.rank, board, group_id](Runtime& r, void* stream) -> Status {
+  // NCCL groups for the CUDA backend (libnccl on GPUs, the emulated NCCL in megascale-emu): the same members and
+  // group ranks as the Gloo groups, each created from an id its leader publishes in the store, in the Gloo groups'
+  // order (no rank waits on a group it is not in).
+  const auto watchdog = std::chrono::milliseconds(static_cast<int64_t>(spec.runtime.collective_timeout_s * 1000));
+  rt.use_nccl = [holder, grid, timeout, watchdog, rank = me.rank, board, group_id](
+                    Runtime& r, void* stream, device::Device* device) -> Status {
     const auto& groups = holder->first;
     auto make = [&](bootstrap::GroupKind kind) -> Result<std::unique_ptr<comm::Communicator>> {
       const auto& members = groups.members[static_cast<int>(kind)];
@@ -121,13 +120,17 @@ Result<std::unique_ptr<Runtime>> JoinJob(const config::JobSpec& spec, double wor
       if (pos == members.end())
         return Internal("rank {} is not in its own {} group", rank, bootstrap::GroupKindName(kind));
       const int index = grid.GroupIndex(kind, rank);
-      comm::NcclOptions o;
+      cuda::NcclOptions o;
       o.name = fmt::format("nccl-{}[{}]", bootstrap::GroupKindName(kind), index);
-      o.compute_stream = static_cast<cudaStream_t>(stream);
-      MS_ASSIGN_OR_RETURN(auto c,
-                          bootstrap::CreateNcclCommunicator(
-                              *holder->second, fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
-                              static_cast<int>(pos - members.begin()), static_cast<int>(members.size()), timeout, o));
+      o.compute_stream = stream;
+      o.timeout = watchdog;
+      o.device = device;
+      const int me_in_group = static_cast<int>(pos - members.begin()), n = static_cast<int>(members.size());
+      MS_ASSIGN_OR_RETURN(std::string id,
+                          bootstrap::ShareGroupId(*holder->second,
+                                                  fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
+                                                  me_in_group, n, timeout, [] { return cuda::NewNcclUniqueId(); }));
+      MS_ASSIGN_OR_RETURN(auto c, cuda::MakeNcclCommunicator(id, me_in_group, n, o));
       return TrackWaits(std::move(c), board.get(), group_id[static_cast<int>(kind)]);
     };
     MS_ASSIGN_OR_RETURN(r.tp, make(bootstrap::GroupKind::kTp));
@@ -138,7 +141,6 @@ Result<std::unique_ptr<Runtime>> JoinJob(const config::JobSpec& spec, double wor
     }
     return Status::Ok();
   };
-#endif
   MS_ASSIGN_OR_RETURN(rt.coordinator, MakeStoreCoordinator(*coordination_store));
   rt.store = std::move(coordination_store);
   rt.keepalive = holder;

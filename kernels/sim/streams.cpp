@@ -1,0 +1,408 @@
+// kernels/sim/streams.cpp: the emulated device's streams and events (see runtime_hooks.h, StreamMode).
+//
+// sync     every operation runs at once on the calling thread (streams are trivially in order; a missing
+//          synchronization is never visible). The default, and what the kernel tests use.
+// async    every stream has its own worker thread that runs the stream's operations in issue order,
+//          concurrently with the host and with the other streams; the only orderings are the ones CUDA
+//          guarantees: issue order within a stream, cudaStreamWaitEvent, the legacy default stream's implicit
+//          barrier with blocking streams, and host synchronization. An operation may block its stream (the
+//          emulated NCCL's receives do), exactly as an NCCL kernel blocks a GPU stream.
+// deferred async, and a stream runs an operation only once something needs it: a host synchronization
+//          (stream, event, device, a blocking copy), or another stream's cudaStreamWaitEvent on an event
+//          recorded after it. Streams marked eager (SetStreamEager: NCCL's) run as soon as they can. So work is
+//          reordered as far as CUDA allows, and a consumer that forgot to wait for its producer reads stale
+//          memory instead of, by luck, memory written in time.
+// All bookkeeping is under one mutex with one condition variable (a handful of streams per process).
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "sim/internal.h"
+#include "sim/runtime_hooks.h"
+
+namespace ms::sim {
+namespace internal {
+namespace {
+
+struct StreamState;
+
+struct Item {
+  uint64_t seq = 0;
+  std::string what;
+  StreamOp op;
+  std::vector<std::pair<StreamState*, uint64_t>> deps;  // (stream, seq) that must have run first
+};
+
+struct StreamState {
+  bool blocking = true;  // created without cudaStreamNonBlocking (or the legacy stream)
+  bool eager = false;
+  bool legacy = false;
+  std::deque<Item> queue;
+  uint64_t enqueued = 0, done = 0, demanded = 0;
+  cudaError_t sticky = cudaSuccess;  // the first failure of an operation run on the stream
+  bool stop = false;
+  std::thread worker;
+};
+
+struct EventState {
+  StreamState* stream = nullptr;  // where it was last recorded (async modes)
+  uint64_t seq = 0;
+  std::chrono::steady_clock::time_point time;
+  bool recorded = false;
+};
+
+struct Engine {
+  std::mutex mu;
+  std::condition_variable cv;
+  StreamMode mode = StreamMode::kSync;
+  bool mode_read = false;
+  std::set<StreamState*> streams;  // live streams (the legacy stream included once it exists)
+  std::set<EventState*> events;
+  StreamState* legacy = nullptr;
+};
+
+Engine& E() {
+  static Engine* e = new Engine;  // never destroyed: streams may outlive static destructors
+  return *e;
+}
+
+StreamMode ReadModeLocked(Engine& e) {
+  if (!e.mode_read) {
+    e.mode_read = true;
+    const char* m = std::getenv("MS_SIM_STREAMS");
+    if (m && std::strcmp(m, "async") == 0) e.mode = StreamMode::kAsync;
+    if (m && std::strcmp(m, "deferred") == 0) e.mode = StreamMode::kDeferred;
+  }
+  return e.mode;
+}
+
+void WorkerLoop(StreamState* s);
+
+void StartWorkerLocked(StreamState* s) {
+  if (!s->worker.joinable()) s->worker = std::thread(WorkerLoop, s);
+}
+
+StreamState* LegacyLocked(Engine& e) {
+  if (!e.legacy) {
+    e.legacy = new StreamState;
+    e.legacy->legacy = true;
+    e.streams.insert(e.legacy);
+  }
+  return e.legacy;
+}
+
+StreamState* Resolve(Engine& e, cudaStream_t stream) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return LegacyLocked(e);
+  auto* s = reinterpret_cast<StreamState*>(stream);
+  return e.streams.count(s) ? s : nullptr;
+}
+
+void DemandLocked(Engine& e, StreamState* s, uint64_t seq) {
+  if (s->demanded < seq) {
+    s->demanded = seq;
+    e.cv.notify_all();
+  }
+}
+
+bool Runnable(const Engine& e, const StreamState* s) {
+  if (s->queue.empty()) return false;
+  return e.mode != StreamMode::kDeferred || s->eager || s->queue.front().seq <= s->demanded;
+}
+
+void WorkerLoop(StreamState* s) {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  for (;;) {
+    e.cv.wait(lock, [&] { return Runnable(e, s) || (s->stop && s->queue.empty()); });
+    if (s->queue.empty()) return;  // stopping
+    Item& it = s->queue.front();
+    for (auto& [dep, seq] : it.deps) {
+      DemandLocked(e, dep, seq);
+      e.cv.wait(lock, [&] { return dep->done >= seq; });
+    }
+    StreamOp op = std::move(it.op);
+    const uint64_t seq = it.seq;
+    lock.unlock();
+    const cudaError_t r = op ? op() : cudaSuccess;
+    lock.lock();
+    if (r != cudaSuccess && s->sticky == cudaSuccess) s->sticky = r;
+    s->queue.pop_front();
+    s->done = seq;
+    e.cv.notify_all();
+  }
+}
+
+// Waits (host) until `s` has run everything up to `seq`; its sticky error, if any.
+cudaError_t WaitLocked(Engine& e, std::unique_lock<std::mutex>& lock, StreamState* s, uint64_t seq) {
+  DemandLocked(e, s, seq);
+  e.cv.wait(lock, [&] { return s->done >= seq; });
+  return s->sticky;
+}
+
+// The legacy stream's implicit barrier: work on it waits for all blocking streams, and work on a blocking
+// stream waits for the legacy stream.
+std::vector<std::pair<StreamState*, uint64_t>> ImplicitDepsLocked(Engine& e, StreamState* s) {
+  std::vector<std::pair<StreamState*, uint64_t>> deps;
+  if (s->legacy) {
+    for (StreamState* o : e.streams) {
+      if (o != s && o->blocking && o->enqueued > o->done) deps.emplace_back(o, o->enqueued);
+    }
+  } else if (s->blocking && e.legacy && e.legacy->enqueued > e.legacy->done) {
+    deps.emplace_back(e.legacy, e.legacy->enqueued);
+  }
+  return deps;
+}
+
+cudaError_t EnqueueLocked(Engine& e, StreamState* s, const char* what, StreamOp op,
+                          std::vector<std::pair<StreamState*, uint64_t>> deps, uint64_t* seq_out = nullptr) {
+  auto implicit = ImplicitDepsLocked(e, s);
+  deps.insert(deps.end(), implicit.begin(), implicit.end());
+  Item it;
+  it.seq = ++s->enqueued;
+  it.what = what;
+  it.op = std::move(op);
+  it.deps = std::move(deps);
+  s->queue.push_back(std::move(it));
+  if (seq_out) *seq_out = s->enqueued;
+  StartWorkerLocked(s);
+  e.cv.notify_all();
+  return cudaSuccess;
+}
+
+}  // namespace
+
+bool AsyncStreams() {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  return ReadModeLocked(e) != StreamMode::kSync;
+}
+
+bool KnownStreamHandle(cudaStream_t stream) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  return Resolve(e, stream) != nullptr;
+}
+
+bool KnownEventHandle(cudaEvent_t event) {
+  if (!event) return false;
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  return e.events.count(reinterpret_cast<EventState*>(event)) != 0;
+}
+
+cudaStream_t NewStream(bool blocking) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* s = new StreamState;
+  s->blocking = blocking;
+  e.streams.insert(s);
+  return reinterpret_cast<cudaStream_t>(s);
+}
+
+cudaError_t DestroyStream(cudaStream_t stream) {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  auto* s = reinterpret_cast<StreamState*>(stream);
+  if (stream == nullptr || !e.streams.count(s) || s->legacy) return cudaErrorInvalidResourceHandle;
+  // CUDA lets the work already enqueued finish; the emulator waits for it (so no worker outlives its stream).
+  WaitLocked(e, lock, s, s->enqueued);
+  e.streams.erase(s);
+  s->stop = true;
+  e.cv.notify_all();
+  std::thread worker = std::move(s->worker);
+  lock.unlock();
+  if (worker.joinable()) worker.join();
+  delete s;
+  return cudaSuccess;
+}
+
+cudaError_t Enqueue(cudaStream_t stream, const char* what, StreamOp op) {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  StreamState* s = Resolve(e, stream);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (ReadModeLocked(e) == StreamMode::kSync) {
+    lock.unlock();
+    return op();
+  }
+  return EnqueueLocked(e, s, what, std::move(op), {});
+}
+
+cudaError_t SynchronizeStream(cudaStream_t stream) {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  StreamState* s = Resolve(e, stream);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (s->legacy) {  // the legacy stream also waits for every blocking stream
+    for (StreamState* o : std::vector<StreamState*>(e.streams.begin(), e.streams.end())) {
+      if (o->blocking) {
+        if (cudaError_t r = WaitLocked(e, lock, o, o->enqueued); r != cudaSuccess) return r;
+      }
+    }
+  }
+  return WaitLocked(e, lock, s, s->enqueued);
+}
+
+cudaError_t QueryStream(cudaStream_t stream) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  StreamState* s = Resolve(e, stream);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  DemandLocked(e, s, s->enqueued);
+  if (s->sticky != cudaSuccess) return s->sticky;
+  return s->done >= s->enqueued ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t SynchronizeDevice() {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  cudaError_t first = cudaSuccess;
+  for (StreamState* o : std::vector<StreamState*>(e.streams.begin(), e.streams.end())) {
+    const cudaError_t r = WaitLocked(e, lock, o, o->enqueued);
+    if (first == cudaSuccess) first = r;
+  }
+  return first;
+}
+
+cudaEvent_t NewEvent() {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* ev = new EventState;
+  e.events.insert(ev);
+  return reinterpret_cast<cudaEvent_t>(ev);
+}
+
+cudaError_t DestroyEvent(cudaEvent_t event) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* ev = reinterpret_cast<EventState*>(event);
+  if (!e.events.erase(ev)) return cudaErrorInvalidResourceHandle;
+  // Operations that captured it (waits) hold the stream and sequence, not the event: freeing is safe.
+  delete ev;
+  return cudaSuccess;
+}
+
+cudaError_t RecordEvent(cudaEvent_t event, cudaStream_t stream) {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  auto* ev = reinterpret_cast<EventState*>(event);
+  StreamState* s = Resolve(e, stream);
+  if (!s || !e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (ReadModeLocked(e) == StreamMode::kSync) {
+    ev->time = std::chrono::steady_clock::now();
+    ev->recorded = true;
+    return cudaSuccess;
+  }
+  ev->recorded = false;
+  uint64_t seq = 0;
+  EnqueueLocked(
+      e, s, "cudaEventRecord",
+      [ev]() {
+        // The event may have been destroyed meanwhile (allowed by CUDA): only touch it if it is still live.
+        Engine& en = E();
+        std::lock_guard<std::mutex> l(en.mu);
+        if (en.events.count(ev)) {
+          ev->time = std::chrono::steady_clock::now();
+          ev->recorded = true;
+        }
+        return cudaSuccess;
+      },
+      {}, &seq);
+  ev->stream = s;
+  ev->seq = seq;
+  return cudaSuccess;
+}
+
+cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* ev = reinterpret_cast<EventState*>(event);
+  StreamState* s = Resolve(e, stream);
+  if (!s || !e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (ReadModeLocked(e) == StreamMode::kSync || !ev->stream || ev->stream == s) return cudaSuccess;
+  if (!e.streams.count(ev->stream)) return cudaSuccess;  // its stream is gone: everything on it has run
+  return EnqueueLocked(e, s, "cudaStreamWaitEvent", nullptr, {{ev->stream, ev->seq}});
+}
+
+cudaError_t SynchronizeEvent(cudaEvent_t event) {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  auto* ev = reinterpret_cast<EventState*>(event);
+  if (!e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (!ev->stream || !e.streams.count(ev->stream)) return cudaSuccess;
+  return WaitLocked(e, lock, ev->stream, ev->seq);
+}
+
+cudaError_t QueryEvent(cudaEvent_t event) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* ev = reinterpret_cast<EventState*>(event);
+  if (!e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (!ev->stream || !e.streams.count(ev->stream)) return cudaSuccess;
+  DemandLocked(e, ev->stream, ev->seq);  // a GPU always makes progress: polling must too
+  if (ev->stream->done < ev->seq) return cudaErrorNotReady;
+  return ev->stream->sticky;
+}
+
+cudaError_t EventTime(cudaEvent_t event, std::chrono::steady_clock::time_point* t) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* ev = reinterpret_cast<EventState*>(event);
+  if (!e.events.count(ev) || !ev->recorded) return cudaErrorInvalidResourceHandle;
+  *t = ev->time;
+  return cudaSuccess;
+}
+
+}  // namespace internal
+
+StreamMode GetStreamMode() {
+  internal::Engine& e = internal::E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  return internal::ReadModeLocked(e);
+}
+
+void SetStreamMode(StreamMode mode) {
+  internal::SynchronizeDevice();  // nothing pending crosses the switch
+  internal::Engine& e = internal::E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  e.mode_read = true;
+  e.mode = mode;
+  e.cv.notify_all();
+}
+
+cudaError_t EnqueueOnStream(cudaStream_t stream, const char* what, StreamOp op) {
+  return internal::Enqueue(stream, what, std::move(op));
+}
+
+void SetStreamEager(cudaStream_t stream) {
+  internal::Engine& e = internal::E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  if (internal::StreamState* s = internal::Resolve(e, stream)) {
+    s->eager = true;
+    e.cv.notify_all();
+  }
+}
+
+const char* StreamModeName(StreamMode mode) {
+  switch (mode) {
+    case StreamMode::kSync:
+      return "sync";
+    case StreamMode::kAsync:
+      return "async";
+    case StreamMode::kDeferred:
+      return "deferred";
+  }
+  return "?";
+}
+
+}  // namespace ms::sim

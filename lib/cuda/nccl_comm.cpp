@@ -1,0 +1,327 @@
+// NCCL communicators of the CUDA backend (cuda.h, "NCCL communicators"): compiled into both flavors, against
+// libnccl (GPU) or the emulated NCCL of kernels/sim/nccl.cpp (megascale-emu), when nccl.h was found
+// (MS_CUDA_HAVE_NCCL); otherwise the factories say NCCL is missing.
+#include "cuda/cuda.h"
+
+#if defined(MS_CUDA_HAVE_NCCL)
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ms::cuda {
+namespace {
+
+#define MS_CUDA_CHECK(expr, what)                                                                        \
+  do {                                                                                                   \
+    cudaError_t ms_e_ = (expr);                                                                          \
+    if (ms_e_ != cudaSuccess) {                                                                          \
+      return Internal("{} ({}:{}): {}: {}", what, __FILE__, __LINE__, #expr, cudaGetErrorString(ms_e_)); \
+    }                                                                                                    \
+  } while (0)
+#define MS_NCCL_CHECK(expr, what)                                                                           \
+  do {                                                                                                      \
+    ncclResult_t ms_r_ = (expr);                                                                            \
+    if (ms_r_ != ncclSuccess) {                                                                             \
+      return Unavailable("{} ({}:{}): {}: {}", what, __FILE__, __LINE__, #expr, ncclGetErrorString(ms_r_)); \
+    }                                                                                                       \
+  } while (0)
+
+ncclRedOp_t ToNccl(comm::ReduceOp op) {
+  switch (op) {
+    case comm::ReduceOp::kSum:
+      return ncclSum;
+    case comm::ReduceOp::kMax:
+      return ncclMax;
+    case comm::ReduceOp::kMin:
+      return ncclMin;
+  }
+  return ncclSum;
+}
+
+// Test hook (docs/cuda.md): MEGASCALE_PLANT=nccl_no_compute_wait drops the communicator stream's wait for the
+// compute stream — the planted bug the deferred emulated streams must catch.
+bool PlantedNoComputeWait() {
+  const char* v = std::getenv("MEGASCALE_PLANT");
+  return v && std::strcmp(v, "nccl_no_compute_wait") == 0;
+}
+
+// What a communicator's Works share: the NCCL handle (aborted once, by the first failure) and the first error.
+struct Shared {
+  ncclComm_t comm = nullptr;
+  std::mutex mu;
+  bool aborted = false;
+  Status failure;  // sticky: every later operation fails with it
+  std::string name;
+  int rank = 0, size = 0;
+  std::chrono::milliseconds timeout{60'000};
+
+  // Aborts the communicator after a failure (the first one wins; later calls fail at once).
+  Status Abort(Status why) {
+    std::lock_guard<std::mutex> l(mu);
+    if (!aborted) {
+      aborted = true;
+      failure = why;
+      LogError("{}", why.message());
+      ncclCommAbort(comm);  // unblocks the stream; the handle is gone
+      comm = nullptr;
+    }
+    return why;
+  }
+  Status Failed() {
+    std::lock_guard<std::mutex> l(mu);
+    if (!aborted) return Status::Ok();
+    return Aborted("{}: the communicator was aborted after an earlier failure: {}", name, failure.message());
+  }
+};
+
+class NcclWork : public comm::Work {
+ public:
+  NcclWork(std::shared_ptr<Shared> shared, cudaEvent_t ev, std::string what, Status launch)
+      : shared_(std::move(shared)), ev_(ev), what_(std::move(what)), status_(std::move(launch)) {}
+  ~NcclWork() override {
+    if (ev_) {
+      Wait().IgnoreError();
+      cudaEventDestroy(ev_);
+    }
+  }
+  // The watchdog: polls the completion event and NCCL's asynchronous error, with the group's timeout.
+  Status Wait() override {
+    if (!status_.ok() || !ev_ || waited_) return status_;
+    waited_ = true;
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(20);
+    for (;;) {
+      cudaError_t q = cudaEventQuery(ev_);
+      if (Status f = shared_->Failed(); !f.ok()) return status_ = f;
+      ncclResult_t async = ncclSuccess;
+      {
+        std::lock_guard<std::mutex> l(shared_->mu);
+        if (shared_->comm) ncclCommGetAsyncError(shared_->comm, &async);
+      }
+      if (async != ncclSuccess && async != ncclInProgress) {
+        return status_ = shared_->Abort(
+                   Unavailable("{}: NCCL reported an asynchronous error: {}", what_, ncclGetErrorString(async)));
+      }
+      if (q == cudaSuccess) return status_;
+      if (q != cudaErrorNotReady) {
+        return status_ = shared_->Abort(Internal("{}: waiting for completion: {}", what_, cudaGetErrorString(q)));
+      }
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited > shared_->timeout) {
+        return status_ = shared_->Abort(
+                   Timeout("{}: no completion after {:.1f} s (runtime.collective_timeout_s): the peer is stuck, dead "
+                           "or waiting for something else (a send/receive issued in an order that deadlocks on "
+                           "NCCL's in-order stream?); the communicator was aborted",
+                           what_, std::chrono::duration<double>(shared_->timeout).count()));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+    }
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  cudaEvent_t ev_;
+  std::string what_;
+  Status status_;
+  bool waited_ = false;
+};
+
+class NcclCommunicator : public comm::Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<Shared> shared, NcclOptions options, cudaStream_t stream)
+      : shared_(std::move(shared)), options_(std::move(options)), stream_(stream) {
+    // The caching allocator must not hand out a freed block while this stream may still use it.
+    if (options_.device) unregister_ = RegisterExternalStream(*options_.device, stream_);
+    options_.device = nullptr;  // not used after this (the device may go first)
+  }
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(stream_);
+    {
+      std::lock_guard<std::mutex> l(shared_->mu);
+      if (shared_->comm) ncclCommDestroy(shared_->comm);
+      shared_->comm = nullptr;
+    }
+    if (unregister_) unregister_();
+    if (barrier_buf_) cudaFree(barrier_buf_);
+    cudaStreamDestroy(stream_);
+  }
+  int rank() const override { return shared_->rank; }
+  int size() const override { return shared_->size; }
+  std::string name() const override { return options_.name; }
+  bool p2p_in_order() const override { return true; }
+  bool orders_after_compute() const override { return true; }
+
+  std::unique_ptr<comm::Work> AllReduce(float* d, int64_t n, comm::ReduceOp op) override {
+    return Run("all-reduce", n, -1, [&](ncclComm_t c) {
+      return ncclAllReduce(d, d, static_cast<size_t>(n), ncclFloat, ToNccl(op), c, stream_);
+    });
+  }
+  std::unique_ptr<comm::Work> AllReduce(double* d, int64_t n, comm::ReduceOp op) override {
+    return Run("all-reduce", n, -1, [&](ncclComm_t c) {
+      return ncclAllReduce(d, d, static_cast<size_t>(n), ncclDouble, ToNccl(op), c, stream_);
+    });
+  }
+  std::unique_ptr<comm::Work> AllReduce(int64_t* d, int64_t n, comm::ReduceOp op) override {
+    return Run("all-reduce", n, -1, [&](ncclComm_t c) {
+      return ncclAllReduce(d, d, static_cast<size_t>(n), ncclInt64, ToNccl(op), c, stream_);
+    });
+  }
+  std::unique_ptr<comm::Work> ReduceScatter(const float* in, float* out, int64_t n) override {
+    return Run("reduce-scatter", n, -1, [&](ncclComm_t c) {
+      return ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat, ncclSum, c, stream_);
+    });
+  }
+  std::unique_ptr<comm::Work> AllGather(const float* in, float* out, int64_t n) override {
+    return Run("all-gather", n, -1,
+               [&](ncclComm_t c) { return ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat, c, stream_); });
+  }
+  std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
+    return Run("broadcast", n, -1, [&](ncclComm_t c) {
+      return ncclBroadcast(d, d, static_cast<size_t>(n), ncclFloat, root, c, stream_);
+    });
+  }
+  std::unique_ptr<comm::Work> Send(const float* d, int64_t n, int peer, int tag) override {
+    return Run(fmt::format("send (tag {}) to", tag), n, peer,
+               [&](ncclComm_t c) { return ncclSend(d, static_cast<size_t>(n), ncclFloat, peer, c, stream_); });
+  }
+  std::unique_ptr<comm::Work> Recv(float* d, int64_t n, int peer, int tag) override {
+    return Run(fmt::format("recv (tag {}) from", tag), n, peer,
+               [&](ncclComm_t c) { return ncclRecv(d, static_cast<size_t>(n), ncclFloat, peer, c, stream_); });
+  }
+  std::unique_ptr<comm::Work> GroupP2p(const std::vector<comm::P2pOp>& ops) override {
+    std::string what = "grouped";
+    int64_t total = 0;
+    for (const comm::P2pOp& o : ops) {
+      what += fmt::format(" {} (tag {}) {} peer {};", o.send ? "send" : "recv", o.tag, o.send ? "to" : "from", o.peer);
+      total += o.count;
+    }
+    if (!what.empty() && what.back() == ';') what.pop_back();
+    return Run(what, total, -2, [&](ncclComm_t c) {
+      ncclResult_t r = ncclGroupStart();
+      for (const comm::P2pOp& o : ops) {
+        if (r != ncclSuccess) break;
+        r = o.send ? ncclSend(o.data, static_cast<size_t>(o.count), ncclFloat, o.peer, c, stream_)
+                   : ncclRecv(o.data, static_cast<size_t>(o.count), ncclFloat, o.peer, c, stream_);
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  Status Barrier() override {
+    if (!barrier_buf_) {
+      MS_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)), "barrier buffer");
+    }
+    return AllReduce(barrier_buf_, 1, comm::ReduceOp::kSum)->Wait();
+  }
+
+ private:
+  // peer >= 0: point to point with that group rank; -1: a collective; -2: a group naming its peers itself.
+  template <typename F>
+  std::unique_ptr<comm::Work> Run(const std::string& op_name, int64_t count, int peer, F&& op) {
+    const uint64_t seq = ++seq_;
+    std::string peers;
+    if (peer >= 0) {
+      peers = fmt::format(" peer {}", peer);
+    } else if (peer == -1) {
+      std::vector<int> others;
+      for (int r = 0; r < shared_->size; ++r) {
+        if (r != shared_->rank) others.push_back(r);
+      }
+      peers = fmt::format(" (peers {})", fmt::join(others, ","));
+    }
+    const std::string what = fmt::format("{}{} #{} of {} floats on {} (rank {} of {})", op_name, peers, seq, count,
+                                         options_.name, shared_->rank, shared_->size);
+    auto fail = [&](Status s) { return std::make_unique<NcclWork>(shared_, nullptr, what, std::move(s)); };
+    if (Status f = shared_->Failed(); !f.ok()) return fail(f.WithContext(what));
+    cudaEvent_t ready = nullptr, done = nullptr;
+    cudaError_t e = cudaSuccess;
+    if (!PlantedNoComputeWait()) {
+      const auto compute = static_cast<cudaStream_t>(options_.compute_stream);
+      e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+      if (e == cudaSuccess) e = cudaEventRecord(ready, compute);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ready, 0);
+      if (ready) cudaEventDestroy(ready);
+    }
+    if (e != cudaSuccess) return fail(Internal("{}: ordering after the compute stream: {}", what, cudaGetErrorString(e)));
+    ncclResult_t r;
+    {
+      std::lock_guard<std::mutex> l(shared_->mu);
+      r = shared_->comm ? op(shared_->comm) : ncclInvalidUsage;
+    }
+    if (r != ncclSuccess) return fail(Unavailable("{}: {}", what, ncclGetErrorString(r)));
+    e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(done, stream_);
+    if (e != cudaSuccess) return fail(Internal("{}: completion event: {}", what, cudaGetErrorString(e)));
+    return std::make_unique<NcclWork>(shared_, done, what, Status::Ok());
+  }
+
+  std::shared_ptr<Shared> shared_;
+  NcclOptions options_;
+  cudaStream_t stream_;
+  float* barrier_buf_ = nullptr;
+  uint64_t seq_ = 0;
+  std::function<void()> unregister_;
+};
+
+}  // namespace
+
+bool NcclAvailable() {
+  return true;
+}
+
+Result<std::string> NewNcclUniqueId() {
+  ncclUniqueId id;
+  MS_NCCL_CHECK(ncclGetUniqueId(&id), "creating an NCCL unique id");
+  return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+}
+
+Result<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(const std::string& id_bytes, int rank, int size,
+                                                                 NcclOptions options) {
+  ncclUniqueId id;
+  if (id_bytes.size() != sizeof id) {
+    return InvalidArgument("{}: NCCL unique id has {} bytes, expected {}", options.name, id_bytes.size(), sizeof id);
+  }
+  std::memcpy(&id, id_bytes.data(), sizeof id);
+  ncclComm_t c = nullptr;
+  MS_NCCL_CHECK(ncclCommInitRank(&c, size, id, rank),
+                fmt::format("{}: ncclCommInitRank (rank {} of {})", options.name, rank, size));
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    ncclCommDestroy(c);
+    return Internal("{}: creating the communication stream: {}", options.name, cudaGetErrorString(e));
+  }
+  auto shared = std::make_shared<Shared>();
+  shared->comm = c;
+  shared->name = options.name;
+  shared->rank = rank;
+  shared->size = size;
+  shared->timeout = options.timeout;
+  return std::unique_ptr<comm::Communicator>(new NcclCommunicator(std::move(shared), std::move(options), stream));
+}
+
+}  // namespace ms::cuda
+
+#else  // no nccl.h
+
+namespace ms::cuda {
+bool NcclAvailable() {
+  return false;
+}
+Result<std::string> NewNcclUniqueId() {
+  return Unavailable("this megascale was built without NCCL (nccl.h was not found)");
+}
+Result<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(const std::string&, int, int, NcclOptions) {
+  return Unavailable("this megascale was built without NCCL (nccl.h was not found)");
+}
+}  // namespace ms::cuda
+
+#endif
