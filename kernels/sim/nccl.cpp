@@ -18,8 +18,8 @@
 //     they are bitwise identical on every rank. Types: float, double, int64; ops: sum, max, min.
 //   * A peer that closes its connection (it died, or aborted) is ncclRemoteError from ncclCommGetAsyncError; the
 //     blocked operation then completes without data. ncclCommAbort unblocks everything of the communicator.
-// Fault injection for tests: MS_SIM_NCCL_STALL=<pid>:<n> makes the n-th operation (1-based, all communicators
-// of that process) block forever (until the communicator is aborted): a stuck peer.
+// Fault injection for tests: MS_SIM_NCCL_STALL=<rank>:<n> makes the n-th operation (1-based, all communicators
+// of the process whose MEGASCALE_RANK is <rank>) block its stream until the communicator is aborted: a stuck peer.
 // Transport: one Unix stream socket per pair of ranks in the abstract namespace (nothing on disk), named after
 // the unique id; one receiver thread per communicator files incoming messages into inboxes.
 #include <nccl.h>
@@ -102,9 +102,10 @@ std::atomic<long> g_ops{0};  // operations issued by this process (MS_SIM_NCCL_S
 
 long StallAt() {
   const char* v = std::getenv("MS_SIM_NCCL_STALL");
-  if (!v) return 0;
-  long pid = 0, n = 0;
-  if (std::sscanf(v, "%ld:%ld", &pid, &n) != 2 || pid != static_cast<long>(getpid())) return 0;
+  const char* me = std::getenv("MEGASCALE_RANK");
+  if (!v || !me) return 0;
+  long rank = 0, n = 0;
+  if (std::sscanf(v, "%ld:%ld", &rank, &n) != 2 || rank != std::strtol(me, nullptr, 10)) return 0;
   return n;
 }
 
@@ -376,7 +377,6 @@ std::shared_ptr<Comm> Get(ncclComm_t h) {
 ncclResult_t Launch(Pending p) {
   const long stall = StallAt();
   const long n = ++g_ops;
-  auto comm = p.comm;
   const cudaError_t e = EnqueueOnStream(p.stream, "nccl", [p = std::move(p), stall, n]() {
     if (stall > 0 && n >= stall) p.comm->Stall();
     ncclResult_t r = ncclSuccess;
