@@ -13,11 +13,11 @@
 //                 contraction on x86-64 without -mfma); then C = alpha * acc + beta * C in fp32, rounded to bf16
 //                 (nearest even) for bf16 C. beta == 0 does not read C; alpha == 0 or k == 0 does not read A, B.
 //                 Sgemm computes in fp32 whatever the math mode (TF32 is not emulated).
-// Every call is checked at once on the calling thread and runs in its stream's order (at once by default). Matrices must lie inside
-// cudaMalloc'd buffers (checked with the emulated runtime: an access outside is CUBLAS_STATUS_EXECUTION_FAILED,
-// reported like a failed kernel, as the GPU would fault); alpha and beta are read through the pointer mode
-// (host memory for CUBLAS_POINTER_MODE_HOST, device memory for _DEVICE).
-// Thread safety: handles are registered under a lock; one handle is used by one thread at a time, as in cuBLAS.
+// Every call is checked at once on the calling thread and runs in its stream's order (at once by default). Matrices
+// must lie inside cudaMalloc'd buffers (checked with the emulated runtime: an access outside is
+// CUBLAS_STATUS_EXECUTION_FAILED, reported like a failed kernel, as the GPU would fault); alpha and beta are read
+// through the pointer mode (host memory for CUBLAS_POINTER_MODE_HOST, device memory for _DEVICE). Thread safety:
+// handles are registered under a lock; one handle is used by one thread at a time, as in cuBLAS.
 #include <cublas_v2.h>
 
 #include <algorithm>

@@ -22,8 +22,8 @@
 // of the process whose MEGASCALE_RANK is <rank>) block its stream until the communicator is aborted: a stuck peer.
 // Transport: one Unix stream socket per pair of ranks in the abstract namespace (nothing on disk), named after
 // the unique id; one receiver thread per communicator files incoming messages into inboxes.
-#include <nccl.h>
 #include <fcntl.h>
+#include <nccl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -191,9 +191,7 @@ struct Comm {
     inbox.erase(it);
     return true;
   }
-  bool Has(int peer, Kind kind, uint64_t seq) {
-    return inbox.count({peer, static_cast<uint32_t>(kind), seq}) != 0;
-  }
+  bool Has(int peer, Kind kind, uint64_t seq) { return inbox.count({peer, static_cast<uint32_t>(kind), seq}) != 0; }
   void Stall() {
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return aborted; });
@@ -327,7 +325,8 @@ ncclResult_t RunColl(const std::shared_ptr<Comm>& c, const CollOp& o) {
   switch (o.kind) {
     case Coll::kAllReduce: {
       std::vector<char> acc = all[0];
-      for (int p = 1; p < c->size; ++p) ReduceTyped(o.type, acc.data(), all[static_cast<size_t>(p)].data(), o.count, o.op);
+      for (int p = 1; p < c->size; ++p)
+        ReduceTyped(o.type, acc.data(), all[static_cast<size_t>(p)].data(), o.count, o.op);
       std::memcpy(o.out, acc.data(), acc.size());
       break;
     }
@@ -646,8 +645,8 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclAllReduce(const void* in, void* out, size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                           cudaStream_t stream) {
+ncclResult_t ncclAllReduce(const void* in, void* out, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
   return ms::sim::nccl::AddColl(ms::sim::nccl::Coll::kAllReduce, in, out, count, type, op, 0, comm, stream);
 }
 

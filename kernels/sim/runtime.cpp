@@ -24,9 +24,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,7 +42,7 @@ thread_local int tls_host_function_depth = 0;  // inside cudaLaunchHostFunc's fu
 
 struct Registry {
   std::mutex mu;
-  std::map<uintptr_t, size_t> allocations;  // base -> bytes
+  std::map<uintptr_t, size_t> allocations;         // base -> bytes
   std::map<const void*, size_t> max_dynamic_smem;  // kernel -> bytes
 };
 Registry& Reg() {
@@ -165,8 +165,8 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind k
     return cudaSuccess;
   }
   if (s == Where::kHost) {
-    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
-                                                      static_cast<const char*>(src) + count);
+    auto staged =
+        std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
     return Enqueue(stream, api, [dst, staged]() {
       std::memcpy(dst, staged->data(), staged->size());
       return cudaSuccess;
@@ -365,7 +365,8 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemsetAsync");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: bad stream");
-  if (!ms::sim::internal::AsyncStreams() || count == 0) return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
+  if (!ms::sim::internal::AsyncStreams() || count == 0)
+    return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
   if (!ms::sim::IsDeviceRange(ptr, count)) return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
   return ms::sim::internal::Enqueue(stream, "cudaMemsetAsync", [ptr, value, count]() {
     std::memset(ptr, value, count);

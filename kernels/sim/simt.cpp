@@ -910,8 +910,8 @@ void QueueKernel(const LaunchInfo& info, const void* kernel_address, void (*invo
     return cudaGetLastError();  // this worker thread's: the outcome of the launch
   });
   if (r != cudaSuccess) {
-    internal::ReportError(Format("kernel %s launched at %s:%d: invalid launch: not a stream", info.kernel, info.file,
-                                 info.line));
+    internal::ReportError(
+        Format("kernel %s launched at %s:%d: invalid launch: not a stream", info.kernel, info.file, info.line));
     internal::SetLastError(r);
     return;
   }

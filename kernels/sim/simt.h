@@ -59,9 +59,9 @@
 // thread-block clusters and distributed shared memory, grid sync and cooperative launches, dynamic
 // parallelism, concurrent execution of streams by default (streams and events run eagerly, in order, so a
 // missing stream/event synchronization is not caught; MS_SIM_STREAMS=async|deferred gives every stream a thread
-// and, deferred, runs work only when something waits for it: runtime_hooks.h), concurrent blocks (blocks run one after another, so races
-// between blocks and spin-waits on other threads are not emulated; TSan sees blocks ordered), bit-exact
-// floating point (intrinsics use libm; compare with tolerances), performance (a switch costs ~60 ns: keep
+// and, deferred, runs work only when something waits for it: runtime_hooks.h), concurrent blocks (blocks run one after
+// another, so races between blocks and spin-waits on other threads are not emulated; TSan sees blocks ordered),
+// bit-exact floating point (intrinsics use libm; compare with tolerances), performance (a switch costs ~60 ns: keep
 // test shapes small), and non-x86-64 hosts.
 //
 // Thread safety: launches from different host threads are independent (per-thread scheduler, fiber pool
@@ -97,9 +97,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <source_location>
 #include <string>
-#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>

@@ -73,11 +73,11 @@ void* BackendStream(ops::Backend& backend);
 // later call fails at once) and returns Timeout/Unavailable naming the group, the operation with its sequence
 // number and size, and the peer (point to point) or the group's other ranks (collectives).
 struct NcclOptions {
-  std::string name = "nccl";               // shown in every message, e.g. "nccl-pp[0]"
-  void* compute_stream = nullptr;          // the cudaStream_t producing and consuming the buffers (BackendStream)
+  std::string name = "nccl";                  // shown in every message, e.g. "nccl-pp[0]"
+  void* compute_stream = nullptr;             // the cudaStream_t producing and consuming the buffers (BackendStream)
   std::chrono::milliseconds timeout{60'000};  // runtime.collective_timeout_s
-  device::Device* device = nullptr;        // a CUDA device whose caching allocator must know the stream (Free of
-                                           // a block is then ordered after the communicator's work too)
+  device::Device* device = nullptr;           // a CUDA device whose caching allocator must know the stream (Free of
+                                              // a block is then ordered after the communicator's work too)
 };
 // Whether this flavor has an NCCL (false: GPU flavor built without NCCL, or no CUDA at all).
 bool NcclAvailable();

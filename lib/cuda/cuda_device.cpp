@@ -17,11 +17,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <functional>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>

@@ -97,7 +97,9 @@ class NcclWork : public comm::Work {
     if (!status_.ok() || !ev_ || waited_) return status_;
     waited_ = true;
     const auto start = std::chrono::steady_clock::now();
-    auto pause = std::chrono::microseconds(20);
+    // Spin (yielding) for the first millisecond, then back off to 1 ms sleeps: short operations return
+    // promptly, long waits cost no CPU.
+    auto pause = std::chrono::microseconds(10);
     for (;;) {
       cudaError_t q = cudaEventQuery(ev_);
       if (Status f = shared_->Failed(); !f.ok()) return status_ = f;
@@ -122,8 +124,12 @@ class NcclWork : public comm::Work {
                            "NCCL's in-order stream?); the communicator was aborted",
                            what_, std::chrono::duration<double>(shared_->timeout).count()));
       }
+      if (waited < std::chrono::milliseconds(1)) {
+        std::this_thread::yield();
+        continue;
+      }
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
   }
 
@@ -185,9 +191,8 @@ class NcclCommunicator : public comm::Communicator {
                [&](ncclComm_t c) { return ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat, c, stream_); });
   }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
-    return Run("broadcast", n, -1, [&](ncclComm_t c) {
-      return ncclBroadcast(d, d, static_cast<size_t>(n), ncclFloat, root, c, stream_);
-    });
+    return Run("broadcast", n, -1,
+               [&](ncclComm_t c) { return ncclBroadcast(d, d, static_cast<size_t>(n), ncclFloat, root, c, stream_); });
   }
   std::unique_ptr<comm::Work> Send(const float* d, int64_t n, int peer, int tag) override {
     return Run(fmt::format("send (tag {}) to", tag), n, peer,
@@ -251,7 +256,8 @@ class NcclCommunicator : public comm::Communicator {
       if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ready, 0);
       if (ready) cudaEventDestroy(ready);
     }
-    if (e != cudaSuccess) return fail(Internal("{}: ordering after the compute stream: {}", what, cudaGetErrorString(e)));
+    if (e != cudaSuccess)
+      return fail(Internal("{}: ordering after the compute stream: {}", what, cudaGetErrorString(e)));
     ncclResult_t r;
     {
       std::lock_guard<std::mutex> l(shared_->mu);

@@ -99,8 +99,8 @@ Result<P2pPlan> PipelineP2pPlan(int pp, int pp_rank, int v, int m) {
   P2pPlan plan;
   plan.action_round = round_of[static_cast<size_t>(pp_rank)];
   const int rounds = plan.action_round.empty() ? 0 : messages.empty() ? 0 : messages.back().round + 1;
-  plan.rounds.assign(static_cast<size_t>(std::max(rounds, plan.action_round.empty() ? 0 : plan.action_round.back() + 1)),
-                     {});
+  plan.rounds.assign(
+      static_cast<size_t>(std::max(rounds, plan.action_round.empty() ? 0 : plan.action_round.back() + 1)), {});
   for (const Sent& x : messages) {  // in (round, sender, ...) order; sorted below into one order for both sides
     if (x.from == pp_rank) plan.rounds[static_cast<size_t>(x.round)].push_back({true, x.to, x.kind, x.micro, x.g});
     if (x.to == pp_rank) plan.rounds[static_cast<size_t>(x.round)].push_back({false, x.from, x.kind, x.micro, x.g});

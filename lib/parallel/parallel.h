@@ -58,15 +58,15 @@ int MaxInFlight(const std::vector<Action>& schedule, int virtual_stages);
 // round completes once its peers issue theirs, and a rank only waits for messages of earlier rounds, so the plan
 // cannot deadlock. A receive is thereby posted as soon as its message is sent, however much later it is used.
 struct P2pMessage {
-  bool send;    // this rank sends it, or receives it
-  int peer;     // pp rank
-  int kind;     // 0 activation, 1 gradient
+  bool send;  // this rank sends it, or receives it
+  int peer;   // pp rank
+  int kind;   // 0 activation, 1 gradient
   int micro;
-  int gchunk;   // the receiving global chunk
+  int gchunk;  // the receiving global chunk
 };
 struct P2pPlan {
-  std::vector<int> action_round;                  // per action of this rank's schedule
-  std::vector<std::vector<P2pMessage>> rounds;    // per round: this rank's group (possibly empty), in match order
+  std::vector<int> action_round;                // per action of this rank's schedule
+  std::vector<std::vector<P2pMessage>> rounds;  // per round: this rank's group (possibly empty), in match order
 };
 Result<P2pPlan> PipelineP2pPlan(int pp, int pp_rank, int virtual_stages, int micro_batches);
 

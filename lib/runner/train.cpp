@@ -78,8 +78,8 @@ class PipeComm {
   // After action i: its send (held back by Send) and every message of the rounds up to the next action.
   Status EndAction(size_t i) {
     if (!in_order_ || i >= plan_.action_round.size()) return Status::Ok();
-    const int until = i + 1 < plan_.action_round.size() ? plan_.action_round[i + 1]
-                                                        : static_cast<int>(plan_.rounds.size());
+    const int until =
+        i + 1 < plan_.action_round.size() ? plan_.action_round[i + 1] : static_cast<int>(plan_.rounds.size());
     return IssueRounds(plan_.action_round[i], until);
   }
   // Whether a send needs the backend synchronized first.

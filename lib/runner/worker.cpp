@@ -111,8 +111,8 @@ Result<std::unique_ptr<Runtime>> JoinJob(const config::JobSpec& spec, double wor
   // group ranks as the Gloo groups, each created from an id its leader publishes in the store, in the Gloo groups'
   // order (no rank waits on a group it is not in).
   const auto watchdog = std::chrono::milliseconds(static_cast<int64_t>(spec.runtime.collective_timeout_s * 1000));
-  rt.use_nccl = [holder, grid, timeout, watchdog, rank = me.rank, board, group_id](
-                    Runtime& r, void* stream, device::Device* device) -> Status {
+  rt.use_nccl = [holder, grid, timeout, watchdog, rank = me.rank, board, group_id](Runtime& r, void* stream,
+                                                                                   device::Device* device) -> Status {
     const auto& groups = holder->first;
     auto make = [&](bootstrap::GroupKind kind) -> Result<std::unique_ptr<comm::Communicator>> {
       const auto& members = groups.members[static_cast<int>(kind)];
@@ -126,10 +126,10 @@ Result<std::unique_ptr<Runtime>> JoinJob(const config::JobSpec& spec, double wor
       o.timeout = watchdog;
       o.device = device;
       const int me_in_group = static_cast<int>(pos - members.begin()), n = static_cast<int>(members.size());
-      MS_ASSIGN_OR_RETURN(std::string id,
-                          bootstrap::ShareGroupId(*holder->second,
-                                                  fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
-                                                  me_in_group, n, timeout, [] { return cuda::NewNcclUniqueId(); }));
+      MS_ASSIGN_OR_RETURN(
+          std::string id,
+          bootstrap::ShareGroupId(*holder->second, fmt::format("nccl/{}/{}", bootstrap::GroupKindName(kind), index),
+                                  me_in_group, n, timeout, [] { return cuda::NewNcclUniqueId(); }));
       MS_ASSIGN_OR_RETURN(auto c, cuda::MakeNcclCommunicator(id, me_in_group, n, o));
       return TrackWaits(std::move(c), board.get(), group_id[static_cast<int>(kind)]);
     };

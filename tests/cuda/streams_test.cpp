@@ -102,8 +102,9 @@ TEST_CASE("async streams: issue order within a stream, host sync, blocking opera
   cudaStreamDestroy(t);
 }
 
-TEST_CASE("async streams: pageable host sources are staged at the call; the legacy stream waits for blocking "
-          "streams") {
+TEST_CASE(
+    "async streams: pageable host sources are staged at the call; the legacy stream waits for blocking "
+    "streams") {
   Mode m(ms::sim::StreamMode::kDeferred);
   cudaStream_t blocking = nullptr;
   REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);

@@ -12,9 +12,10 @@ and the sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoi
 CUDA run (parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU
 checkpoint resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses.
 
-Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu] [--quick]
+Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu] [--quick] [--sanitizer COMPUTE_SANITIZER]
   (--gpu: MEGASCALE_EMU is a megascale built with nvcc and the runs use the real GPU: the `gpu` ctest label; the
-   two-rank cases then use NCCL groups and two GPUs, and are skipped on a machine with one)
+   two-rank cases then use NCCL groups and two GPUs, and are skipped on a machine with one;
+   --sanitizer: every run of MEGASCALE_EMU under compute-sanitizer --tool memcheck, its child processes included)
 """
 import glob
 import json
@@ -27,13 +28,17 @@ BIN, EMU, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 # With --gpu, EMU is the GPU build of megascale and the same comparisons run on a real GPU (ctest -L gpu).
 GPU = "--gpu" in sys.argv[4:]
 QUICK = "--quick" in sys.argv[4:]  # the sanitizer build: one case per layout, plus the checkpoint crossover
+SANITIZER = sys.argv[sys.argv.index("--sanitizer") + 1] if "--sanitizer" in sys.argv else None
 EXPECT = "cuda on" if GPU else "cuda (emulated)"
 failures = []
 skipped = []
 
 
 def run(binary, *args):
-    p = subprocess.run([binary, *args], capture_output=True, text=True, timeout=900)
+    cmd = [binary, *args]
+    if SANITIZER and binary == EMU:
+        cmd = [SANITIZER, "--tool", "memcheck", "--target-processes", "all", "--error-exitcode", "99", *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     return p.returncode, p.stdout, p.stderr
 
 
