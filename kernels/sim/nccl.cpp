@@ -138,7 +138,7 @@ struct Comm {
   }
   bool Send(int peer, Kind kind, uint64_t seq, const void* data, size_t bytes) {
     Header h{kind, 0, seq, bytes};
-    std::lock_guard<std::mutex> l(*write_mu[static_cast<size_t>(peer)]);
+    std::lock_guard<std::mutex> l(*write_mu[static_cast<size_t>(peer)]);  // Close takes it too
     const int fd = fds[static_cast<size_t>(peer)];
     if (fd < 0 || !WriteAll(fd, &h, sizeof h) || (bytes && !WriteAll(fd, data, bytes))) {
       Fail(ncclRemoteError, "sending to peer " + std::to_string(peer) + " failed: connection closed");
@@ -202,9 +202,11 @@ struct Comm {
       (void)!::write(wake[1], &c, 1);
     }
     if (receiver.joinable()) receiver.join();
-    for (int& fd : fds) {
-      if (fd >= 0) ::close(fd);
-      fd = -1;
+    // Under the writer's lock: a late operation never writes to a closed (or reused) descriptor.
+    for (size_t p = 0; p < fds.size(); ++p) {
+      std::lock_guard<std::mutex> l(*write_mu[p]);
+      if (fds[p] >= 0) ::close(fds[p]);
+      fds[p] = -1;
     }
     for (int& fd : wake) {
       if (fd >= 0) ::close(fd);

@@ -127,8 +127,9 @@ void WorkerLoop(StreamState* s) {
     if (s->queue.empty()) return;  // stopping
     Item& it = s->queue.front();
     for (auto& [dep, seq] : it.deps) {
+      if (!e.streams.count(dep)) continue;  // destroyed: everything on it has run
       DemandLocked(e, dep, seq);
-      e.cv.wait(lock, [&] { return dep->done >= seq; });
+      e.cv.wait(lock, [&] { return !e.streams.count(dep) || dep->done >= seq; });
     }
     StreamOp op = std::move(it.op);
     const uint64_t seq = it.seq;

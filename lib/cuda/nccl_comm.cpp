@@ -150,6 +150,19 @@ class NcclCommunicator : public comm::Communicator {
     options_.device = nullptr;  // not used after this (the device may go first)
   }
   ~NcclCommunicator() override {
+    // Work still in flight (a job ending on another error with a receive outstanding) gets the watchdog's
+    // timeout to finish, then the communicator is aborted: destruction never hangs on a peer.
+    const auto start = std::chrono::steady_clock::now();
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() - start > shared_->timeout) {
+        shared_
+            ->Abort(Timeout("{}: destroyed with operations still in flight after {:.1f} s", options_.name,
+                            std::chrono::duration<double>(shared_->timeout).count()))
+            .IgnoreError();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     cudaStreamSynchronize(stream_);
     {
       std::lock_guard<std::mutex> l(shared_->mu);

@@ -7,7 +7,7 @@ CUDA runtime on their CPU implementations), trains a tiny GPT and must match the
   bf16 GEMMs (train.precision bf16): within 5e-3 relative (operands rounded to bf16, fp32 accumulation);
   the gradient norms of every step within the same tolerances;
 
-on one rank (1.1.1) and on two data-parallel ranks (1.1.2, Gloo through the embedded Redis), with the parallel
+on one rank (1.1.1) and on two data-parallel ranks (1.1.2, the emulated NCCL; bootstrap through the embedded Redis), with the parallel
 and the sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoint written by the emulated
 CUDA run (parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU
 checkpoint resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses.
