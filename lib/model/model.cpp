@@ -356,7 +356,9 @@ const float* Gpt::InputGrad(int chunk, int slot) const {
 }
 
 Status Gpt::TpCollectiveReady() {
-  // The communicator works on its own stream (NCCL) or the host (Gloo): what the backend enqueued must be done.
+  // The communicator works on its own stream (NCCL) or the host (Gloo): what the backend enqueued must be done
+  // first. NCCL communicators wait for the backend's stream on the device: no host synchronization.
+  if (comms_.tp && comms_.tp->orders_after_compute()) return Status::Ok();
   return be_->Synchronize().WithContext("waiting for the ops before a tensor-parallel collective");
 }
 Status Gpt::TpWait(comm::Work& work, std::string_view op, std::string_view what, int chunk, int chunks, double posted) {

@@ -256,17 +256,23 @@ Status DataParallel::BeginStep() {
   return Status::Ok();
 }
 
+// Before a collective reads what the backend enqueued: nothing when the communicator waits for the backend's
+// stream on the device (NCCL), else the backend is synchronized (Gloo reads from its own thread).
+Status DataParallel::ReadyFor(comm::Communicator& c) {
+  return c.orders_after_compute() ? Status::Ok() : be_->Synchronize();
+}
+
 Status DataParallel::Launch(Bucket& b) {
   const int64_t len = b.end - b.start;
   float* grad = gpt_->grad_data() + b.start;
   if (options_.zero == 0) {
     // The communicator runs on its own stream or thread: the gradients the backend enqueued must be final.
-    MS_RETURN_IF_ERROR(be_->Synchronize());
+    MS_RETURN_IF_ERROR(ReadyFor(*dp_));
     b.work = dp_->AllReduce(grad, len, comm::ReduceOp::kSum);
   } else {
     MS_RETURN_IF_ERROR(be_->Copy(b.staging.data(), grad, sizeof(float) * len));
     MS_RETURN_IF_ERROR(be_->Zero(b.staging.data() + len, sizeof(float) * (b.staging.size() - len)));
-    MS_RETURN_IF_ERROR(be_->Synchronize());
+    MS_RETURN_IF_ERROR(ReadyFor(*dp_));
     b.work = dp_->ReduceScatter(b.staging.data(), b.rs_out.data(), b.chunk);
     if (options_.zero == 2) {  // ZeRO-2: the full gradient is scratch
       MS_RETURN_IF_ERROR(be_->Zero(grad, sizeof(float) * len));
@@ -344,7 +350,7 @@ Status DataParallel::FinishBackward() {
     const auto& params = gpt_->params();
     const bool is_wte = params[b.first].name == "embed.wte" && embedding_ != nullptr;
     if (is_wte) {
-      MS_RETURN_IF_ERROR(be_->Synchronize());
+      MS_RETURN_IF_ERROR(ReadyFor(*embedding_));
       const double t0 = NowSeconds();
       Status s = embedding_->AllReduce(gpt_->grad_data() + b.start, b.end - b.start, comm::ReduceOp::kSum)->Wait();
       stats_.dp_wait_s += NowSeconds() - t0;
@@ -375,7 +381,7 @@ Status DataParallel::StartParamGather() {
                   own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
     MS_RETURN_IF_ERROR(be_->Zero(b.rs_out.data(), sizeof(float) * b.rs_out.size()));
     MS_RETURN_IF_ERROR(be_->Copy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo)));
-    MS_RETURN_IF_ERROR(be_->Synchronize());
+    MS_RETURN_IF_ERROR(ReadyFor(*dp_));
     b.work = dp_->AllGather(b.rs_out.data(), b.staging.data(), b.chunk);
     b.launched_at = NowSeconds();
     b.gather_pending = true;

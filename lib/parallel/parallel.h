@@ -132,6 +132,7 @@ class DataParallel {
     bool gather_pending = false;
   };
   DataParallel() = default;
+  Status ReadyFor(comm::Communicator& c);
   Status Launch(Bucket& b);
   Status WaitBucket(Bucket& b);
   Status WaitGather(Bucket& b);

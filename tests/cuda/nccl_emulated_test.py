@@ -4,14 +4,15 @@ stream semantics, receives blocking their stream, sends waiting for their receiv
 the CPU backend's losses:
 
   layouts     dp 2, tp 2, pp 2 (1F1B), pp 2 interleaved, pp 4, tp 2 x pp 2 x dp 2: every step's loss and
-              gradient norm within 1e-4 relative of the one-process CPU run (fp32); pp 2 once more with the
-              deferred emulated streams (work runs only when waited for), and once with runtime.device_comm: gloo;
+              gradient norm within 1e-4 relative of the one-process CPU run (fp32); pp 2, dp 2 ZeRO-2, tp 2 with
+              sequence parallelism and chunked communication, and 2x2x2 ZeRO-1 once more with the deferred
+              emulated streams (work runs only when waited for); pp 2 with runtime.device_comm: gloo;
   deadlock    the pipeline's former order (receive of the next action posted before the current send:
               MEGASCALE_PP_P2P=ungrouped) deadlocks on NCCL semantics; the watchdog ends the job within the
               timeout, naming the group, the operation and the peer;
   stuck peer  an injected stuck rank (MS_SIM_NCCL_STALL) ends the job within the timeout, naming group, op, peer;
   planted     with the communicator's wait for the compute stream removed (MEGASCALE_PLANT=nccl_no_compute_wait)
-              the deferred streams make the pipeline send stale activations: the losses must differ.
+              the deferred streams make pp, dp and tp communicate stale buffers: the losses must differ.
 
 Usage: nccl_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--quick] [--gpu]
   --gpu: MEGASCALE_EMU is a megascale built with nvcc and the layouts run on real GPUs and libnccl (ctest -L gpu);
@@ -174,8 +175,15 @@ if GPU:
     print(f"{len(failures)} failed, {len(skipped)} skipped")
     sys.exit(1 if failures else 0)
 if not QUICK:
-    report("pp2-deferred-streams", compare("pp2-deferred", "{pp: 2, micro_batches: 4}",
-                                           env={"MS_SIM_STREAMS": "deferred"}))
+    # The deferred streams run the backend's work only when something waits for it: every ordering between the
+    # compute stream and NCCL's must come from an event (no host synchronization precedes a collective on NCCL).
+    DEFERRED = {"MS_SIM_STREAMS": "deferred"}
+    for name, par, layers in [
+            ("pp2-deferred", "{pp: 2, micro_batches: 4}", 2),
+            ("dp2-zero2-deferred", "{dp: 2, zero: 2, micro_batches: 2}", 2),
+            ("tp2-sp-chunks-deferred", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2}", 2),
+            ("tp2-pp2-dp2-zero1-deferred", "{tp: 2, pp: 2, dp: 2, zero: 1, micro_batches: 2}", 2)]:
+        report(name, compare(name, par, layers, env=DEFERRED))
     report("pp2-gloo", compare("pp2-gloo", "{pp: 2, micro_batches: 4}", sets=["runtime.device_comm=gloo"]))
 DEADLOCK = ["no completion after 3.0 s", "nccl-pp[0]", "from peer", "runtime.collective_timeout_s"]
 UNGROUPED = {"MEGASCALE_PP_P2P": "ungrouped"}
@@ -196,9 +204,9 @@ if not QUICK:
     report("watchdog-stuck-peer",
            must_fail("stuck", "{dp: 2}", {"MS_SIM_NCCL_STALL": "1:2"},
                      ["no completion after 3.0 s", "all-reduce (peers 1)", "nccl-dp[0]"]))
-    report("planted-missing-event-wait-caught",
-           compare("planted", "{pp: 2, micro_batches: 4}", env={"MS_SIM_STREAMS": "deferred",
-                                                               "MEGASCALE_PLANT": "nccl_no_compute_wait"},
-                   expect_differ=True))
+    PLANTED = {"MS_SIM_STREAMS": "deferred", "MEGASCALE_PLANT": "nccl_no_compute_wait"}
+    for name, par in [("pp2", "{pp: 2, micro_batches: 4}"), ("dp2", "{dp: 2}"), ("tp2", "{tp: 2}")]:
+        report(f"planted-missing-event-wait-caught-{name}",
+               compare(f"planted-{name}", par, env=PLANTED, expect_differ=True))
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)
