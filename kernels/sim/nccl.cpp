@@ -445,14 +445,20 @@ std::string SocketName(const std::string& id, int rank) {
   return id + "-" + std::to_string(rank);
 }
 
+// An abstract-namespace address (leading NUL: nothing on disk) and its length.
+socklen_t AbstractAddress(const std::string& name, sockaddr_un* a) {
+  *a = sockaddr_un{};
+  a->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(a->sun_path) - 2);
+  std::memcpy(a->sun_path + 1, name.data(), n);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+
 int Listen(const std::string& name) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  const size_t n = std::min(name.size(), sizeof(a.sun_path) - 2);
-  std::memcpy(a.sun_path + 1, name.data(), n);  // abstract namespace: leading NUL
-  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  sockaddr_un a;
+  const socklen_t len = AbstractAddress(name, &a);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, 256) != 0) {
     ::close(fd);
     return -1;
@@ -465,11 +471,8 @@ int Connect(const std::string& name, std::chrono::seconds timeout) {
   for (;;) {
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    const size_t n = std::min(name.size(), sizeof(a.sun_path) - 2);
-    std::memcpy(a.sun_path + 1, name.data(), n);
-    const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+    sockaddr_un a;
+    const socklen_t len = AbstractAddress(name, &a);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) == 0) return fd;
     ::close(fd);
     if (std::chrono::steady_clock::now() > deadline) return -1;
@@ -588,7 +591,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
 }
 
 namespace {
-ncclResult_t Release(ncclComm_t comm, bool abort) {
+// ncclCommDestroy (the caller has synchronized its streams: nothing is in flight) and ncclCommAbort alike: the
+// handle goes, operations still queued (they hold their own reference) return at once, the sockets close.
+ncclResult_t Release(ncclComm_t comm) {
   std::shared_ptr<Comm> c;
   {
     std::lock_guard<std::mutex> l(ms::sim::nccl::g_handles_mu);
@@ -597,15 +602,6 @@ ncclResult_t Release(ncclComm_t comm, bool abort) {
     c = it->second;
     ms::sim::nccl::g_handles.erase(it);
   }
-  {
-    std::lock_guard<std::mutex> l(c->mu);
-    if (abort) c->aborted = true;
-    c->cv.notify_all();
-  }
-  if (!abort) {
-    // ncclCommDestroy: the caller has synchronized its streams; nothing of this communicator is in flight.
-  }
-  // Operations still queued hold their own reference; an aborted communicator makes them return at once.
   {
     std::lock_guard<std::mutex> l(c->mu);
     c->aborted = true;
@@ -618,11 +614,11 @@ ncclResult_t Release(ncclComm_t comm, bool abort) {
 }  // namespace
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  return Release(comm, false);
+  return Release(comm);
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  return Release(comm, true);
+  return Release(comm);
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {

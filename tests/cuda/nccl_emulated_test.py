@@ -27,19 +27,14 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpus import gpu_count  # noqa: E402
+
 BIN, EMU, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 QUICK = "--quick" in sys.argv[4:]
 GPU = "--gpu" in sys.argv[4:]
 failures = []
 skipped = []
-
-
-def gpu_count():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def ranks_of(parallel):

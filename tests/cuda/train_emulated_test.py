@@ -24,6 +24,9 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpus import gpu_count  # noqa: E402
+
 BIN, EMU, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 # With --gpu, EMU is the GPU build of megascale and the same comparisons run on a real GPU (ctest -L gpu).
 GPU = "--gpu" in sys.argv[4:]
@@ -85,14 +88,6 @@ def compare(name, extra, sets, rtol):
         if not worst <= tol:
             return f"{key} differs by {worst:.3e} relative (> {tol}): cpu {a} cuda {b}"
     return None
-
-
-def gpu_count():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def case(name, *a):
