@@ -4,12 +4,20 @@
 // attention the achieved FLOP/s against cuBLAS (cublasGemmEx, bf16 in, fp32 out, CUBLAS_COMPUTE_32F) on the same
 // GEMM shapes. Not a test: it needs a GPU (without one it exits with status 1 and says so).
 //
+// Roofline: every row also gives the time the roofline GPU (the detected one's datasheet, or --roofline) needs for
+// the launcher's bytes at peak HBM bandwidth or its FLOPs at the peak of its unit (bf16 tensor cores for the GEMM,
+// fp32 CUDA cores for today's attention kernels), whichever is larger, and the measured time's share of it. After
+// each shape a PREDICTION of one training step of that GPT shape from these figures: the launch sequence of the
+// CUDA backend as built, and with issue #16's items done (bench/kernels_bench.cpp StepLaunches), with the MFU it
+// bounds. --roofline-only prints the bytes, FLOPs, roofline times and the prediction without a GPU.
+//
 // Before any timing, every launcher is run once on a small shape and compared with the CPU reference of its op
 // (ms::ops::ref, lib/ops/ops.h), with the tolerances of tests/kernels; a disagreement stops the run with status 1,
 // so a broken kernel is never benchmarked. Every CUDA and cuBLAS call is checked.
 //
-//   kernels_bench [--preset all|gpt2-small|gpt2-xl] [--tokens N --hidden C --heads H --vocab V --seq T
-//                 --window W --layers L --tp P] [--iters I] [--warmup W] [--device D] [--json FILE]
+//   kernels_bench [--preset all|gpt2-small|gpt2-xl|gpu-configs|gpt2-small-gpu|gpt-1.3b] [--tokens N --hidden C
+//                 --heads H --vocab V --seq T --window W --layers L --tp P] [--iters I] [--warmup W] [--device D]
+//                 [--json FILE] [--roofline h100|h100-pcie|h200|a100] [--roofline-only] [--micro-batches M]
 //
 // docs/PERFORMANCE.md ("GPU kernels (kernels_bench)"), docs/cuda.md ("Benchmark"), scripts/bench_kernels.sh.
 #include <cublas_v2.h>
@@ -78,12 +86,79 @@ void SyncAfter(const std::string& what, cudaStream_t stream) {
   if (e != cudaSuccess) Die(fmt::format("{}: execution failed: {}", what, CudaError(e)));
 }
 
+// ---- roofline ---------------------------------------------------------------------------------------------------
+
+// --roofline-only: no device is touched (buffers are not allocated, nothing is launched or timed); the tables show
+// each launcher's bytes, FLOPs and the time the roofline GPU needs for them. Set once in main, before any work.
+bool g_dry = false;
+
+// Datasheet figures of a GPU (dense, no sparsity), the roofline the kernels are compared with.
+struct Roofline {
+  const char* key;
+  const char* name;
+  double bandwidth;  // bytes/s, HBM
+  double bf16;       // FLOP/s, dense bf16 tensor cores
+  double fp32;       // FLOP/s, fp32 on CUDA cores (non-tensor)
+};
+constexpr Roofline kRooflines[] = {
+    {"h100", "NVIDIA H100 SXM5 80GB (datasheet)", 3.35e12, 989.4e12, 66.9e12},
+    {"h100-pcie", "NVIDIA H100 PCIe 80GB (datasheet)", 2.0e12, 756.0e12, 51.2e12},
+    {"h200", "NVIDIA H200 SXM 141GB (datasheet)", 4.8e12, 989.4e12, 66.9e12},
+    {"a100", "NVIDIA A100 SXM4 80GB (datasheet)", 2.039e12, 312.0e12, 19.5e12},
+};
+
+const Roofline* FindRoofline(const std::string& key) {
+  for (const Roofline& r : kRooflines) {
+    if (key == r.key) return &r;
+  }
+  return nullptr;
+}
+
+// The roofline of a detected GPU by its name ("NVIDIA H100 80GB HBM3"); nullptr when not in the table.
+const Roofline* RooflineOfGpu(const std::string& gpu) {
+  if (gpu.find("H200") != std::string::npos) return FindRoofline("h200");
+  if (gpu.find("H100") != std::string::npos) {
+    return FindRoofline(gpu.find("PCIe") != std::string::npos ? "h100-pcie" : "h100");
+  }
+  if (gpu.find("A100") != std::string::npos) return FindRoofline("a100");
+  return nullptr;
+}
+
+// Which peak a launcher's FLOPs run at: the GEMM on bf16 tensor cores, today's attention kernels in fp32 on CUDA
+// cores (kernels/attention.cu), everything else is memory-bound (no FLOPs counted).
+enum class Unit { kMemory, kTensorBf16, kCudaCoreFp32 };
+
+Unit UnitOf(const std::string& kernel) {
+  if (kernel.rfind("Gemm", 0) == 0) return Unit::kTensorBf16;
+  if (kernel.rfind("Attention", 0) == 0) return Unit::kCudaCoreFp32;
+  return Unit::kMemory;
+}
+
+const char* UnitName(Unit u) {
+  switch (u) {
+    case Unit::kTensorBf16:
+      return "bf16 TC";
+    case Unit::kCudaCoreFp32:
+      return "fp32 CC";
+    case Unit::kMemory:
+      break;
+  }
+  return "memory";
+}
+
+// Seconds the roofline GPU needs for `bytes` of HBM traffic and `flops` at the peak of `unit`: the larger of the two.
+double RoofSeconds(const Roofline& r, double bytes, double flops, Unit unit) {
+  const double peak = unit == Unit::kTensorBf16 ? r.bf16 : r.fp32;
+  return std::max(bytes / r.bandwidth, unit == Unit::kMemory ? 0.0 : flops / peak);
+}
+
 // ---- device buffers and inputs ---------------------------------------------------------------------------------
 
 template <typename T>
 class DevBuf {
  public:
   DevBuf(size_t n, const std::string& what) : n_(n), what_(what) {
+    if (g_dry) return;
     const size_t bytes = std::max<size_t>(n, 1) * sizeof(T);
     const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&p_), bytes);
     if (e != cudaSuccess) {
@@ -101,6 +176,7 @@ class DevBuf {
   T* get() const { return p_; }
   size_t size() const { return n_; }
   void Upload(const std::vector<T>& host) {
+    if (g_dry) return;
     if (host.size() != n_) Die(fmt::format("upload of {} elements into {} ({} elements)", host.size(), what_, n_));
     BENCH_CUDA(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
   }
@@ -154,10 +230,12 @@ void FillTiled(T* dst, size_t n, const std::vector<T>& block) {
 }
 
 void Fill(const DevBuf<float>& buf, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  if (g_dry) return;
   FillTiled(buf.get(), buf.size(), Random(std::min(buf.size(), kFillBlock), seed, lo, hi));
 }
 
 void Fill(const DevBuf<bf16>& buf, uint32_t seed) {
+  if (g_dry) return;
   FillTiled(buf.get(), buf.size(), ToBf16(Random(std::min(buf.size(), kFillBlock), seed)));
 }
 
@@ -276,10 +354,10 @@ void SanityGelu(Sanity& s) {
   const int64_t N = 7, C = 45, m = N * C;
   const auto xb = Random(m, 3, -3.0f, 3.0f), bias = Random(C, 4), doutb = Random(m, 5), dbias0 = Random(C, 6);
   DevBuf<float> d_x(xb, "x"), d_bias(bias, "bias"), d_dout(doutb, "dout"), d_y(m, "y"), d_dx(m, "dx"),
-      d_dbias(dbias0, "dbias");
+      d_dbias(dbias0, "dbias"), d_bg_scratch(static_cast<size_t>(k::BiasGradScratchFloats(N, C)), "bias-grad scratch");
   s.Run("BiasGeluForward", k::BiasGeluForward(d_y.get(), d_x.get(), d_bias.get(), N, C, s.stream()));
-  s.Run("BiasGeluBackward",
-        k::BiasGeluBackward(d_dx.get(), d_dbias.get(), d_x.get(), d_bias.get(), d_dout.get(), N, C, s.stream()));
+  s.Run("BiasGeluBackward", k::BiasGeluBackward(d_dx.get(), d_dbias.get(), d_bg_scratch.get(), d_x.get(), d_bias.get(),
+                                                d_dout.get(), N, C, s.stream()));
   std::vector<float> u(m), yb(m), gb(m), db(dbias0);
   for (int64_t i = 0; i < m; ++i) u[i] = xb[i] + bias[i % C];
   ref::GeluForward(yb.data(), u.data(), m);
@@ -438,7 +516,9 @@ void SanityEmbedding(Sanity& s) {
   DevBuf<int32_t> d_ids(ids, "ids");
   DevBuf<float> d_table(table, "table"), d_out(N * C, "out"), d_dout(dout, "dout"), d_dtable(dtable0, "dtable");
   s.Run("EmbeddingForward", k::EmbeddingForward(d_out.get(), d_ids.get(), d_table.get(), N, C, s.stream()));
-  s.Run("EmbeddingBackward", k::EmbeddingBackward(d_dtable.get(), d_ids.get(), d_dout.get(), N, C, s.stream()));
+  DevBuf<uint64_t> d_scratch(static_cast<size_t>((k::EmbeddingBackwardScratchBytes(N) + 7) / 8), "embedding scratch");
+  s.Run("EmbeddingBackward",
+        k::EmbeddingBackward(d_dtable.get(), d_scratch.get(), d_ids.get(), d_dout.get(), N, C, s.stream()));
   s.Exact("EmbeddingForward (N=50, V=11, C=37)", d_out.Download(), out);
   s.Exact("EmbeddingBackward (accumulated)", d_dtable.Download(), dtable);
 }
@@ -661,8 +741,9 @@ void SanityElementwise(Sanity& s) {
       for (int64_t r = 0; r < R; ++r) acc += x[r * C + c];
       want[c] = static_cast<float>(db0[c] + acc);
     }
-    DevBuf<float> d_dy(x, "dy"), d_db(db0, "db");
-    s.Run("BiasGrad", k::BiasGrad(d_db.get(), d_dy.get(), R, C, s.stream()));
+    DevBuf<float> d_dy(x, "dy"), d_db(db0, "db"),
+        d_scratch(static_cast<size_t>(k::BiasGradScratchFloats(R, C)), "scratch");
+    s.Run("BiasGrad", k::BiasGrad(d_db.get(), d_scratch.get(), d_dy.get(), R, C, s.stream()));
     s.Close("BiasGrad (accumulated, vs double)", d_db.Download(), want, 1e-5, 1e-5);
   }
   {
@@ -739,6 +820,7 @@ struct Timing {
 class Timer {
  public:
   Timer(cudaStream_t stream, int warmup, int iters) : stream_(stream), warmup_(warmup), iters_(iters) {
+    if (g_dry) return;
     events_.resize(2 * static_cast<size_t>(iters));
     for (auto& e : events_) BENCH_CUDA(cudaEventCreate(&e));
   }
@@ -750,6 +832,7 @@ class Timer {
 
   // warmup launches, then iters launches each between a pair of events on the stream; median of the iters.
   Timing Time(const std::string& what, const std::function<cudaError_t()>& launch) {
+    if (g_dry) return {};
     for (int i = 0; i < warmup_; ++i) CheckLaunch(what, launch());
     SyncAfter(what + " (warm-up)", stream_);
     for (int i = 0; i < iters_; ++i) {
@@ -782,6 +865,8 @@ struct Row {
   Timing ref;  // cuBLAS reference; ref.median_ms == 0: none
   double ref_flops = 0;
   std::string ref_what;
+  Unit unit = Unit::kMemory;
+  double roof_ms = 0;  // the roofline GPU's time for bytes and flops (RoofSeconds)
 
   double gbps() const { return bytes / (t.median_ms * 1e-3) / 1e9; }
   double tflops() const { return flops / (t.median_ms * 1e-3) / 1e12; }
@@ -795,8 +880,8 @@ struct Shape {
 
 class Bench {
  public:
-  Bench(cudaStream_t stream, cublasHandle_t blas, int warmup, int iters, double peak_bw)
-      : stream_(stream), blas_(blas), timer_(stream, warmup, iters), peak_bw_(peak_bw) {}
+  Bench(cudaStream_t stream, cublasHandle_t blas, int warmup, int iters, double peak_bw, const Roofline& roof)
+      : stream_(stream), blas_(blas), timer_(stream, warmup, iters), peak_bw_(peak_bw), roof_(roof) {}
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t blas() const { return blas_; }
   Timer& timer() { return timer_; }
@@ -811,18 +896,33 @@ class Bench {
     r.shape = shape;
     r.bytes = bytes;
     r.flops = flops;
+    r.unit = UnitOf(kernel);
+    r.roof_ms = 1e3 * RoofSeconds(roof_, bytes, flops, r.unit);
     r.t = timer_.Time(kernel + " " + shape, launch);
     return r;
   }
   void Emit(Row r) {
+    if (g_dry) {
+      fmt::print("{:<28} {:<44} {:>10.2f} {:>10.3f} {:>8} {:>6} {:>9.4f}\n", r.kernel, r.shape, r.bytes / 1e6,
+                 r.flops / 1e9, UnitName(r.unit),
+                 r.unit != Unit::kMemory &&
+                         r.flops / (r.roof_ms * 1e-3) > 0.999 * (r.unit == Unit::kTensorBf16 ? roof_.bf16 : roof_.fp32)
+                     ? "math"
+                     : "memory",
+                 r.roof_ms);
+      std::fflush(stdout);
+      rows_.push_back(std::move(r));
+      return;
+    }
     std::string flops = "-", ref = "-", ratio = "-";
     if (r.flops > 0) flops = fmt::format("{:.2f}", r.tflops());
     if (r.ref.median_ms > 0) {
       ref = fmt::format("{:.2f}", r.ref_tflops());
       ratio = fmt::format("{:.1f}%", 100.0 * r.tflops() / r.ref_tflops());
     }
-    fmt::print("{:<28} {:<44} {:>9.4f} {:>9.4f} {:>8.1f} {:>6.1f}% {:>8} {:>8} {:>9}\n", r.kernel, r.shape,
-               r.t.median_ms, r.t.min_ms, r.gbps(), 100.0 * r.gbps() * 1e9 / peak_bw_, flops, ref, ratio);
+    fmt::print("{:<28} {:<44} {:>9.4f} {:>9.4f} {:>8.1f} {:>6.1f}% {:>8} {:>8} {:>9} {:>9.4f} {:>6.1f}%\n", r.kernel,
+               r.shape, r.t.median_ms, r.t.min_ms, r.gbps(), 100.0 * r.gbps() * 1e9 / peak_bw_, flops, ref, ratio,
+               r.roof_ms, 100.0 * r.roof_ms / r.t.median_ms);
     std::fflush(stdout);
     rows_.push_back(std::move(r));
   }
@@ -836,6 +936,7 @@ class Bench {
   cublasHandle_t blas_;
   Timer timer_;
   double peak_bw_;
+  const Roofline& roof_;
   std::string set_;
   std::vector<Row> rows_;
 };
@@ -869,6 +970,8 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
   {
     const int64_t C4 = 4 * C, m = N * C4;  // the MLP activation
     DevBuf<float> x(m, "x"), dout(m, "dout"), y(m, "y"), dx(m, "dx"), bias(C4, "bias"), dbias(C4, "dbias");
+    const int64_t bg_n = k::BiasGradScratchFloats(N, C4);
+    DevBuf<float> bg_scratch(static_cast<size_t>(bg_n), "bias-grad scratch");
     Fill(x, 8, -3.0f, 3.0f);
     Fill(dout, 9);
     Fill(bias, 10);
@@ -880,8 +983,9 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
           [&] { return k::GeluBackward(dx.get(), x.get(), dout.get(), m, b.stream()); });
     b.Run("BiasGeluForward", shape, F * (2 * m + C4), 0,
           [&] { return k::BiasGeluForward(y.get(), x.get(), bias.get(), N, C4, b.stream()); });
-    b.Run("BiasGeluBackward", shape, F * (3 * m + 3 * C4), 0, [&] {
-      return k::BiasGeluBackward(dx.get(), dbias.get(), x.get(), bias.get(), dout.get(), N, C4, b.stream());
+    b.Run("BiasGeluBackward", shape, F * (3 * m + 3 * C4 + 2 * bg_n), 0, [&] {
+      return k::BiasGeluBackward(dx.get(), dbias.get(), bg_scratch.get(), x.get(), bias.get(), dout.get(), N, C4,
+                                 b.stream());
     });
   }
 }
@@ -995,8 +1099,12 @@ void BenchEmbeddingPositions(Bench& b, const Shape& s) {
   const std::string shape = fmt::format("N={} C={} V={}", N, C, V);
   b.Run("EmbeddingForward", shape, F * (N + 2 * n), 0,
         [&] { return k::EmbeddingForward(out.get(), ids.get(), table.get(), N, C, b.stream()); });
+  // The sort passes over the 8-byte keys (about log2(P)^2 / 2 of them, mostly in shared memory) are left out of
+  // the byte count: the roofline is the gradient's own traffic.
+  const int64_t emb_scratch = k::EmbeddingBackwardScratchBytes(N);
+  DevBuf<uint64_t> scratch(static_cast<size_t>((emb_scratch + 7) / 8), "embedding scratch");
   b.Run("EmbeddingBackward", shape + fmt::format(" ({:.0f} ids)", unique), F * (N + n + 2 * unique * C), 0,
-        [&] { return k::EmbeddingBackward(dtable.get(), ids.get(), dout.get(), N, C, b.stream()); });
+        [&] { return k::EmbeddingBackward(dtable.get(), scratch.get(), ids.get(), dout.get(), N, C, b.stream()); });
   const std::string pshape = fmt::format("R={} C={} T={}", N, C, T);
   b.Run("AddPositions", pshape, F * (2 * n + T * C), 0,
         [&] { return k::AddPositions(out.get(), wpe.get(), N, C, T, 0, b.stream()); });
@@ -1008,6 +1116,8 @@ void BenchElementwise(Bench& b, const Shape& s) {
   const int64_t N = s.tokens, C = s.hidden, n = N * C;
   {
     DevBuf<float> x(n, "x"), y(n, "y"), out(n, "out"), part(n, "part"), bias(C, "bias"), bias2(C, "bias2"), db(C, "db");
+    const int64_t bg_n = k::BiasGradScratchFloats(N, C);
+    DevBuf<float> bg_scratch(static_cast<size_t>(bg_n), "bias-grad scratch");
     Fill(x, 50);
     Fill(y, 51);
     Fill(part, 52);
@@ -1024,7 +1134,8 @@ void BenchElementwise(Bench& b, const Shape& s) {
           [&] { return k::AddRowBias(y.get(), bias.get(), N, C, b.stream()); });
     b.Run("ResidualAdd", shape + " +bias +bias2", F * (3 * n + 2 * C), 0,
           [&] { return k::ResidualAdd(out.get(), x.get(), part.get(), bias.get(), bias2.get(), N, C, b.stream()); });
-    b.Run("BiasGrad", shape, F * (n + 2 * C), 0, [&] { return k::BiasGrad(db.get(), x.get(), N, C, b.stream()); });
+    b.Run("BiasGrad", shape, F * (n + 2 * C + 2 * bg_n), 0,
+          [&] { return k::BiasGrad(db.get(), bg_scratch.get(), x.get(), N, C, b.stream()); });
   }
   {
     const int64_t m = N * 4 * C;
@@ -1137,6 +1248,142 @@ void BenchGemm(Bench& b, const Shape& s) {
     r.ref_flops = flops;
     r.ref_what = "cublasGemmEx, same shape";
     b.Emit(r);
+  }
+}
+
+// ---- step prediction --------------------------------------------------------------------------------------------
+
+// One launch of the modelled step: its group, HBM bytes, FLOPs and unit.
+struct Launch {
+  const char* group;
+  double bytes, flops;
+  Unit unit;
+  double count;  // launches per micro-batch (or per step for the optimizer)
+};
+
+// The kernels one training step of a GPT-2 (sequential block, fused bias/GeLU/residual kernels, tp = pp = dp = 1,
+// full causal attention) launches on the CUDA backend as built (lib/cuda/cuda_backend.cpp, lib/model/model.cpp):
+// every linear casts its fp32 input and weight to bf16 (forward), its output gradient, weight and input
+// (backward), then cublasGemmEx with fp32 output; attention is the fp32 kernel. `after16`: the target of issue #16
+// instead: no casts (bf16 activations and a bf16 weight copy written by the optimizer), bf16 GEMM outputs and
+// activations (half the bytes of every memory-bound kernel), attention on bf16 tensor cores.
+std::vector<Launch> StepLaunches(const Shape& s, bool after16) {
+  const double N = static_cast<double>(s.tokens), C = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab);
+  const double T = static_cast<double>(s.seq), B = N / T, H = static_cast<double>(s.heads), D = C / H, F4 = 4.0 * C;
+  const double L = static_cast<double>(s.layers);
+  const double act = after16 ? 2.0 : 4.0;  // bytes of an activation element
+  std::vector<Launch> out;
+  auto mem = [&](const char* group, double elems_act, double elems_fp32, double count) {
+    out.push_back({group, act * elems_act + F * elems_fp32, 0.0, Unit::kMemory, count});
+  };
+  // A linear layer, IC -> OC, over N rows: forward (bias: a separate bias add) and backward (dinp, dW, dbias).
+  auto linear = [&](double IC, double OC, bool bias_add, bool dbias, double count) {
+    if (!after16) {
+      mem("casts fp32 -> bf16", 0, 1.5 * (N * IC + OC * IC), count);  // read 4 bytes, write 2 per element
+      mem("casts fp32 -> bf16", 0, 1.5 * (N * OC + OC * IC + N * IC), count);
+    }
+    const double f = 2.0 * N * IC * OC;
+    out.push_back({"GEMM (bf16 tensor cores)", 2.0 * (N * IC + OC * IC) + act * N * OC, f, Unit::kTensorBf16, count});
+    out.push_back(
+        {"GEMM (bf16 tensor cores)", 2.0 * (N * OC + OC * IC) + 2 * act * N * IC, f, Unit::kTensorBf16, count});
+    out.push_back({"GEMM (bf16 tensor cores)", 2.0 * (N * IC + N * OC) + 2 * F * OC * IC, f, Unit::kTensorBf16, count});
+    if (bias_add) mem("bias, GeLU, residual, bias grad", 2 * N * OC, OC, count);
+    if (dbias) mem("bias, GeLU, residual, bias grad", N * OC, 2 * OC, count);
+  };
+  double keys = 0;
+  for (int64_t t = 0; t < s.seq; ++t) keys += static_cast<double>(t + 1);
+  const double attn_fwd = 4.0 * B * H * D * keys, n_qkv = 3 * N * C, n_lse = B * H * T;
+  const double scratch =
+      static_cast<double>(k::AttentionBackwardScratchFloats(s.tokens / s.seq, s.seq, s.heads, s.hidden / s.heads));
+  // LayerNorm backward writes and reads its per-block partial sums of dw and db once.
+  const double ln_scratch = static_cast<double>(k::LayerNormBackwardScratchFloats(s.tokens, s.hidden));
+  const Unit attn_unit = after16 ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
+  const char* attn = after16 ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
+  // Per layer.
+  mem("LayerNorm", 2 * N * C, 2 * C + 2 * N, 2 * L);                   // forward x2
+  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch, 2 * L);  // backward x2 (+ partial sums)
+  linear(C, 3 * C, true, true, L);                                     // qkv
+  linear(C, C, false, false, L);                                       // attention projection
+  linear(C, F4, false, false, L);                                      // fc
+  linear(F4, C, false, false, L);                                      // fc projection
+  out.push_back({attn, act * (n_qkv + N * C) + F * n_lse, attn_fwd, attn_unit, L});
+  out.push_back({attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch), 2.5 * attn_fwd, attn_unit, L});
+  mem("bias, GeLU, residual, bias grad", 2 * N * F4, F4, L);        // bias + GeLU forward
+  mem("bias, GeLU, residual, bias grad", 3 * N * F4, 3 * F4, L);    // bias + GeLU backward
+  mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
+  mem("bias, GeLU, residual, bias grad", N * C, 2 * C, 2 * L);      // bias gradients of proj, fc proj
+  // Embedding, final LayerNorm, head, loss (once per micro-batch).
+  mem("embedding, positions, loss", 2 * N * C, N, 1);                       // embedding forward
+  mem("embedding, positions, loss", 2 * N * C, T * C, 1);                   // positions forward
+  mem("embedding, positions, loss", N * C, 2 * T * C, 1);                   // positions backward
+  mem("embedding, positions, loss", N * C, N + 2 * std::min(N, V) * C, 1);  // embedding backward
+  mem("LayerNorm", 2 * N * C, 2 * C + 2 * N, 1);
+  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch, 1);
+  linear(C, V, false, false, 1);                           // classifier
+  mem("embedding, positions, loss", N * V, 3 * N, 1);      // cross-entropy forward
+  mem("embedding, positions, loss", 2 * N * V, 3 * N, 1);  // cross-entropy backward
+  return out;
+}
+
+// The optimizer of one step: gradient norm (sum of squares) and AdamW over all parameters (fp32 master weights
+// and moments); after #16 also the bf16 weight copy.
+std::vector<Launch> OptimizerLaunches(const Shape& s, bool after16) {
+  double P = 0;
+  for (int64_t n : Gpt2ParamSizes(s)) P += static_cast<double>(n);
+  std::vector<Launch> out;
+  out.push_back({"optimizer (AdamW + grad norm)", F * P, 0.0, Unit::kMemory, 1});
+  out.push_back({"optimizer (AdamW + grad norm)", F * 7 * P + (after16 ? 2 * P : 0.0), 0.0, Unit::kMemory, 1});
+  return out;
+}
+
+// Model FLOPs of one micro-batch, the formula of model::TrainingFlopsPerSequence (docs/ARCHITECTURE.md):
+// 6 * N_matmul * tokens + attention 12 * L * C * sum_t keys(t) per sequence; full causal attention here.
+double ModelFlops(const Shape& s) {
+  const double C = static_cast<double>(s.hidden), L = static_cast<double>(s.layers), V = static_cast<double>(s.vocab);
+  const double n_matmul = L * (4 * C * C + 2 * C * 4 * C) + V * C;
+  double keys = 0;
+  for (int64_t t = 0; t < s.seq; ++t) keys += static_cast<double>(t + 1);
+  const double seqs = static_cast<double>(s.tokens / s.seq);
+  return 6.0 * n_matmul * static_cast<double>(s.tokens) + 12.0 * L * C * keys * seqs;
+}
+
+// Prints the predicted step time and MFU on the roofline GPU: every launch at the roofline (the larger of its
+// bytes at peak bandwidth and its FLOPs at the peak of its unit), one after another (no overlap, no launch
+// latency, no communication): a lower bound on the step time, so an upper bound on the MFU, of the launch sequence.
+void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
+  fmt::print(
+      "\nPREDICTION, not a measurement: one step of {} = {} micro-batch(es) x {} tokens (B {} x T {}), "
+      "full causal attention, one GPU, at the roofline of {}\n",
+      s.name, micro_batches, s.tokens, s.tokens / s.seq, s.seq, r.name);
+  const double model = ModelFlops(s) * static_cast<double>(micro_batches);
+  for (bool after16 : {false, true}) {
+    std::vector<std::pair<std::string, double>> groups;  // insertion order
+    double total = 0;
+    auto add = [&](const std::vector<Launch>& launches, double times) {
+      for (const Launch& l : launches) {
+        const double sec = RoofSeconds(r, l.bytes, l.flops, l.unit) * l.count * times;
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == l.group; });
+        if (it == groups.end()) {
+          groups.emplace_back(l.group, sec);
+        } else {
+          it->second += sec;
+        }
+        total += sec;
+      }
+    };
+    add(StepLaunches(s, after16), static_cast<double>(micro_batches));
+    add(OptimizerLaunches(s, after16), 1.0);
+    fmt::print("  {}:\n", after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, "
+                                    "attention on bf16 tensor cores)"
+                                  : "as built (fp32 activations, casts before every GEMM, fp32 attention kernel)");
+    for (const auto& [group, sec] : groups) {
+      fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
+    }
+    fmt::print(
+        "    {:<40} {:>9.3f} ms -> {:.0f} tokens/s, model {:.1f} TFLOP/s, MFU {:.1f}% of {:.0f} TFLOP/s "
+        "(upper bound: kernels at the roofline)\n",
+        "step", total * 1e3, static_cast<double>(s.tokens * micro_batches) / total, model / total / 1e12,
+        100.0 * model / total / r.bf16, r.bf16 / 1e12);
   }
 }
 
@@ -1253,6 +1500,8 @@ void WriteJson(const std::string& path, const Machine& m, const std::vector<Shap
         JsonString(r.set), JsonString(r.kernel), JsonString(r.shape), JsonNumber(r.t.median_ms), JsonNumber(r.t.min_ms),
         JsonNumber(r.t.max_ms), JsonNumber(r.bytes), JsonNumber(r.gbps()), JsonNumber(r.gbps() * 1e9 / m.peak_bw));
     if (r.flops > 0) j += fmt::format(", \"flops\": {}, \"tflops\": {}", JsonNumber(r.flops), JsonNumber(r.tflops()));
+    j += fmt::format(", \"unit\": {}, \"roofline_ms\": {}, \"fraction_of_roofline\": {}", JsonString(UnitName(r.unit)),
+                     JsonNumber(r.roof_ms), JsonNumber(r.roof_ms / r.t.median_ms));
     if (r.ref.median_ms > 0) {
       j += fmt::format(
           ", \"cublas\": {{\"what\": {}, \"median_ms\": {}, \"flops\": {}, \"tflops\": {}}}, "
@@ -1276,11 +1525,24 @@ int main(int argc, char** argv) {
       "kernels_bench: GPU timings of the megascale kernels (kernels/*.cu) vs the peak memory bandwidth and cuBLAS.\n"
       "Without shape flags both presets run (gpt2-small, gpt2-xl); any shape flag gives one shape: the preset of\n"
       "--preset (default gpt2-small) with the flags' values."};
-  std::string preset = "all", json;
+  std::string preset = "all", json, roofline;
   int iters = 50, warmup = 5, device = 0;
+  bool roofline_only = false;
+  int64_t micro_batches = 1;
   Shape custom{"custom", 8192, 768, 12, 50304, 1024, 256, 12, 1};
-  app.add_option("--preset", preset, "all | gpt2-small | gpt2-xl")
-      ->check(CLI::IsMember({"all", "gpt2-small", "gpt2-xl"}));
+  app.add_option("--preset", preset,
+                 "all (gpt2-small, gpt2-xl) | gpt2-small | gpt2-xl | gpu-configs (gpt2-small-gpu, gpt-1.3b: "
+                 "configs/gpt2-small-gpu.yaml, configs/gpt-1.3b-gpu.yaml) | gpt2-small-gpu | gpt-1.3b")
+      ->check(CLI::IsMember({"all", "gpt2-small", "gpt2-xl", "gpu-configs", "gpt2-small-gpu", "gpt-1.3b"}));
+  app.add_flag("--roofline-only", roofline_only,
+               "no GPU needed: print each launcher's bytes, FLOPs and roofline time, and the predicted step, without "
+               "allocating, launching or timing anything");
+  app.add_option("--roofline", roofline,
+                 "the GPU whose datasheet peaks give the roofline: h100 | h100-pcie | h200 | a100 (default: the "
+                 "detected GPU, h100 with --roofline-only)")
+      ->check(CLI::IsMember({"h100", "h100-pcie", "h200", "a100"}));
+  app.add_option("--micro-batches", micro_batches, "micro-batches per step in the step prediction (1)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   auto* o_tokens = app.add_option("--tokens", custom.tokens, "tokens per step N = B * seq (gpt2-small: 8192)");
   auto* o_hidden = app.add_option("--hidden", custom.hidden, "hidden size C (768)");
   auto* o_heads = app.add_option("--heads", custom.heads, "attention heads H; head size D = C / H <= 128 (12)");
@@ -1298,13 +1560,17 @@ int main(int argc, char** argv) {
 
   const Shape small{"gpt2-small", 8192, 768, 12, 50304, 1024, 256, 12, 1};
   const Shape xl{"gpt2-xl", 8192, 1600, 25, 50304, 1024, 256, 48, 1};
+  // The GPU benchmark configs' micro-batches: configs/gpt2-small-gpu.yaml (16 x 1024 tokens), configs/gpt-1.3b-gpu.yaml
+  // (4 x 2048 tokens); the step prediction then takes --micro-batches 2 for both.
+  const Shape small_gpu{"gpt2-small-gpu", 16384, 768, 12, 50304, 1024, 256, 12, 1};
+  const Shape b13{"gpt-1.3b", 8192, 2048, 16, 50304, 2048, 256, 24, 1};
   std::vector<Shape> shapes;
   bool custom_given = false;
   for (auto* o : {o_tokens, o_hidden, o_heads, o_vocab, o_seq, o_window, o_layers, o_tp}) {
     custom_given = custom_given || o->count() > 0;
   }
   if (custom_given) {
-    Shape s = preset == "gpt2-xl" ? xl : small;
+    Shape s = preset == "gpt2-xl" ? xl : preset == "gpt2-small-gpu" ? small_gpu : preset == "gpt-1.3b" ? b13 : small;
     s.name = "custom";
     if (o_tokens->count()) s.tokens = custom.tokens;
     if (o_hidden->count()) s.hidden = custom.hidden;
@@ -1316,8 +1582,10 @@ int main(int argc, char** argv) {
     if (o_tp->count()) s.tp = custom.tp;
     shapes.push_back(s);
   } else {
-    if (preset != "gpt2-xl") shapes.push_back(small);
-    if (preset != "gpt2-small") shapes.push_back(xl);
+    if (preset == "all" || preset == "gpt2-small") shapes.push_back(small);
+    if (preset == "all" || preset == "gpt2-xl") shapes.push_back(xl);
+    if (preset == "gpu-configs" || preset == "gpt2-small-gpu") shapes.push_back(small_gpu);
+    if (preset == "gpu-configs" || preset == "gpt-1.3b") shapes.push_back(b13);
   }
   for (const Shape& s : shapes) {
     std::string bad;
@@ -1335,6 +1603,37 @@ int main(int argc, char** argv) {
       bad = "shape too large";
     }
     if (!bad.empty()) Die(fmt::format("shape {}: {}", s.name, bad));
+  }
+
+  if (roofline_only) {
+    g_dry = true;
+    const Roofline& roof = *FindRoofline(roofline.empty() ? "h100" : roofline);
+    fmt::print(
+        "kernels_bench --roofline-only: no GPU used; roofline of {}: {:.2f} TB/s HBM, {:.1f} TFLOP/s dense "
+        "bf16 tensor cores, {:.1f} TFLOP/s fp32 CUDA cores\n",
+        roof.name, roof.bandwidth / 1e12, roof.bf16 / 1e12, roof.fp32 / 1e12);
+    fmt::print(
+        "bytes: the minimum traffic of each launcher (inputs read once, outputs written once, accumulated outputs "
+        "read and written, scratch written and read); roof ms = max(bytes / bandwidth, FLOPs / peak of the unit)\n");
+    Bench bench(nullptr, nullptr, 0, 1, roof.bandwidth, roof);
+    for (const Shape& s : shapes) {
+      bench.set_name(s.name);
+      fmt::print(
+          "\n== {}: tokens {} (B {} x seq {}), hidden {}, heads {} (D {}), vocab {}, window {}, layers {}, tp {}\n",
+          s.name, s.tokens, s.tokens / s.seq, s.seq, s.hidden, s.heads, s.hidden / s.heads, s.vocab, s.window, s.layers,
+          s.tp);
+      fmt::print("{:<28} {:<44} {:>10} {:>10} {:>8} {:>6} {:>9}\n", "kernel", "shape", "MB", "GFLOP", "unit", "bound",
+                 "roof ms");
+      BenchLayerNormGelu(bench, s);
+      BenchAttention(bench, s);
+      BenchCrossEntropy(bench, s);
+      BenchEmbeddingPositions(bench, s);
+      BenchElementwise(bench, s);
+      BenchOptimizers(bench, s);
+      BenchGemm(bench, s);
+      PredictStep(s, roof, micro_batches);
+    }
+    return 0;
   }
 
   // A GPU first: without one, say so and fail.
@@ -1403,15 +1702,22 @@ int main(int argc, char** argv) {
       "for attention, cublasGemmStridedBatchedEx of dense attention's S = Q K^T and O = P V (batch B*H, "
       "4*B*H*T^2*D FLOPs); vs cuBLAS = kernel FLOP/s / cuBLAS FLOP/s\n");
 
-  Bench bench(stream, blas, warmup, iters, m.peak_bw);
+  const Roofline* detected = RooflineOfGpu(m.gpu);
+  const Roofline& roof = *(roofline.empty() ? (detected ? detected : FindRoofline("h100")) : FindRoofline(roofline));
+  fmt::print(
+      "roofline: {} ({:.2f} TB/s, {:.1f} TFLOP/s bf16 tensor cores, {:.1f} TFLOP/s fp32){}; roof ms = "
+      "max(bytes / bandwidth, FLOPs / peak of the unit), %roof = roof ms / median\n",
+      roof.name, roof.bandwidth / 1e12, roof.bf16 / 1e12, roof.fp32 / 1e12,
+      roofline.empty() && !detected ? " — this GPU is not in the table, H100 figures used" : "");
+  Bench bench(stream, blas, warmup, iters, m.peak_bw, roof);
   for (const Shape& s : shapes) {
     bench.set_name(s.name);
     fmt::print(
         "\n== {}: tokens {} (B {} x seq {}), hidden {}, heads {} (D {}), vocab {}, window {}, layers {}, tp {}\n",
         s.name, s.tokens, s.tokens / s.seq, s.seq, s.hidden, s.heads, s.hidden / s.heads, s.vocab, s.window, s.layers,
         s.tp);
-    fmt::print("{:<28} {:<44} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>9}\n", "kernel", "shape", "median ms", "min ms",
-               "GB/s", "%peak", "TFLOP/s", "cuBLAS", "vs cuBLAS");
+    fmt::print("{:<28} {:<44} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}\n", "kernel", "shape", "median ms",
+               "min ms", "GB/s", "%peak", "TFLOP/s", "cuBLAS", "vs cuBLAS", "roof ms", "%roof");
     BenchLayerNormGelu(bench, s);
     BenchAttention(bench, s);
     BenchCrossEntropy(bench, s);
@@ -1419,6 +1725,7 @@ int main(int argc, char** argv) {
     BenchElementwise(bench, s);
     BenchOptimizers(bench, s);
     BenchGemm(bench, s);
+    PredictStep(s, roof, micro_batches);
   }
   if (!json.empty()) {
     WriteJson(json, m, shapes, warmup, iters, bench.rows());

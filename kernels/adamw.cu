@@ -36,7 +36,7 @@ __device__ __forceinline__ float Lerp(float start, float end, float weight) {  /
   return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
 }
 
-__global__ void adamw_kernel(AdamWBatch batch, AdamWScalars s) {
+__global__ void __launch_bounds__(kAdamWBlock) adamw_kernel(AdamWBatch batch, AdamWScalars s) {
   int k = 0;
   while (k + 1 < batch.count && static_cast<int64_t>(blockIdx.x) >= batch.first_block[k + 1]) ++k;
   const AdamWTensor& t = batch.t[k];

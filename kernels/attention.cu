@@ -23,6 +23,7 @@ constexpr int kThreads = kWarps * 32;         // threads per block
 constexpr int kRowsPerWarp = kTile / kWarps;  // rows (or keys) of the block's tile owned by one warp
 constexpr int kDPerLane = 4;                  // accumulator columns per lane: d = lane + 32 j
 constexpr int kMaxD = kDPerLane * 32;         // = kAttentionMaxHeadDim
+constexpr int kRowTermThreads = 256;          // attention_row_term_kernel: 8 rows per block
 static_assert(kTile == 32, "the score loops put one key (or query row) of the tile on each lane");
 static_assert(kRowsPerWarp * kWarps == kTile, "the warps must cover the tile");
 static_assert(kMaxD == kAttentionMaxHeadDim, "head-dim limit and per-lane accumulators disagree");
@@ -160,8 +161,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // drow (B, H, T) = sum_d dout * out per (b, t, h); a warp per row, rows taken in (B, T, H) order.
-__global__ void attention_row_term_kernel(float* drow, const float* dout, const float* out, int T, int H, int D,
-                                          int rows) {
+__global__ void __launch_bounds__(kRowTermThreads)
+    attention_row_term_kernel(float* drow, const float* dout, const float* out, int T, int H, int D, int rows) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (n >= rows) return;  // whole warps
@@ -308,7 +309,9 @@ __global__ void __launch_bounds__(kThreads)
 // the query tile sees; a warp owns 8 query rows, a lane is a key of the current tile.
 // dQ_t = sum_s dS_ts k_s, summed in s order by the lane owning column d.
 // Shared (floats): Q [32][D], dout [32][D], K [32][D|1], V [32][D|1], dS [32][32].
-__global__ void __launch_bounds__(kThreads)
+// (kThreads, 4): at most 128 registers; with (kThreads) alone ptxas picks 96 on sm_80 and spills
+// (scripts/check_ptxas.py).
+__global__ void __launch_bounds__(kThreads, 4)
     attention_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow, int T,
                         int H, int D, int window, int ntiles, float scale) {
   MS_DYNAMIC_SHARED(float, smem);
@@ -481,7 +484,6 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
   const size_t dkdv_smem = DkDvSharedBytes(s.D), dq_smem = DqSharedBytes(s.D);
   if ((err = AllowSharedBytes(attention_dkdv_kernel, dkdv_smem)) != cudaSuccess) return err;
   if ((err = AllowSharedBytes(attention_dq_kernel, dq_smem)) != cudaSuccess) return err;
-  constexpr int kRowTermThreads = 256;  // 8 rows per block
   const int row_blocks =
       static_cast<int>((static_cast<int64_t>(s.rows) + kRowTermThreads / 32 - 1) / (kRowTermThreads / 32));
   MS_LAUNCH(attention_row_term_kernel, row_blocks, kRowTermThreads, 0, stream, scratch, dout, out, s.T, s.H, s.D,

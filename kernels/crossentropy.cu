@@ -6,11 +6,14 @@
 
 namespace ms::kernels {
 
+constexpr int kCeMaxBlock = 512;  // the most threads a row block gets (BlockThreadsFor(V, kCeMaxBlock))
+
 // ---- kernels ----
 
 // One block per row: block max, then block sum of exp(l - max). losses, lse: (N); logits: (N, V);
 // targets: (N), < 0 ignored (loss 0, lse still written).
-__global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int* targets, int V) {
+__global__ void __launch_bounds__(kCeMaxBlock)
+    crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int* targets, int V) {
   MS_SHARED_ARRAY(float, scratch, 32);
   const long row = blockIdx.x;
   const float* l = logits + row * V;
@@ -28,8 +31,9 @@ __global__ void crossentropy_forward_kernel(float* losses, float* lse, const flo
 }
 
 // One block per row: dlogits (N, V) = (exp(l - lse) - onehot(target)) * dloss[row]; ignored rows get 0.
-__global__ void crossentropy_backward_kernel(float* dlogits, const float* logits, const float* lse, const int* targets,
-                                             const float* dloss, int V) {
+__global__ void __launch_bounds__(kCeMaxBlock)
+    crossentropy_backward_kernel(float* dlogits, const float* logits, const float* lse, const int* targets,
+                                 const float* dloss, int V) {
   const long row = blockIdx.x;
   const int t = targets[row];
   const float z = lse[row], scale = dloss[row];
@@ -45,16 +49,16 @@ __global__ void crossentropy_backward_kernel(float* dlogits, const float* logits
 cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                                 int64_t V, cudaStream_t stream) {
   if (N <= 0 || V <= 0) return cudaSuccess;
-  MS_LAUNCH(crossentropy_forward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, losses, lse,
-            logits, targets, static_cast<int>(V));
+  MS_LAUNCH(crossentropy_forward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, losses,
+            lse, logits, targets, static_cast<int>(V));
   return cudaGetLastError();
 }
 
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                  const float* dloss, int64_t N, int64_t V, cudaStream_t stream) {
   if (N <= 0 || V <= 0) return cudaSuccess;
-  MS_LAUNCH(crossentropy_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, dlogits, logits,
-            lse, targets, dloss, static_cast<int>(V));
+  MS_LAUNCH(crossentropy_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, dlogits,
+            logits, lse, targets, dloss, static_cast<int>(V));
   return cudaGetLastError();
 }
 

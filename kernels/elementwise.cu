@@ -1,10 +1,13 @@
-// defines: ew_add_inplace_kernel, ew_add_kernel, ew_scale_kernel, ew_add_row_bias_kernel, ew_residual_add_kernel,
-//          ew_bias_grad_kernel, ew_add_positions_kernel, ew_positions_backward_kernel, ew_sumsq_chunks_kernel,
+// defines: ew_add_inplace_kernel, ew_add_kernel, ew_scale_kernel, ew_add_row_bias_kernel, ew_residual_add_kernel
+//          (and their float4 variants ew_*_vec4_kernel, used for 16-byte aligned pointers, C % 4 == 0 for rows),
+//          ew_bias_grad_chunks_kernel, ew_bias_grad_finish_kernel,
+//          ew_add_positions_kernel, ew_positions_backward_kernel, ew_sumsq_chunks_kernel,
 //          ew_sumsq_finish_kernel, ew_vp_rowmax_kernel, ew_vp_sumexp_target_kernel, ew_vp_finish_kernel,
 //          ew_vp_backward_kernel and their launchers (declared in kernels/elementwise.h): the vector helpers,
 //          row biases, learned positions, sums of squares and vocab-parallel cross-entropy pieces of
 //          ms::ops::Backend.
 #include <cmath>
+#include <cstdint>
 
 #include "common.cuh"
 #include "kernels.h"
@@ -13,8 +16,17 @@ namespace ms::kernels {
 
 constexpr int kEwBlock = 256;  // threads per block of the elementwise kernels (grid-stride loops)
 
-constexpr int kBiasGradCols = 32;   // columns per block (threadIdx.x): a warp reads 32 consecutive floats
-constexpr int kBiasGradLanes = 32;  // row lanes per block (threadIdx.y)
+// Bias gradient (column sums), two stages: blocks of kBiasGradCols columns x kBiasGradLanes row lanes, one per
+// (row chunk, column tile), write per-chunk column sums; a finishing kernel adds them in chunk order.
+constexpr int kBiasGradCols = 32;                                 // columns per block (threadIdx.x): one warp row
+constexpr int kBiasGradLanes = 8;                                 // row lanes per block (threadIdx.y)
+constexpr int kBiasGradThreads = kBiasGradCols * kBiasGradLanes;  // 256
+constexpr int64_t kBiasGradMinChunkRows = 64;                     // a chunk has at least this many rows (8 per lane)...
+constexpr int64_t kBiasGradTargetBlocks = 1024;  // ...and chunks x column tiles aims at ~8 blocks per SM (H100: 132)
+constexpr int kBiasGradFinishThreads = 256;      // finishing kernel: one column per thread
+
+constexpr int kVpMaxThreads = 512;            // vocab-parallel row kernels: BlockThreadsFor(V, kVpMaxThreads)
+constexpr int kSumSquaresFinishThreads = 32;  // one warp per vector
 
 constexpr int kSumSquaresMaxTensors = 64;   // vectors per launch pair (the list travels in the kernel parameters)
 constexpr int kSumSquaresBlock = 256;       // threads per chunk block
@@ -65,28 +77,73 @@ __device__ __forceinline__ int64_t GridThreads() {
 
 // ---- kernels: elementwise vectors ----
 
-__global__ void ew_add_inplace_kernel(float* y, const float* x, int64_t n) {  // y, x: (n)
+__global__ void __launch_bounds__(kEwBlock) ew_add_inplace_kernel(float* y, const float* x, int64_t n) {  // y, x: (n)
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] += x[i];
 }
 
-__global__ void ew_add_kernel(float* out, const float* a, const float* b, int64_t n) {  // all (n); out may be a or b
+__global__ void __launch_bounds__(kEwBlock)
+    ew_add_kernel(float* out, const float* a, const float* b, int64_t n) {  // all (n); out may be a or b
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) out[i] = a[i] + b[i];
 }
 
-__global__ void ew_scale_kernel(float* x, float a, int64_t n) {  // x: (n)
+__global__ void __launch_bounds__(kEwBlock) ew_scale_kernel(float* x, float a, int64_t n) {  // x: (n)
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) x[i] *= a;
+}
+
+// float4 variants, launched when every pointer is 16-byte aligned (and, for the row kernels, C % 4 == 0): the same
+// float operations per element, so the same bits as the scalar kernels. n4 = n / 4 vectors, then the n % 4 tail
+// elements one per thread.
+
+__device__ __forceinline__ float4 Add4(float4 a, float4 b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+  return a;
+}
+
+__global__ void __launch_bounds__(kEwBlock) ew_add_inplace_vec4_kernel(float* y, const float* x, int64_t n) {
+  const int64_t n4 = n / 4;
+  float4* y4 = reinterpret_cast<float4*>(y);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) y4[i] = Add4(y4[i], x4[i]);
+  for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) y[i] += x[i];
+}
+
+__global__ void __launch_bounds__(kEwBlock) ew_add_vec4_kernel(float* out, const float* a, const float* b, int64_t n) {
+  const int64_t n4 = n / 4;
+  float4* o4 = reinterpret_cast<float4*>(out);
+  const float4* a4 = reinterpret_cast<const float4*>(a);
+  const float4* b4 = reinterpret_cast<const float4*>(b);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) o4[i] = Add4(a4[i], b4[i]);
+  for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) out[i] = a[i] + b[i];
+}
+
+__global__ void __launch_bounds__(kEwBlock) ew_scale_vec4_kernel(float* x, float a, int64_t n) {
+  const int64_t n4 = n / 4;
+  float4* x4 = reinterpret_cast<float4*>(x);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) {
+    float4 v = x4[i];
+    v.x *= a;
+    v.y *= a;
+    v.z *= a;
+    v.w *= a;
+    x4[i] = v;
+  }
+  for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) x[i] *= a;
 }
 
 // ---- kernels: rows and biases ----
 
 // y (R, C) flattened to n = R * C; b: (C).
-__global__ void ew_add_row_bias_kernel(float* y, const float* b, int64_t n, int64_t C) {
+__global__ void __launch_bounds__(kEwBlock) ew_add_row_bias_kernel(float* y, const float* b, int64_t n, int64_t C) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] += b[i % C];
 }
 
 // out, x, part: (R, C) flattened to n; bias, bias2: (C) or null. out = ((x + part) + bias) + bias2.
-__global__ void ew_residual_add_kernel(float* out, const float* x, const float* part, const float* bias,
-                                       const float* bias2, int64_t n, int64_t C) {
+__global__ void __launch_bounds__(kEwBlock)
+    ew_residual_add_kernel(float* out, const float* x, const float* part, const float* bias, const float* bias2,
+                           int64_t n, int64_t C) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     float v = x[i] + part[i];
     if (bias != nullptr) v += bias[i % C];
@@ -95,20 +152,64 @@ __global__ void ew_residual_add_kernel(float* out, const float* x, const float* 
   }
 }
 
-// db (C) += column sums of dy (R, C). Block (32, 32): column blockIdx.x * 32 + threadIdx.x; row lane
-// threadIdx.y sums rows threadIdx.y, + 32, ... in order; thread (x, 0) adds the 32 lane sums in lane order.
-__global__ void ew_bias_grad_kernel(float* db, const float* dy, int64_t R, int64_t C) {
-  MS_SHARED_ARRAY2D(float, partial, kBiasGradLanes, kBiasGradCols + 1);
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBiasGradCols + threadIdx.x;
+// float4 variants of the two above (C % 4 == 0, so rows hold whole vectors): n4 = R * C / 4, c4 = C / 4.
+__global__ void __launch_bounds__(kEwBlock)
+    ew_add_row_bias_vec4_kernel(float* y, const float* b, int64_t n4, int64_t c4) {
+  float4* y4 = reinterpret_cast<float4*>(y);
+  const float4* b4 = reinterpret_cast<const float4*>(b);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) y4[i] = Add4(y4[i], b4[i % c4]);
+}
+
+__global__ void __launch_bounds__(kEwBlock)
+    ew_residual_add_vec4_kernel(float* out, const float* x, const float* part, const float* bias, const float* bias2,
+                                int64_t n4, int64_t c4) {
+  float4* o4 = reinterpret_cast<float4*>(out);
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const float4* p4 = reinterpret_cast<const float4*>(part);
+  const float4* b4 = reinterpret_cast<const float4*>(bias);
+  const float4* bb4 = reinterpret_cast<const float4*>(bias2);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) {
+    const int64_t c = i % c4;  // once: a 64-bit remainder is a subroutine call
+    float4 v = Add4(x4[i], p4[i]);
+    if (b4 != nullptr) v = Add4(v, b4[c]);
+    if (bb4 != nullptr) v = Add4(v, bb4[c]);
+    o4[i] = v;
+  }
+}
+
+// Stage 1 of the bias gradient: block (blockIdx.x = row chunk, blockIdx.y = column tile) of (32, 8) threads;
+// column c = blockIdx.y * 32 + threadIdx.x; row lane y sums rows r0 + y, r0 + y + 8, ... < r1 of the chunk in
+// order, then thread (x, 0) adds the 8 lane sums in lane order. With partial != null the chunk sum goes to
+// partial[chunk * C + c] (WRITES); with a single chunk (partial == null) it is added to db[c] directly.
+__global__ void __launch_bounds__(kBiasGradThreads)
+    ew_bias_grad_chunks_kernel(float* db, float* partial, const float* dy, int64_t R, int64_t C, int64_t chunk_rows) {
+  MS_SHARED_ARRAY2D(float, lanes, kBiasGradLanes, kBiasGradCols + 1);
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kBiasGradCols + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * chunk_rows;
+  const int64_t r1 = r0 + chunk_rows < R ? r0 + chunk_rows : R;
   float acc = 0.0f;
   if (c < C) {
-    for (int64_t r = threadIdx.y; r < R; r += kBiasGradLanes) acc += dy[r * C + c];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kBiasGradLanes) acc += dy[r * C + c];
   }
-  partial[threadIdx.y][threadIdx.x] = acc;
+  lanes[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
     float sum = 0.0f;
-    for (int k = 0; k < kBiasGradLanes; ++k) sum += partial[k][threadIdx.x];
+    for (int k = 0; k < kBiasGradLanes; ++k) sum += lanes[k][threadIdx.x];
+    if (partial != nullptr) {
+      partial[static_cast<int64_t>(blockIdx.x) * C + c] = sum;
+    } else {
+      db[c] += sum;
+    }
+  }
+}
+
+// Stage 2: db[c] += sum of partial[k * C + c] over the chunks k in order (one thread per column).
+__global__ void __launch_bounds__(kBiasGradFinishThreads)
+    ew_bias_grad_finish_kernel(float* db, const float* partial, int64_t chunks, int64_t C) {
+  for (int64_t c = GlobalThread(); c < C; c += GridThreads()) {
+    float sum = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) sum += partial[k * C + c];
     db[c] += sum;
   }
 }
@@ -116,7 +217,8 @@ __global__ void ew_bias_grad_kernel(float* db, const float* dy, int64_t R, int64
 // ---- kernels: learned positions ----
 
 // x (R, C) += wpe (T, C)[(row0 + r) % T].
-__global__ void ew_add_positions_kernel(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0) {
+__global__ void __launch_bounds__(kEwBlock)
+    ew_add_positions_kernel(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0) {
   const int64_t n = R * C;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     const int64_t r = i / C, c = i - r * C;
@@ -125,8 +227,8 @@ __global__ void ew_add_positions_kernel(float* x, const float* wpe, int64_t R, i
 }
 
 // dwpe (T, C)[t] += dx (R, C)[r] for every r with (row0 + r) % T == t: thread (t, c) adds its rows in order.
-__global__ void ew_positions_backward_kernel(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t T,
-                                             int64_t row0) {
+__global__ void __launch_bounds__(kEwBlock)
+    ew_positions_backward_kernel(float* dwpe, const float* dx, int64_t R, int64_t C, int64_t T, int64_t row0) {
   const int64_t n = T * C;
   const int64_t shift = row0 % T;
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
@@ -142,7 +244,7 @@ __global__ void ew_positions_backward_kernel(float* dwpe, const float* dx, int64
 // ---- kernels: sums of squares ----
 
 // Block b: the squares of one chunk of one vector, in double, into partial[b].
-__global__ void ew_sumsq_chunks_kernel(SumSquaresBatch batch, double* partial) {
+__global__ void __launch_bounds__(kSumSquaresBlock) ew_sumsq_chunks_kernel(SumSquaresBatch batch, double* partial) {
   MS_SHARED_ARRAY(double, scratch, 32);
   int k = 0;
   while (k + 1 < batch.count && static_cast<int64_t>(blockIdx.x) >= batch.first_chunk[k + 1]) ++k;
@@ -160,7 +262,8 @@ __global__ void ew_sumsq_chunks_kernel(SumSquaresBatch batch, double* partial) {
 
 // Block k (one warp): out[k] = the chunk sums of vector k, lane l adding chunks l, l + 32, ... in order, then a
 // warp butterfly.
-__global__ void ew_sumsq_finish_kernel(SumSquaresBatch batch, const double* partial, double* out) {
+__global__ void __launch_bounds__(kSumSquaresFinishThreads)
+    ew_sumsq_finish_kernel(SumSquaresBatch batch, const double* partial, double* out) {
   const int k = blockIdx.x;
   double acc = 0.0;
   for (int64_t j = batch.first_chunk[k] + threadIdx.x; j < batch.first_chunk[k + 1]; j += 32) acc += partial[j];
@@ -171,7 +274,7 @@ __global__ void ew_sumsq_finish_kernel(SumSquaresBatch batch, const double* part
 // ---- kernels: vocab-parallel cross-entropy (one block per row for the row reductions) ----
 
 // mx (N) = row maxima of logits (N, V).
-__global__ void ew_vp_rowmax_kernel(float* mx, const float* logits, int64_t V) {
+__global__ void __launch_bounds__(kVpMaxThreads) ew_vp_rowmax_kernel(float* mx, const float* logits, int64_t V) {
   MS_SHARED_ARRAY(float, scratch, 32);
   const float* l = logits + static_cast<int64_t>(blockIdx.x) * V;
   float m = -INFINITY;
@@ -181,8 +284,9 @@ __global__ void ew_vp_rowmax_kernel(float* mx, const float* logits, int64_t V) {
 }
 
 // se (N) = sum_j expf(l - mx) accumulated in double; tl (N) = the local target logit or 0.
-__global__ void ew_vp_sumexp_target_kernel(float* se, float* tl, const float* logits, const float* mx,
-                                           const int32_t* targets, int64_t vstart, int64_t V) {
+__global__ void __launch_bounds__(kVpMaxThreads)
+    ew_vp_sumexp_target_kernel(float* se, float* tl, const float* logits, const float* mx, const int32_t* targets,
+                               int64_t vstart, int64_t V) {
   MS_SHARED_ARRAY(double, scratch, 32);
   const int64_t row = blockIdx.x;
   const float* l = logits + row * V;
@@ -199,8 +303,9 @@ __global__ void ew_vp_sumexp_target_kernel(float* se, float* tl, const float* lo
 }
 
 // lse = mx + logf(se); losses = lse - tl (0 for ignored targets); all (N).
-__global__ void ew_vp_finish_kernel(float* losses, float* lse, const float* mx, const float* se, const float* tl,
-                                    const int32_t* targets, int64_t N) {
+__global__ void __launch_bounds__(kEwBlock)
+    ew_vp_finish_kernel(float* losses, float* lse, const float* mx, const float* se, const float* tl,
+                        const int32_t* targets, int64_t N) {
   for (int64_t i = GlobalThread(); i < N; i += GridThreads()) {
     const float z = mx[i] + logf(se[i]);
     lse[i] = z;
@@ -209,8 +314,9 @@ __global__ void ew_vp_finish_kernel(float* losses, float* lse, const float* mx, 
 }
 
 // One block per row: dlogits (N, V) = expf(l - lse) * dloss, minus dloss at the local target column.
-__global__ void ew_vp_backward_kernel(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                                      float dloss, int64_t vstart, int64_t V) {
+__global__ void __launch_bounds__(kVpMaxThreads)
+    ew_vp_backward_kernel(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss,
+                          int64_t vstart, int64_t V) {
   const int64_t row = blockIdx.x;
   const int64_t t = targets[row];
   const int64_t local = t < 0 ? -1 : t - vstart;  // outside [0, V) when not this rank's column
@@ -229,20 +335,42 @@ __global__ void ew_vp_backward_kernel(float* dlogits, const float* logits, const
 
 // ---- launchers: return the CUDA error of the launch (cudaSuccess when fine) ----
 
+namespace {
+// The float4 kernels need 16-byte aligned pointers (null counts as aligned: an absent bias).
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+unsigned Vec4Grid(int64_t n) {
+  return GridFor(n / 4 > 0 ? n / 4 : 1, kEwBlock);
+}
+}  // namespace
+
 cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
+  if (Aligned16(y) && Aligned16(x)) {
+    MS_LAUNCH(ew_add_inplace_vec4_kernel, Vec4Grid(n), kEwBlock, 0, stream, y, x, n);
+    return cudaGetLastError();
+  }
   MS_LAUNCH(ew_add_inplace_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, y, x, n);
   return cudaGetLastError();
 }
 
 cudaError_t Add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
+  if (Aligned16(out) && Aligned16(a) && Aligned16(b)) {
+    MS_LAUNCH(ew_add_vec4_kernel, Vec4Grid(n), kEwBlock, 0, stream, out, a, b, n);
+    return cudaGetLastError();
+  }
   MS_LAUNCH(ew_add_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, out, a, b, n);
   return cudaGetLastError();
 }
 
 cudaError_t Scale(float* x, float a, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
+  if (Aligned16(x)) {
+    MS_LAUNCH(ew_scale_vec4_kernel, Vec4Grid(n), kEwBlock, 0, stream, x, a, n);
+    return cudaGetLastError();
+  }
   MS_LAUNCH(ew_scale_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, x, a, n);
   return cudaGetLastError();
 }
@@ -250,6 +378,10 @@ cudaError_t Scale(float* x, float a, int64_t n, cudaStream_t stream) {
 cudaError_t AddRowBias(float* y, const float* b, int64_t R, int64_t C, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
   const int64_t n = R * C;
+  if (C % 4 == 0 && Aligned16(y) && Aligned16(b)) {
+    MS_LAUNCH(ew_add_row_bias_vec4_kernel, Vec4Grid(n), kEwBlock, 0, stream, y, b, n / 4, C / 4);
+    return cudaGetLastError();
+  }
   MS_LAUNCH(ew_add_row_bias_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, y, b, n, C);
   return cudaGetLastError();
 }
@@ -258,14 +390,47 @@ cudaError_t ResidualAdd(float* out, const float* x, const float* part, const flo
                         int64_t C, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
   const int64_t n = R * C;
+  if (C % 4 == 0 && Aligned16(out) && Aligned16(x) && Aligned16(part) && Aligned16(bias) && Aligned16(bias2)) {
+    MS_LAUNCH(ew_residual_add_vec4_kernel, Vec4Grid(n), kEwBlock, 0, stream, out, x, part, bias, bias2, n / 4, C / 4);
+    return cudaGetLastError();
+  }
   MS_LAUNCH(ew_residual_add_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, out, x, part, bias, bias2, n, C);
   return cudaGetLastError();
 }
 
-cudaError_t BiasGrad(float* db, const float* dy, int64_t R, int64_t C, cudaStream_t stream) {
+namespace {
+// Row chunks of the bias gradient: fixed by (R, C) only (never by the GPU), so the sums are deterministic.
+struct BiasGradPlan {
+  int64_t chunk_rows, chunks, tiles;
+};
+BiasGradPlan PlanBiasGrad(int64_t R, int64_t C) {
+  const int64_t tiles = (C + kBiasGradCols - 1) / kBiasGradCols;
+  const int64_t want = (kBiasGradTargetBlocks + tiles - 1) / tiles;              // chunks to fill the GPU
+  const int64_t most = (R + kBiasGradMinChunkRows - 1) / kBiasGradMinChunkRows;  // chunks of >= 64 rows
+  const int64_t chunks = want < most ? want : most;
+  const int64_t chunk_rows = (R + chunks - 1) / chunks;
+  return {chunk_rows, (R + chunk_rows - 1) / chunk_rows, tiles};
+}
+}  // namespace
+
+int64_t BiasGradScratchFloats(int64_t R, int64_t C) {
+  if (R <= 0 || C <= 0) return 0;
+  const BiasGradPlan plan = PlanBiasGrad(R, C);
+  return plan.chunks > 1 ? plan.chunks * C : 0;
+}
+
+cudaError_t BiasGrad(float* db, float* scratch, const float* dy, int64_t R, int64_t C, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>((C + kBiasGradCols - 1) / kBiasGradCols);
-  MS_LAUNCH(ew_bias_grad_kernel, grid, dim3(kBiasGradCols, kBiasGradLanes), 0, stream, db, dy, R, C);
+  const BiasGradPlan plan = PlanBiasGrad(R, C);
+  float* partial = plan.chunks > 1 ? scratch : nullptr;
+  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.tiles));
+  MS_LAUNCH(ew_bias_grad_chunks_kernel, grid, dim3(kBiasGradCols, kBiasGradLanes), 0, stream, db, partial, dy, R, C,
+            plan.chunk_rows);
+  if (partial == nullptr) return cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  MS_LAUNCH(ew_bias_grad_finish_kernel, GridFor(C, kBiasGradFinishThreads), kBiasGradFinishThreads, 0, stream, db,
+            static_cast<const float*>(partial), plan.chunks, C);
   return cudaGetLastError();
 }
 
@@ -316,7 +481,7 @@ cudaError_t SumSquaresMulti(double* out_dev, double* scratch, const float* const
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
-    MS_LAUNCH(ew_sumsq_finish_kernel, static_cast<unsigned>(batch.count), 32, 0, stream, batch,
+    MS_LAUNCH(ew_sumsq_finish_kernel, static_cast<unsigned>(batch.count), kSumSquaresFinishThreads, 0, stream, batch,
               static_cast<const double*>(partial), out_dev + i0);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
@@ -328,7 +493,7 @@ cudaError_t SumSquaresMulti(double* out_dev, double* scratch, const float* const
 
 cudaError_t VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V, cudaStream_t stream) {
   if (N <= 0) return cudaSuccess;
-  MS_LAUNCH(ew_vp_rowmax_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, mx, logits, V);
+  MS_LAUNCH(ew_vp_rowmax_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, mx, logits, V);
   return cudaGetLastError();
 }
 
@@ -336,8 +501,8 @@ cudaError_t VocabParallelSumExpTarget(float* se, float* tl, const float* logits,
                                       const int32_t* targets, int64_t vstart, int64_t N, int64_t V,
                                       cudaStream_t stream) {
   if (N <= 0) return cudaSuccess;
-  MS_LAUNCH(ew_vp_sumexp_target_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, se, tl, logits,
-            mx, targets, vstart, V);
+  MS_LAUNCH(ew_vp_sumexp_target_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, se, tl,
+            logits, mx, targets, vstart, V);
   return cudaGetLastError();
 }
 
@@ -351,8 +516,8 @@ cudaError_t VocabParallelFinish(float* losses, float* lse, const float* mx, cons
 cudaError_t VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                   float dloss, int64_t vstart, int64_t N, int64_t V, cudaStream_t stream) {
   if (N <= 0 || V <= 0) return cudaSuccess;
-  MS_LAUNCH(ew_vp_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, 512), 0, stream, dlogits, logits, lse,
-            targets, dloss, vstart, V);
+  MS_LAUNCH(ew_vp_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, dlogits,
+            logits, lse, targets, dloss, vstart, V);
   return cudaGetLastError();
 }
 

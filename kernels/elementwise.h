@@ -33,10 +33,17 @@ cudaError_t AddRowBias(float* y, const float* b, int64_t R, int64_t C, cudaStrea
 // be null). WRITES out; out may equal x or part. The residual add fused with the row-parallel biases.
 cudaError_t ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
                         int64_t C, cudaStream_t stream);
-// db (C) += column sums of dy (R, C) (ACCUMULATES). Fixed tree: blocks of 32 columns x 32 row lanes; lane k sums
-// rows k, k + 32, k + 64, ... in order (float), then the 32 lane sums are added in lane order and the total is
-// added to db. Not bit-identical to a plain row loop (rtol ~1e-6 on well-conditioned sums).
-cudaError_t BiasGrad(float* db, const float* dy, int64_t R, int64_t C, cudaStream_t stream);
+// Floats of scratch BiasGrad (and BiasGeluBackward, kernels.h) need for dy (R, C): chunks * C per-chunk column
+// sums, 0 when one chunk covers all rows (then scratch may be null).
+int64_t BiasGradScratchFloats(int64_t R, int64_t C);
+// db (C) += column sums of dy (R, C) (ACCUMULATES). Deterministic two-stage tree fixed by (R, C) only: the rows are
+// cut into chunks (>= 64 rows each, about 1024 / ceil(C / 32) chunks so that chunks x column tiles fill the GPU);
+// a block per (chunk, 32-column tile) with 8 row lanes: lane k sums rows k, k + 8, ... of the chunk in order
+// (float), the 8 lane sums are added in lane order into the chunk sum (scratch), then the chunk sums are added in
+// chunk order and the total is added to db (with one chunk: directly). Not bit-identical to a plain row loop (rtol
+// ~1e-6 on well-conditioned sums). scratch: BiasGradScratchFloats(R, C) floats of device memory (overwritten).
+// Launches 1 kernel (one chunk) or 2. C < 2^21.
+cudaError_t BiasGrad(float* db, float* scratch, const float* dy, int64_t R, int64_t C, cudaStream_t stream);
 
 // ---- learned positions ---- (kernels/elementwise.cu)
 

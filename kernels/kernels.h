@@ -29,19 +29,23 @@ cudaError_t GeluForward(float* out, const float* x, long n, cudaStream_t stream)
 cudaError_t GeluBackward(float* dx, const float* x, const float* dout, long n, cudaStream_t stream);
 // out (N, C) = gelu(x (N, C) + bias (C)) (WRITES; out may equal x).
 cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream);
-// dx (N, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES).
-cudaError_t BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t N,
-                             int64_t C, cudaStream_t stream);
+// dx (N, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES; the
+// deterministic tree of BiasGrad, kernels/elementwise.h). scratch: BiasGradScratchFloats(N, C) floats of device
+// memory (overwritten; may be null when that is 0).
+cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
+                             const float* dout, int64_t N, int64_t C, cudaStream_t stream);
 
 // ---- LayerNorm ---- (kernels/layernorm.cu)
 
 // As ms::ops::LayerNormForward: out (N, C), mean (N), rstd (N) WRITTEN; w, b (C).
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                              int64_t N, int64_t C, float eps, cudaStream_t stream);
-// Floats of scratch LayerNormBackward needs (per-block partial sums of dw and db).
+// Floats of scratch LayerNormBackward needs: the per-block partial sums of dw and db, 2 * ceil(N / 16) * C.
 int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C);
 // As ms::ops::LayerNormBackward: dx (N, C), dw (C), db (C) ACCUMULATE. scratch: device memory of
-// LayerNormBackwardScratchFloats(N, C) floats (overwritten).
+// LayerNormBackwardScratchFloats(N, C) floats (overwritten). A block of 8 warps per 16 rows (dx: a warp per row;
+// dw/db: per-column sums over the block's rows in row order, written once per block), then the block partials
+// are added in a fixed order (32 lanes over the blocks, lane sums in lane order). Two launches.
 cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                               cudaStream_t stream);
@@ -60,10 +64,15 @@ cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const floa
 // As ms::ops::EmbeddingForward: out (N, C) WRITTEN = table (V, C)[ids]; ids < 0 give zero rows.
 cudaError_t EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,
                              cudaStream_t stream);
+// Bytes of scratch EmbeddingBackward needs: 8 * P, P = N rounded up to a power of two (>= 64).
+int64_t EmbeddingBackwardScratchBytes(int64_t N);
 // As ms::ops::EmbeddingBackward: dtable (V, C) += scatter of dout (N, C) by ids (ACCUMULATES; ids < 0
-// skipped). Deterministic and bit-identical to the reference: the first occurrence of each id adds the dout
-// rows of all its occurrences in token order; no atomics. Work O(N^2) id comparisons + O(N*C).
-cudaError_t EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C,
+// skipped). Deterministic and bit-identical to the reference, no atomics: the (id, token) keys are sorted
+// (bitonic, in scratch), then one block per distinct id and column tile adds the dout rows of the id's
+// occurrences in token order. Work O(P log^2 P) key compares + O(N * C); launches: 2 for N <= 2048, 11 for
+// N = 16384, 22 for N = 65536 (kernels/embedding.cu). N < 2^31. scratch: device memory of
+// EmbeddingBackwardScratchBytes(N) bytes, 8-byte aligned (overwritten).
+cudaError_t EmbeddingBackward(float* dtable, void* scratch, const int32_t* ids, const float* dout, int64_t N, int64_t C,
                               cudaStream_t stream);
 
 // ---- AdamW, multi-tensor ---- (kernels/adamw.cu)

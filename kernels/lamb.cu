@@ -39,7 +39,7 @@ __device__ __forceinline__ float LambLerp(float start, float end, float weight) 
 
 // ---- kernels ----
 
-__global__ void lamb_direction_kernel(LambBatch batch, LambScalars s) {
+__global__ void __launch_bounds__(kLambBlock) lamb_direction_kernel(LambBatch batch, LambScalars s) {
   int k = 0;
   while (k + 1 < batch.count && static_cast<int64_t>(blockIdx.x) >= batch.first_block[k + 1]) ++k;
   const LambTensor& t = batch.t[k];
@@ -56,7 +56,7 @@ __global__ void lamb_direction_kernel(LambBatch batch, LambScalars s) {
 }
 
 // p (n) += a * u (n), a = -lr * trust_ratio (rounded to float on the host).
-__global__ void lamb_apply_kernel(float* p, const float* u, float a, int64_t n) {
+__global__ void __launch_bounds__(kLambBlock) lamb_apply_kernel(float* p, const float* u, float a, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     p[i] += a * u[i];

@@ -6,13 +6,26 @@
 
 namespace ms::kernels {
 
+constexpr int kLnForwardMaxThreads = 256;  // forward: BlockThreadsFor(C, kLnForwardMaxThreads), one block per row
+// Backward: a block of kLnBackwardThreads (8 warps) per chunk of kLnBackwardRows rows: G = ceil(N / 16) blocks,
+// fixed by N only (never by the GPU), so the reduction order is too. N = 16K rows give 1024 blocks (7.75 per SM
+// of an H100); the partials are 2 * G * C floats (N * C / 8).
+constexpr int kLnBackwardThreads = 256;
+constexpr int kLnBackwardWarps = kLnBackwardThreads / 32;
+constexpr int64_t kLnBackwardRows = 16;
+// Final dw/db reduction: blocks of 32 columns x 32 lanes over the G block partials.
+constexpr int kLnParamCols = 32;
+constexpr int kLnParamLanes = 32;
+constexpr int kLnParamThreads = kLnParamCols * kLnParamLanes;
+
 // ---- kernels ----
 
 // One block per row (blockDim.x a multiple of 32): mean and variance by two block reductions (warp
 // shuffles, then shared memory across warps), then the normalized row.
 // out, x: (N, C); w, b: (C); mean, rstd: (N).
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w,
-                                         const float* b, int C, float eps) {
+__global__ void __launch_bounds__(kLnForwardMaxThreads)
+    layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                             int C, float eps) {
   MS_SHARED_ARRAY(float, scratch, 32);
   const long row = blockIdx.x;
   const float* xr = x + row * C;
@@ -33,67 +46,85 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   }
 }
 
-// Block g handles rows g, g + G, ... (G = gridDim.x): dx of each row, and per-column partial sums of
-// dw = sum(dout * xhat) and db = sum(dout) in partial (G, 2, C) (each column owned by one thread).
-__global__ void layernorm_backward_kernel(float* dx, float* partial, const float* dout, const float* x, const float* w,
-                                          const float* mean, const float* rstd, int N, int C) {
-  MS_SHARED_ARRAY(float, scratch, 32);
-  float* pdw = partial + static_cast<long>(blockIdx.x) * 2 * C;
-  float* pdb = pdw + C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    pdw[c] = 0.0f;
-    pdb[c] = 0.0f;
-  }
-  for (long row = blockIdx.x; row < N; row += gridDim.x) {
+// Block g handles rows [16 g, 16 g + 16) of the N: (1) warp w computes dx of rows 16 g + w, 16 g + w + 8 (lane l
+// for columns l, l + 32, ...; the two row sums by warp butterflies: no block barrier); (2) thread t sums, for its
+// columns c = t, t + 256, ..., dw = sum dout * xhat and db = sum dout over the block's rows in row order, in
+// registers, and writes them once: partial (G, 2, C) (WRITES). (2) reads only inputs (the rows (1) just read, so
+// mostly cache hits), so the two parts need no barrier between them.
+__global__ void __launch_bounds__(kLnBackwardThreads)
+    layernorm_backward_kernel(float* dx, float* partial, const float* dout, const float* x, const float* w,
+                              const float* mean, const float* rstd, int64_t N, int64_t C) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kLnBackwardRows;
+  const int64_t r1 = r0 + kLnBackwardRows < N ? r0 + kLnBackwardRows : N;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t row = r0 + warp; row < r1; row += kLnBackwardWarps) {  // (1) dx, a warp per row
     const float* xr = x + row * C;
     const float* gr = dout + row * C;
     const float m = mean[row], s = rstd[row];
     float sum_dnorm = 0.0f, sum_dnorm_xhat = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int64_t c = lane; c < C; c += 32) {
       const float xhat = (xr[c] - m) * s;
       const float dnorm = gr[c] * w[c];
       sum_dnorm += dnorm;
       sum_dnorm_xhat += dnorm * xhat;
     }
-    const float mean_dnorm = BlockSum(sum_dnorm, scratch) / C;
-    const float mean_dnorm_xhat = BlockSum(sum_dnorm_xhat, scratch) / C;
+    const float mean_dnorm = WarpSum(sum_dnorm) / C;
+    const float mean_dnorm_xhat = WarpSum(sum_dnorm_xhat) / C;
     float* dxr = dx + row * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int64_t c = lane; c < C; c += 32) {
       const float xhat = (xr[c] - m) * s;
       const float dnorm = gr[c] * w[c];
       dxr[c] += s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat);
-      pdw[c] += gr[c] * xhat;
-      pdb[c] += gr[c];
     }
+  }
+  float* pdw = partial + static_cast<int64_t>(blockIdx.x) * 2 * C;
+  float* pdb = pdw + C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {  // (2) this block's dw/db partials, rows in order
+    float sw = 0.0f, sb = 0.0f;
+    for (int64_t row = r0; row < r1; ++row) {
+      const float g = dout[row * C + c];
+      sw += g * ((x[row * C + c] - mean[row]) * rstd[row]);
+      sb += g;
+    }
+    pdw[c] = sw;
+    pdb[c] = sb;
   }
 }
 
-// dw[c] += sum_g partial[g][0][c], db[c] += sum_g partial[g][1][c], in g order: deterministic.
-__global__ void layernorm_param_grad_kernel(float* dw, float* db, const float* partial, int G, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.0f, sb = 0.0f;
-  for (int g = 0; g < G; ++g) {
-    sw += partial[static_cast<long>(g) * 2 * C + c];
-    sb += partial[static_cast<long>(g) * 2 * C + C + c];
+// dw (blockIdx.y == 0) or db (== 1) [c] += sum over g of partial[g][blockIdx.y][c]. Block (32, 32): column
+// c = blockIdx.x * 32 + threadIdx.x; lane y sums g = y, y + 32, ... in order, thread (x, 0) adds the 32 lane sums
+// in lane order: deterministic.
+__global__ void __launch_bounds__(kLnParamThreads)
+    layernorm_param_grad_kernel(float* dw, float* db, const float* partial, int64_t G, int64_t C) {
+  MS_SHARED_ARRAY2D(float, lanes, kLnParamLanes, kLnParamCols + 1);
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kLnParamCols + threadIdx.x;
+  const int which = blockIdx.y;
+  float acc = 0.0f;
+  if (c < C) {
+    for (int64_t g = threadIdx.y; g < G; g += kLnParamLanes) acc += partial[(g * 2 + which) * C + c];
   }
-  dw[c] += sw;
-  db[c] += sb;
+  lanes[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float sum = 0.0f;
+    for (int k = 0; k < kLnParamLanes; ++k) sum += lanes[k][threadIdx.x];
+    float* out = which == 0 ? dw : db;
+    out[c] += sum;
+  }
 }
 
 // ---- launchers ----
 
 namespace {
-constexpr int64_t kBackwardBlocks = 128;  // G: fixed by the shapes only, so results do not depend on the GPU
-int64_t BackwardBlocks(int64_t N) {
-  return N < kBackwardBlocks ? N : kBackwardBlocks;
+int64_t BackwardBlocks(int64_t N) {  // G
+  return (N + kLnBackwardRows - 1) / kLnBackwardRows;
 }
 }  // namespace
 
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                              int64_t N, int64_t C, float eps, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return cudaSuccess;
-  const int block = BlockThreadsFor(C, 256);
+  const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
   MS_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, out, mean, rstd, x, w, b,
             static_cast<int>(C), eps);
   return cudaGetLastError();
@@ -107,13 +138,14 @@ cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, c
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                               cudaStream_t stream) {
   if (N <= 0 || C <= 0) return cudaSuccess;
-  const int block = BlockThreadsFor(C, 256);
-  const int G = static_cast<int>(BackwardBlocks(N));
-  MS_LAUNCH(layernorm_backward_kernel, G, block, 0, stream, dx, scratch, dout, x, w, mean, rstd, static_cast<int>(N),
-            static_cast<int>(C));
-  cudaError_t err = cudaGetLastError();
+  const int64_t G = BackwardBlocks(N);
+  MS_LAUNCH(layernorm_backward_kernel, static_cast<unsigned>(G), kLnBackwardThreads, 0, stream, dx, scratch, dout, x, w,
+            mean, rstd, N, C);
+  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  MS_LAUNCH(layernorm_param_grad_kernel, GridFor(C, 256), 256, 0, stream, dw, db, scratch, G, static_cast<int>(C));
+  const dim3 grid(static_cast<unsigned>((C + kLnParamCols - 1) / kLnParamCols), 2);
+  MS_LAUNCH(layernorm_param_grad_kernel, grid, dim3(kLnParamCols, kLnParamLanes), 0, stream, dw, db,
+            static_cast<const float*>(scratch), G, C);
   return cudaGetLastError();
 }
 

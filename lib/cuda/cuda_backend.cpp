@@ -151,7 +151,7 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(auto* x, Bf16(2, inp, N * IC));
     // dw^T (IC, OC) += inp^T (IC, N) . dout (N, OC)
     MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, x, IC, g, OC, 1.0f, dw, IC, "linear dweight"));
-    if (dbias) MS_RETURN_IF_ERROR(Launch(kernels::BiasGrad(dbias, dout, N, OC, s_), "bias gradient"));
+    if (dbias) MS_RETURN_IF_ERROR(BiasGrad(dbias, dout, N, OC));
     return Status::Ok();
   }
 
@@ -216,7 +216,8 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::EmbeddingForward(out, ids, table, N, C, s_), "embedding forward");
   }
   Status EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C) override {
-    return Launch(kernels::EmbeddingBackward(dtable, ids, dout, N, C, s_), "embedding backward");
+    MS_ASSIGN_OR_RETURN(void* scratch, ws_[kScratch].Get(device_, s_, kernels::EmbeddingBackwardScratchBytes(N)));
+    return Launch(kernels::EmbeddingBackward(dtable, scratch, ids, dout, N, C, s_), "embedding backward");
   }
   Status AddInPlace(float* y, const float* x, int64_t n) override {
     return Launch(kernels::AddInPlace(y, x, n, s_), "add");
@@ -237,10 +238,15 @@ class CudaBackend final : public ops::Backend {
   }
   Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
                           int64_t C) override {
-    return Launch(kernels::BiasGeluBackward(dx, dbias, x, bias, dout, R, C, s_), "bias + GeLU backward");
+    MS_ASSIGN_OR_RETURN(void* scratch,
+                        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
+    return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_),
+                  "bias + GeLU backward");
   }
   Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {
-    return Launch(kernels::BiasGrad(db, dy, R, C, s_), "bias gradient");
+    MS_ASSIGN_OR_RETURN(void* scratch,
+                        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
+    return Launch(kernels::BiasGrad(db, static_cast<float*>(scratch), dy, R, C, s_), "bias gradient");
   }
   Status AddPositions(float* x, const float* wpe, int64_t R, int64_t C, int64_t T, int64_t row0) override {
     return Launch(kernels::AddPositions(x, wpe, R, C, T, row0, s_), "position embedding");

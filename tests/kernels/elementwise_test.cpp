@@ -73,8 +73,44 @@ struct RC {
   int64_t R, C;
 };
 
+TEST_CASE("kernels elementwise: pointers that are not 16-byte aligned take the scalar kernels, same results") {
+  // Every operand one float past a cudaMalloc'd (aligned) start: the float4 kernels must not be used.
+  const int64_t R = 7, C = 12, n = R * C;
+  const auto a = Random(n, 40), b = Random(n, 41), bias = Random(C, 42);
+  auto shifted = [](const std::vector<float>& v) {
+    std::vector<float> out(v.size() + 1, 0.0f);
+    std::copy(v.begin(), v.end(), out.begin() + 1);
+    return out;
+  };
+  auto unshift = [](const std::vector<float>& v) { return std::vector<float>(v.begin() + 1, v.end()); };
+  Dev<float> da(shifted(a)), db(shifted(b)), dbias(shifted(bias)), dout(n + 1);
+  std::vector<float> want(n);
+  ops::ref::Add(want.data(), a.data(), b.data(), n);
+  REQUIRE(Add(dout.get() + 1, da.get() + 1, db.get() + 1, n, nullptr) == cudaSuccess);
+  CHECK(unshift(dout.Get()) == want);
+  REQUIRE(AddInPlace(da.get() + 1, db.get() + 1, n, nullptr) == cudaSuccess);
+  CHECK(unshift(da.Get()) == want);
+  ops::ref::Scale(want.data(), 3.0f, n);
+  REQUIRE(Scale(da.get() + 1, 3.0f, n, nullptr) == cudaSuccess);
+  CHECK(unshift(da.Get()) == want);
+  std::vector<float> rb(a), res(n);
+  for (int64_t i = 0; i < n; ++i) {
+    rb[i] += bias[i % C];
+    res[i] = (a[i] + b[i]) + bias[i % C];
+  }
+  da.Set(shifted(a));
+  REQUIRE(ResidualAdd(dout.get() + 1, da.get() + 1, db.get() + 1, dbias.get() + 1, nullptr, R, C, nullptr) ==
+          cudaSuccess);
+  CHECK(unshift(dout.Get()) == res);
+  REQUIRE(AddRowBias(da.get() + 1, dbias.get() + 1, R, C, nullptr) == cudaSuccess);
+  CHECK(unshift(da.Get()) == rb);
+  ExpectNoPoisonedReads();
+}
+
 TEST_CASE("kernels elementwise: AddRowBias and ResidualAdd ((x + part) + bias) + bias2 equal a plain loop exactly") {
-  for (RC s : {RC{3, 5}, RC{37, 130}, RC{1, 1}, RC{300, 3}}) {
+  // C % 4 == 0 (37 x 132, 5 x 4) takes the float4 kernels (cudaMalloc'd pointers are 16-byte aligned), the others
+  // the scalar ones.
+  for (RC s : {RC{3, 5}, RC{37, 130}, RC{1, 1}, RC{300, 3}, RC{37, 132}, RC{5, 4}}) {
     CAPTURE(s.R);
     CAPTURE(s.C);
     const int64_t n = s.R * s.C;
@@ -113,7 +149,10 @@ TEST_CASE("kernels elementwise: AddRowBias and ResidualAdd ((x + part) + bias) +
 }
 
 TEST_CASE("kernels elementwise: BiasGrad accumulates column sums (rtol 1e-5, atol 1e-5 vs double) deterministically") {
-  for (RC s : {RC{3, 5}, RC{37, 130}, RC{1, 1}, RC{100, 33}}) {
+  // R <= 64: one chunk (scratch 0, passed as null, one launch); more rows give several chunks (two launches):
+  // (100, 33) 2 of 50 rows, (129, 769) 3 of 43, (515, 7) 9 of 58, (1001, 1) and (1001, 769) 16 of 63 (769 columns:
+  // 25 column tiles, the last one 1 column wide).
+  for (RC s : {RC{3, 5}, RC{37, 130}, RC{1, 1}, RC{100, 33}, RC{1001, 1}, RC{129, 769}, RC{1001, 769}, RC{515, 7}}) {
     CAPTURE(s.R);
     CAPTURE(s.C);
     const auto dy = Random(s.R * s.C, 20), db0 = Random(s.C, 21);
@@ -123,10 +162,13 @@ TEST_CASE("kernels elementwise: BiasGrad accumulates column sums (rtol 1e-5, ato
       for (int64_t r = 0; r < s.R; ++r) acc += dy[r * s.C + c];
       want[c] = static_cast<float>(db0[c] + acc);
     }
-    Dev<float> ddy(dy), ddb(db0), ddb_again(db0);
-    REQUIRE(BiasGrad(ddb.get(), ddy.get(), s.R, s.C, nullptr) == cudaSuccess);
+    const int64_t scratch_n = BiasGradScratchFloats(s.R, s.C);
+    CHECK((scratch_n == 0) == (s.R <= 64));
+    Dev<float> ddy(dy), ddb(db0), ddb_again(db0), scratch(scratch_n);
+    float* ps = scratch_n == 0 ? nullptr : scratch.get();
+    REQUIRE(BiasGrad(ddb.get(), ps, ddy.get(), s.R, s.C, nullptr) == cudaSuccess);
     ExpectClose(ddb.Get(), want, 1e-5f, 1e-5f, "bias grad (accumulated)");
-    REQUIRE(BiasGrad(ddb_again.get(), ddy.get(), s.R, s.C, nullptr) == cudaSuccess);
+    REQUIRE(BiasGrad(ddb_again.get(), ps, ddy.get(), s.R, s.C, nullptr) == cudaSuccess);
     CHECK(ddb_again.Get() == ddb.Get());  // same bits run after run
   }
   ExpectNoPoisonedReads();

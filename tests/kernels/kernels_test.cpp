@@ -50,16 +50,18 @@ TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rto
   struct Shape {
     int64_t N, C;
   };
-  for (Shape s : {Shape{7, 45}, Shape{300, 3}, Shape{1, 1}, Shape{2, 70}}) {
+  // (300, 3) and (257, 70): several row chunks in the dbias reduction (two launches, scratch); the others one.
+  for (Shape s : {Shape{7, 45}, Shape{300, 3}, Shape{1, 1}, Shape{2, 70}, Shape{257, 70}}) {
     CAPTURE(s.N);
     CAPTURE(s.C);
     const int64_t n = s.N * s.C;
     const auto x = Random(n, 3, -3.0f, 3.0f), bias = Random(s.C, 4), dout = Random(n, 5);
     const auto dbias0 = Random(s.C, 6);
     Dev<float> dx_in(x), dbias_in(bias), ddout(dout), dy(n), dgrad(n), ddbias(dbias0);
+    Dev<float> scratch(BiasGradScratchFloats(s.N, s.C));
     REQUIRE(BiasGeluForward(dy.get(), dx_in.get(), dbias_in.get(), s.N, s.C, nullptr) == cudaSuccess);
-    REQUIRE(BiasGeluBackward(dgrad.get(), ddbias.get(), dx_in.get(), dbias_in.get(), ddout.get(), s.N, s.C, nullptr) ==
-            cudaSuccess);
+    REQUIRE(BiasGeluBackward(dgrad.get(), ddbias.get(), scratch.get(), dx_in.get(), dbias_in.get(), ddout.get(), s.N,
+                             s.C, nullptr) == cudaSuccess);
     std::vector<float> u(n), y(n), g(n), db(dbias0);
     for (int64_t i = 0; i < n; ++i) u[i] = x[i] + bias[i % s.C];
     ops::ref::GeluForward(y.data(), u.data(), n);
@@ -80,9 +82,16 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
   struct Shape {
     int64_t N, C;
   };
-  // C: a single element, smaller than a warp, a tail past several warps, several passes of a 256-thread block;
-  // N = 130 > the 128 blocks of the backward pass (rows strided over blocks).
-  for (Shape s : {Shape{1, 1}, Shape{5, 37}, Shape{3, 300}, Shape{130, 20}, Shape{2, 600}}) {
+  // N: one row, fewer rows than one backward block (16), many blocks with a partial last one (1001 = 62 * 16 + 9,
+  // 45 = 2 * 16 + 13); C: a single element, a warp plus one, several passes of a warp and of a 256-thread block
+  // (770; with 45 rows rather than 1001 to keep the emulated test fast). The accumulating outputs (dx, dw, db)
+  // start nonzero.
+  std::vector<Shape> shapes;
+  for (int64_t N : {1, 7, 1001}) {
+    for (int64_t C : {1, 33, 770}) shapes.push_back({N == 1001 && C == 770 ? 45 : N, C});
+  }
+  shapes.push_back({130, 20});
+  for (Shape s : shapes) {
     CAPTURE(s.N);
     CAPTURE(s.C);
     const int64_t n = s.N * s.C;
@@ -101,12 +110,26 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
     ExpectClose(d_mean.Get(), mean, 1e-5f, 1e-6f, "layernorm mean");
     ExpectClose(d_rstd.Get(), rstd, 1e-5f, 1e-6f, "layernorm rstd");
 
+    // Grads at 1e-4 relative to |want| are too tight where a sum of 1001 terms of both signs nearly cancels, so
+    // dw/db also get an absolute tolerance scaled by sqrt(N).
+    const float grad_atol = 1e-5f * std::sqrt(static_cast<float>(s.N));
     Dev<float> d_dout(dout), d_dx(dx0), d_dw(dw0), d_db(db0), scratch(LayerNormBackwardScratchFloats(s.N, s.C));
     REQUIRE(LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(), d_x.get(), d_w.get(),
                               d_mean.get(), d_rstd.get(), s.N, s.C, nullptr) == cudaSuccess);
-    ExpectClose(d_dx.Get(), dx, 1e-4f, 1e-5f, "layernorm dx (accumulated)");
-    ExpectClose(d_dw.Get(), dw, 1e-4f, 1e-5f, "layernorm dw (accumulated)");
-    ExpectClose(d_db.Get(), db, 1e-4f, 1e-5f, "layernorm db (accumulated)");
+    const auto got_dx = d_dx.Get(), got_dw = d_dw.Get(), got_db = d_db.Get();
+    ExpectClose(got_dx, dx, 1e-4f, 1e-5f, "layernorm dx (accumulated)");
+    ExpectClose(got_dw, dw, 1e-4f, grad_atol, "layernorm dw (accumulated)");
+    ExpectClose(got_db, db, 1e-4f, grad_atol, "layernorm db (accumulated)");
+
+    // Same bits run after run (the scratch holds the previous run's partials: it is overwritten, not read).
+    d_dx.Set(dx0);
+    d_dw.Set(dw0);
+    d_db.Set(db0);
+    REQUIRE(LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(), d_x.get(), d_w.get(),
+                              d_mean.get(), d_rstd.get(), s.N, s.C, nullptr) == cudaSuccess);
+    CHECK(d_dx.Get() == got_dx);
+    CHECK(d_dw.Get() == got_dw);
+    CHECK(d_db.Get() == got_db);
   }
   ExpectNoPoisonedReads();
 }
@@ -141,15 +164,41 @@ TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (
 }
 
 TEST_CASE("kernels: embedding forward matches exactly; backward is bit-identical to the reference") {
+  enum class Ids { kRandom, kAllEqual, kAllNegative, kDistinct };
   struct Shape {
     int64_t N, V, C;
+    Ids kind;
   };
-  for (Shape s : {Shape{50, 11, 37}, Shape{9, 3, 300}, Shape{1, 1, 1}}) {
+  // Random ids are -1 .. V-1: a small V repeats every id many times, a large V hardly ever. N > 2048 sorts in
+  // several tiles: 2999 and 3001 (P = 4096) take one global bitonic step, 5000 (P = 8192) three.
+  const Shape shapes[] = {
+      {50, 11, 37, Ids::kRandom},  {9, 3, 300, Ids::kRandom},       {1, 1, 1, Ids::kRandom},
+      {1, 4, 5, Ids::kDistinct},   {300, 5, 33, Ids::kAllEqual},    {70, 6, 3, Ids::kAllNegative},
+      {2999, 7, 19, Ids::kRandom}, {3001, 100003, 5, Ids::kRandom}, {5000, 5001, 2, Ids::kDistinct},
+      {2049, 2, 1, Ids::kRandom},
+  };
+  for (const Shape& s : shapes) {
     CAPTURE(s.N);
+    CAPTURE(s.V);
     CAPTURE(s.C);
     std::mt19937 rng(30);
     std::vector<int32_t> ids(s.N);
-    for (auto& id : ids) id = static_cast<int32_t>(rng() % (s.V + 1)) - 1;  // -1 .. V-1, many repeats
+    for (int64_t i = 0; i < s.N; ++i) {
+      switch (s.kind) {
+        case Ids::kRandom:
+          ids[i] = static_cast<int32_t>(rng() % (s.V + 1)) - 1;
+          break;  // -1 .. V-1
+        case Ids::kAllEqual:
+          ids[i] = static_cast<int32_t>(s.V / 2);
+          break;
+        case Ids::kAllNegative:
+          ids[i] = -1 - static_cast<int32_t>(rng() % 1000);
+          break;
+        case Ids::kDistinct:
+          ids[i] = static_cast<int32_t>((s.N - 1 - i) % s.V);
+          break;  // descending
+      }
+    }
     const auto table = Random(s.V * s.C, 31), dout = Random(s.N * s.C, 32), dtable0 = Random(s.V * s.C, 33);
     std::vector<float> out(s.N * s.C), dtable(dtable0);
     ops::ref::EmbeddingForward(out.data(), ids.data(), table.data(), s.N, s.C);
@@ -157,9 +206,11 @@ TEST_CASE("kernels: embedding forward matches exactly; backward is bit-identical
 
     Dev<int32_t> d_ids(ids);
     Dev<float> d_table(table), d_out(s.N * s.C), d_dout(dout), d_dtable(dtable0);
+    Dev<unsigned char> scratch(EmbeddingBackwardScratchBytes(s.N));
     REQUIRE(EmbeddingForward(d_out.get(), d_ids.get(), d_table.get(), s.N, s.C, nullptr) == cudaSuccess);
     CHECK(d_out.Get() == out);
-    REQUIRE(EmbeddingBackward(d_dtable.get(), d_ids.get(), d_dout.get(), s.N, s.C, nullptr) == cudaSuccess);
+    REQUIRE(EmbeddingBackward(d_dtable.get(), scratch.get(), d_ids.get(), d_dout.get(), s.N, s.C, nullptr) ==
+            cudaSuccess);
     CHECK(d_dtable.Get() == dtable);
   }
   ExpectNoPoisonedReads();
