@@ -190,6 +190,36 @@ TEST_CASE("tiny.yaml is the demo it claims to be") {
   CHECK(g->train.steps == 10);
 }
 
+TEST_CASE("the GPU benchmark configs are what docs/PERFORMANCE.md says they are") {
+  struct Want {
+    const char* file;
+    int layers, hidden, heads, seq_len, micro_batch, global_batch;
+  };
+  for (const Want w :
+       {Want{"gpt2-small-gpu.yaml", 12, 768, 12, 1024, 16, 32}, Want{"gpt-1.3b-gpu.yaml", 24, 2048, 16, 2048, 4, 8}}) {
+    CAPTURE(w.file);
+    auto r = LoadJobSpec(kSourceDir + "/configs/" + w.file);
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    JobSpec spec = *r;
+    REQUIRE(ResolveAndValidate(&spec).ok());
+    CHECK(spec.model.layers == w.layers);
+    CHECK(spec.model.hidden == w.hidden);
+    CHECK(spec.model.heads == w.heads);
+    CHECK(spec.model.seq_len == w.seq_len);
+    CHECK(spec.model.vocab == 50304);  // GPT-2's 50257 padded to a multiple of 128
+    CHECK(spec.model.vocab % 128 == 0);
+    CHECK(spec.model.window == 0);
+    CHECK(spec.train.micro_batch == w.micro_batch);
+    CHECK(spec.train.global_batch == w.global_batch);
+    CHECK(spec.parallel.micro_batches == 2);
+    CHECK(spec.train.precision == Precision::kBf16);
+    CHECK(spec.runtime.backend == Backend::kCuda);
+  }
+  auto g = LoadJobSpec(kSourceDir + "/configs/gpt2-small-gpu.yaml");
+  REQUIRE(g.ok());
+  CHECK(g->train.micro_batch * g->model.seq_len >= 16384);  // >= 16 K tokens per micro-batch
+}
+
 // Random settings (in range, odd values, strings that YAML would misread unquoted) survive
 // ToYaml -> ParseJobSpec exactly.
 TEST_CASE("round trip of random specs through ToYaml") {
