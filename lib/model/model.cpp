@@ -20,6 +20,18 @@ uint64_t NameHash(const std::string& s) {  // FNV-1a: a tensor's RNG stream, wha
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
   return h;
 }
+// The mean loss of a micro-batch over the tokens that have a target (>= 0), summed in token order in double.
+float MeanLoss(const float* losses, const int32_t* targets, int64_t N) {
+  double sum = 0;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (targets[i] >= 0) {
+      sum += losses[i];
+      ++counted;
+    }
+  }
+  return static_cast<float>(counted ? sum / counted : 0.0);
+}
 }  // namespace
 
 std::vector<std::string> AllTensorNames(const config::ModelSpec& spec) {
@@ -233,9 +245,9 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   MS_RETURN_IF_ERROR(g->ZeroGrad());
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
-  // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; dlogits [N,Vl]; dl, vstats [N] x 4.
+  // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; dlogits [N,Vl]; vstats [N] x 3 (at the end: vocab-parallel loss).
   MS_RETURN_IF_ERROR(g->scratch_.Allocate(
-      g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + N * g->Vl_ + 4 * N));
+      g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + N * g->Vl_ + 3 * N));
   // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
   // tp blocks of ceil(R / chunks) rows (all-reduce chunks work in place).
   const bool sp = shard.sequence_parallel && tp > 1;
@@ -657,17 +669,45 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
     MS_RETURN_IF_ERROR(TpAllReduce(se, 2 * N, comm::ReduceOp::kSum, "loss sumexp+target"));  // both together
     MS_RETURN_IF_ERROR(be_->VocabParallelFinish(a.losses.data(), a.ce_lse.data(), mx, se, tl, a.targets.data(), N));
   }
+  if (deferred_cap_ > 0) {
+    if (deferred_n_ >= deferred_cap_) {
+      return Status(Code::kInternal, fmt::format("head forward {} of a step begun for {} deferred micro-batch losses",
+                                                 deferred_n_ + 1, deferred_cap_));
+    }
+    MS_RETURN_IF_ERROR(be_->Copy(deferred_losses_.data() + deferred_n_ * N, a.losses.data(), sizeof(float) * N));
+    deferred_targets_.insert(deferred_targets_.end(), a.targets_host.begin(), a.targets_host.end());
+    ++deferred_n_;
+    return 0.0f;
+  }
   std::vector<float> losses(N);
   MS_RETURN_IF_ERROR(be_->CopyToHost(losses.data(), a.losses.data(), sizeof(float) * N));
-  double sum = 0;
-  int64_t counted = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    if (a.targets_host[i] >= 0) {
-      sum += losses[i];
-      ++counted;
-    }
+  return MeanLoss(losses.data(), a.targets_host.data(), N);
+}
+
+Status Gpt::BeginDeferredLosses(int micro_batches) {
+  if (micro_batches <= 0) return Status(Code::kInvalidArgument, "BeginDeferredLosses: micro_batches must be positive");
+  if (deferred_losses_.size() < micro_batches * N_) {
+    MS_RETURN_IF_ERROR(deferred_losses_.Allocate(be_, micro_batches * N_).WithContext("deferred loss buffer"));
   }
-  return static_cast<float>(counted ? sum / counted : 0.0);
+  deferred_cap_ = micro_batches;
+  deferred_n_ = 0;
+  deferred_targets_.clear();
+  return Status::Ok();
+}
+
+Result<std::vector<float>> Gpt::TakeDeferredLosses() {
+  if (deferred_cap_ == 0) return Status(Code::kInternal, "TakeDeferredLosses without BeginDeferredLosses");
+  const int64_t N = N_;
+  std::vector<float> losses(static_cast<size_t>(deferred_n_ * N));
+  deferred_cap_ = 0;
+  if (deferred_n_ > 0) {
+    MS_RETURN_IF_ERROR(be_->CopyToHost(losses.data(), deferred_losses_.data(), sizeof(float) * losses.size()));
+  }
+  std::vector<float> means(static_cast<size_t>(deferred_n_));
+  for (int k = 0; k < deferred_n_; ++k) {
+    means[static_cast<size_t>(k)] = MeanLoss(losses.data() + k * N, deferred_targets_.data() + k * N, N);
+  }
+  return means;
 }
 
 Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
@@ -680,12 +720,18 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   float* dln_full = s + 3 * R * C + 3 * N * C;
   const int64_t HlD = Hl_ * (C / spec_.heads);
   float* dlogits = s + 3 * R * C + 5 * N * C + 4 * N * HlD + 2 * N * Fl_;
-  float* dl = dlogits + N * Vl;
   if (!tp) {
-    const std::vector<float> dl_host(N, dloss);
-    MS_RETURN_IF_ERROR(be_->CopyFromHost(dl, dl_host.data(), sizeof(float) * N));
+    // The per-token weight is the same every micro-batch of a step (and usually every step): upload it only when
+    // it changes, not from pageable memory each micro-batch.
+    if (!dloss_valid_ || std::memcmp(&dloss_value_, &dloss, sizeof dloss) != 0) {
+      if (dloss_.size() < N) MS_RETURN_IF_ERROR(dloss_.Allocate(be_, N).WithContext("loss weight buffer"));
+      const std::vector<float> dl_host(N, dloss);
+      MS_RETURN_IF_ERROR(be_->CopyFromHost(dloss_.data(), dl_host.data(), sizeof(float) * N));
+      dloss_value_ = dloss;
+      dloss_valid_ = true;
+    }
     MS_RETURN_IF_ERROR(
-        be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl));
+        be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dloss_.data(), N, Vl));
   } else {
     MS_RETURN_IF_ERROR(be_->VocabParallelBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dloss,
                                                   shard_.tp_rank * Vl, N, Vl));

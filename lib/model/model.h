@@ -189,6 +189,14 @@ class Gpt {
                        const std::function<void(int)>& on_layer_done = {});
   const float* InputGrad(int chunk, int slot) const;
 
+  // Deferred losses: between BeginDeferredLosses(n) and TakeDeferredLosses(), the head chunk's forward leaves
+  // each micro-batch's per-token losses on the device (one device-to-device copy; ForwardChunk returns 0 for the
+  // head) instead of copying them to the host, which waits for the stream, once per micro-batch.
+  // TakeDeferredLosses() copies them to the host once and returns each micro-batch's mean loss, in the order
+  // the head ran them: the same sums as ForwardChunk's, so bit-identical. At most n head forwards in between.
+  Status BeginDeferredLosses(int micro_batches);
+  Result<std::vector<float>> TakeDeferredLosses();
+
   // Single-chunk convenience (pp == 1): forward + loss of slot 0, and its backward.
   Result<float> Forward(const int32_t* inputs, const int32_t* targets) {
     return ForwardChunk(0, 0, inputs, targets, nullptr);
@@ -264,6 +272,12 @@ class Gpt {
   ops::Backend* be_ = nullptr;
   std::unique_ptr<ops::Backend> own_be_;
   DeviceArray<float> scratch_;
+  int deferred_cap_ = 0, deferred_n_ = 0;  // BeginDeferredLosses(cap): head forwards held on the device so far
+  DeviceArray<float> deferred_losses_;     // [cap, N]
+  std::vector<int32_t> deferred_targets_;  // [n, N]: which tokens count in each micro-batch's mean
+  DeviceArray<float> dloss_;               // [N] the head backward's per-token weight, uploaded when it changes
+  float dloss_value_ = 0.0f;
+  bool dloss_valid_ = false;
   int sp_chunks_ = 1, ar_chunks_ = 1;  // tp_comm_chunks clamped to the rows_ / N rows
   int64_t stage_rows_ = 0;             // rows of one SP chunk stage: tp * ceil(rows_ / sp_chunks_)
   DeviceArray<float> stage_;           // 2 stages (double buffer) of chunked SP collectives

@@ -608,6 +608,9 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     dpe->ResetStats();
     MS_RETURN_IF_ERROR(dpe->BeginStep());
     MS_RETURN_IF_ERROR(pipe.BeginStep());
+    // The head's losses stay on the device until the step's micro-batches are done (no wait per micro-batch).
+    const bool head_rank = gpt->has_head(gpt->num_chunks() - 1);
+    if (head_rank) MS_RETURN_IF_ERROR(gpt->BeginDeferredLosses(n_micro));
     for (size_t ai = 0; ai < schedule.size(); ++ai) {
       const parallel::Action& a = schedule[ai];
       // Post the receive the next action needs before computing this one (parallel.pp_overlap).
@@ -652,12 +655,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           layer_t = now;
           return dpe->WaitParams(layer);
         };
-        MS_ASSIGN_OR_RETURN(float l, gpt->ForwardChunk(c, slot, inputs.data(), targets.data(), x_in, before));
+        // The head chunk's loss is deferred (0 here): TakeDeferredLosses below.
+        MS_RETURN_IF_ERROR(gpt->ForwardChunk(c, slot, inputs.data(), targets.data(), x_in, before).status());
         trace.Span(fmt::format("fwd mb{} layer {}", a.micro, layer_prev), "compute", layer_t, NowSeconds());
         if (slow_factor > 1) BurnCpu((slow_factor - 1) * (NowSeconds() - tf));
-        if (gpt->has_head(c)) {
-          loss_sum += l;  // a non-finite loss is handled once the ranks have agreed on it (fault.nan_policy)
-        } else {
+        if (!gpt->has_head(c)) {
           if (pipe.needs_sync()) MS_RETURN_IF_ERROR(gpt->backend()->Synchronize());
           pipe.Send(gpt->ChunkOutput(c, slot), next_rank, PipeComm::Tag(0, a.micro, g + 1), {c, slot});
         }
@@ -687,6 +689,12 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       MS_RETURN_IF_ERROR(pipe.EndAction(ai));
     }
     MS_RETURN_IF_ERROR(pipe.WaitAll());
+    if (head_rank) {
+      // Each micro-batch's mean, in the order the head ran them (the sum of the undeferred losses, bit for bit).
+      // A non-finite loss is handled once the ranks have agreed on it (fault.nan_policy).
+      MS_ASSIGN_OR_RETURN(const std::vector<float> micro_losses, gpt->TakeDeferredLosses());
+      for (float l : micro_losses) loss_sum += l;
+    }
     MS_RETURN_IF_ERROR(gpt->ReduceSequenceParallelGrads());
     MS_RETURN_IF_ERROR(dpe->FinishBackward());
     if (InjectNan(rt.rank, step)) {  // test hook: a NaN in this rank's gradient

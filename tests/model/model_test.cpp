@@ -109,6 +109,39 @@ TEST_CASE("training steps are deterministic and the loss falls on a repeated bat
   CHECK(losses[0].back() < 0.5 * losses[0].front());
 }
 
+TEST_CASE("deferred losses are the immediate losses, bit for bit, and the step's count is enforced") {
+  auto dev = device::MakeCpuDevice();
+  auto m = SmallSpec(config::BlockKind::kSequential, 0);
+  auto gpt = std::move(Gpt::Create(m, {}, 2, 5, dev.get())).value();
+  std::vector<Batch> batches;
+  for (uint64_t seed = 20; seed < 23; ++seed) batches.push_back(RandomBatch(m, 2, seed));
+  batches[1].targets[3] = -1;  // an ignored token: not in that micro-batch's mean
+  for (int i = 0; i < 2 * m.seq_len; ++i) batches[2].targets[i] = -1;  // no token counts: mean 0
+  std::vector<float> immediate;
+  for (const auto& b : batches) immediate.push_back(*gpt->Forward(b.inputs.data(), b.targets.data()));
+  CHECK(immediate[2] == 0.0f);
+
+  REQUIRE(gpt->BeginDeferredLosses(3).ok());
+  for (const auto& b : batches) CHECK(*gpt->Forward(b.inputs.data(), b.targets.data()) == 0.0f);
+  auto deferred = gpt->TakeDeferredLosses();
+  REQUIRE(deferred.ok());
+  CHECK(*deferred == immediate);
+  // Off again after the take: the loss comes back immediately.
+  CHECK(*gpt->Forward(batches[0].inputs.data(), batches[0].targets.data()) == immediate[0]);
+  CHECK(!gpt->TakeDeferredLosses().ok());
+
+  // More head forwards than the step was begun for is a bug, reported as one.
+  REQUIRE(gpt->BeginDeferredLosses(1).ok());
+  REQUIRE(gpt->Forward(batches[0].inputs.data(), batches[0].targets.data()).ok());
+  auto extra = gpt->Forward(batches[1].inputs.data(), batches[1].targets.data());
+  REQUIRE(!extra.ok());
+  CHECK(extra.status().message().find("deferred micro-batch losses") != std::string::npos);
+  deferred = gpt->TakeDeferredLosses();
+  REQUIRE(deferred.ok());
+  CHECK(*deferred == std::vector<float>{immediate[0]});
+  CHECK(!gpt->BeginDeferredLosses(0).ok());
+}
+
 TEST_CASE("initialization is identical whatever the seed stream and shard extraction tiles the tensor") {
   const std::vector<int64_t> shape{6, 4};
   std::vector<float> global(24);
