@@ -43,6 +43,7 @@ thread_local int tls_host_function_depth = 0;  // inside cudaLaunchHostFunc's fu
 struct Registry {
   std::mutex mu;
   std::map<uintptr_t, size_t> allocations;         // base -> bytes
+  std::map<uintptr_t, size_t> pinned;              // cudaMallocHost: base -> bytes
   std::map<const void*, size_t> max_dynamic_smem;  // kernel -> bytes
 };
 Registry& Reg() {
@@ -62,6 +63,17 @@ Where Locate(const void* p, size_t n) {
   --it;
   if (a >= it->first + it->second) return Where::kHost;
   return a + n <= it->first + it->second ? Where::kDevice : Where::kStraddles;
+}
+
+// Whether [p, p + n) lies inside one cudaMallocHost buffer (page-locked: copies from and to it are asynchronous).
+bool InPinned(const void* p, size_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.pinned.upper_bound(a);
+  if (it == r.pinned.begin()) return false;
+  --it;
+  return a >= it->first && a + n <= it->first + it->second;
 }
 
 cudaError_t Fail(cudaError_t code, const std::string& message) {
@@ -143,7 +155,10 @@ bool KnownEvent(cudaEvent_t e) {
 
 // The checks of a copy at its call, and the copy itself as a stream operation (async modes). Host-to-device
 // copies take a snapshot of their pageable source (CUDA returns once it is staged, so the caller may reuse it);
-// device-to-host copies into pageable memory return once complete (as CUDA's do).
+// device-to-host copies into pageable memory return once complete (as CUDA's do). Copies from and to pinned
+// memory (cudaMallocHost) are plain stream operations, as CUDA's DMA: the source is read when the copy runs
+// and the destination is written then, so the caller must not touch the buffer until an event or a
+// synchronization says the copy is done.
 cudaError_t CopyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream,
                       const char* api) {
   if (!AsyncStreams()) return Copy(dst, src, count, kind, api);
@@ -159,12 +174,12 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind k
       kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     return Copy(dst, src, count, kind, api);  // reports the error without copying anything valid
   }
-  if (d == Where::kHost) {  // device to pageable host memory: complete before returning
+  if (d == Where::kHost && !InPinned(dst, count)) {  // device to pageable host memory: complete before returning
     if (cudaError_t r = SynchronizeStream(stream); r != cudaSuccess) return r;
     std::memcpy(dst, src, count);
     return cudaSuccess;
   }
-  if (s == Where::kHost) {
+  if (s == Where::kHost && !InPinned(src, count)) {
     auto staged =
         std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
     return Enqueue(stream, api, [dst, staged]() {
@@ -333,10 +348,24 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaMallocHost");
   if (!ptr) return Fail(cudaErrorInvalidValue, "cudaMallocHost: null output pointer");
   *ptr = std::malloc(size == 0 ? 1 : size);
-  return *ptr ? cudaSuccess : Fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+  if (!*ptr) return Fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+  auto& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.pinned[reinterpret_cast<uintptr_t>(*ptr)] = size == 0 ? 1 : size;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  // cudaFreeHost synchronizes the device (a copy in flight may still read or write the buffer).
+  if (ms::sim::internal::AsyncStreams()) ms::sim::internal::SynchronizeDevice();
+  bool known = false;
+  {
+    auto& r = Reg();
+    std::lock_guard<std::mutex> lock(r.mu);
+    known = r.pinned.erase(reinterpret_cast<uintptr_t>(ptr)) == 1;
+  }
+  if (!known) return Fail(cudaErrorInvalidValue, "cudaFreeHost: not the start of a cudaMallocHost'd buffer");
   std::free(ptr);
   return cudaSuccess;
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -85,6 +86,10 @@ class CudaBackend final : public ops::Backend {
     b->bf16_ = bf16;
     b->stream_ = device->CreateStream();
     b->s_ = NativeStream(*b->stream_);
+    // Test hook (docs/cuda.md): MEGASCALE_PLANT=staging_no_wait reuses a staging buffer without waiting for its
+    // previous copy — the planted bug the deferred emulated streams must catch.
+    const char* plant = std::getenv("MEGASCALE_PLANT");
+    b->plant_no_stage_wait_ = plant && std::strcmp(plant, "staging_no_wait") == 0;
     if (!b->s_)
       return InvalidArgument("the CUDA backend needs a device made by MakeCudaDevice, got {}", device->name());
     MS_BLAS_OK(cublasCreate(&b->blas_), "cublasCreate");
@@ -93,6 +98,10 @@ class CudaBackend final : public ops::Backend {
   }
   ~CudaBackend() override {
     if (s_) (void)cudaStreamSynchronize(s_);
+    for (Stage& st : stage_) {
+      if (st.done) (void)cudaEventDestroy(st.done);
+      if (st.host) (void)cudaFreeHost(st.host);
+    }
     if (blas_) (void)cublasDestroy(blas_);
   }
 
@@ -113,7 +122,25 @@ class CudaBackend final : public ops::Backend {
   }
   Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return Status::Ok();
-    // Pageable source: the call returns once the source has been staged, so the caller may reuse it.
+    if (bytes <= kStageBytes) {
+      // Through the next pinned staging buffer: wait only for that buffer's previous copy (kStageSlots uploads
+      // ago), copy the source into it and enqueue the DMA; the caller may reuse `src` at once, and the call
+      // never waits for the stream's other work (a pageable source may make the driver synchronize with it).
+      Stage& st = stage_[static_cast<size_t>(next_stage_)];
+      next_stage_ = (next_stage_ + 1) % kStageSlots;
+      if (!st.host) {
+        MS_CUDA_OK(cudaMallocHost(&st.host, kStageBytes), "allocating a pinned staging buffer (cudaMallocHost)");
+        MS_CUDA_OK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming), "staging buffer event");
+      } else if (!plant_no_stage_wait_) {
+        MS_CUDA_OK(cudaEventSynchronize(st.done), "waiting for a staging buffer's previous copy");
+      }
+      std::memcpy(st.host, src, bytes);
+      MS_CUDA_OK(cudaMemcpyAsync(dst, st.host, bytes, cudaMemcpyHostToDevice, s_), "host-to-device copy (staged)");
+      MS_CUDA_OK(cudaEventRecord(st.done, s_), "host-to-device copy (staged)");
+      return Status::Ok();
+    }
+    // Large uploads (initial weights, restored checkpoints): pageable; the call returns once the source has
+    // been staged by the driver, so the caller may reuse it.
     MS_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_), "host-to-device copy");
     return Status::Ok();
   }
@@ -302,6 +329,14 @@ class CudaBackend final : public ops::Backend {
 
  private:
   enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kNumWorkspaces };
+  // Pinned staging of small host-to-device copies (token ids, targets, loss weights): a ring of kStageSlots
+  // page-locked buffers of kStageBytes, each with the event of its last copy. Allocated on first use.
+  static constexpr int kStageSlots = 4;
+  static constexpr size_t kStageBytes = size_t{1} << 20;
+  struct Stage {
+    void* host = nullptr;
+    cudaEvent_t done = nullptr;
+  };
   CudaBackend() = default;
 
   static bool SameHp(const ops::AdamParams& a, const ops::AdamParams& b) {
@@ -335,6 +370,9 @@ class CudaBackend final : public ops::Backend {
   cublasHandle_t blas_ = nullptr;
   bool bf16_ = true;
   Workspace ws_[kNumWorkspaces];
+  Stage stage_[kStageSlots];
+  int next_stage_ = 0;
+  bool plant_no_stage_wait_ = false;
 };
 
 }  // namespace

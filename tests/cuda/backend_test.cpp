@@ -5,6 +5,7 @@
 // accumulation orders); bf16 GEMMs rtol 2e-2 of the output scale (operands rounded to 8-bit mantissas).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -18,6 +19,9 @@
 #include "device/device.h"
 #include "model/model.h"
 #include "ops/ops.h"
+#if !defined(MS_TEST_GPU)
+#include "sim/runtime_hooks.h"
+#endif
 
 namespace ms::cuda {
 namespace {
@@ -299,6 +303,52 @@ TEST_CASE(
       }
     }
 }
+
+#if !defined(MS_TEST_GPU)
+// Small uploads go through the backend's ring of pinned staging buffers. Under the deferred emulated streams
+// (nothing runs until something waits for it) and with pinned copies read when they run (as a DMA is): more
+// uploads than staging buffers, the host source rewritten after every call, and one large (pageable) upload;
+// every device buffer must hold what its call passed. Returns the first element of each.
+std::vector<float> StagedUploads(bool plant_no_wait) {
+  struct Deferred {
+    Deferred() { ms::sim::SetStreamMode(ms::sim::StreamMode::kDeferred); }
+    ~Deferred() { ms::sim::SetStreamMode(ms::sim::StreamMode::kSync); }
+  } mode;
+  if (plant_no_wait) setenv("MEGASCALE_PLANT", "staging_no_wait", 1);
+  Pair p;
+  unsetenv("MEGASCALE_PLANT");
+  std::vector<float> host(1000);
+  std::vector<float*> dev;
+  for (int k = 0; k < 9; ++k) {
+    dev.push_back(static_cast<float*>(p.gpu_dev->Alloc(host.size() * sizeof(float)).value()));
+    std::fill(host.begin(), host.end(), static_cast<float>(k + 1));
+    REQUIRE(p.gpu->CopyFromHost(dev.back(), host.data(), host.size() * sizeof(float)).ok());
+  }
+  std::vector<float> large((size_t{1} << 20) / sizeof(float) + 1, 10.0f);  // over the staging size: pageable
+  dev.push_back(static_cast<float*>(p.gpu_dev->Alloc(large.size() * sizeof(float)).value()));
+  REQUIRE(p.gpu->CopyFromHost(dev.back(), large.data(), large.size() * sizeof(float)).ok());
+  std::fill(large.begin(), large.end(), -1.0f);
+  REQUIRE(p.gpu->Synchronize().ok());
+  std::vector<float> first;
+  for (size_t k = 0; k < dev.size(); ++k) {
+    const size_t n = k + 1 < dev.size() ? host.size() : large.size();
+    const auto back = p.Get(*p.gpu, dev[k], n);
+    const bool uniform = std::all_of(back.begin(), back.end(), [&](float v) { return v == back[0]; });
+    first.push_back(uniform ? back[0] : -2.0f);
+    p.gpu_dev->Free(dev[k]);
+  }
+  return first;
+}
+
+TEST_CASE("cuda backend (emulated): host-to-device uploads through the pinned staging ring") {
+  const std::vector<float> want{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  CHECK(StagedUploads(false) == want);
+  // The planted bug (a staging buffer reused before its previous copy ran): the early uploads see later data.
+  const auto planted = StagedUploads(true);
+  CHECK(planted != want);
+  CHECK(planted[0] == 9.0f);  // uploads 1, 5 and 9 share the first buffer: all three DMAs read the last
+}
+#endif
 
 TEST_CASE("cuda backend (emulated): identity and errors") {
   Pair p;

@@ -120,3 +120,27 @@ TEST_CASE(
   cudaFree(d);
   cudaStreamDestroy(blocking);
 }
+
+TEST_CASE("pinned host memory (cudaMallocHost): copies read and write it when they run, as a DMA") {
+  Mode m(ms::sim::StreamMode::kDeferred);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  float* d = nullptr;
+  float* pinned = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), 2 * sizeof(float)) == cudaSuccess);
+  pinned[0] = 3;
+  pinned[1] = 0;
+  REQUIRE(cudaMemcpyAsync(d, pinned, sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+  pinned[0] = 4;  // before the copy ran: the copy sees 4 (a pageable source would have been staged as 3)
+  REQUIRE(cudaMemcpyAsync(pinned + 1, d, sizeof(float), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  CHECK(pinned[1] == 0.0f);  // device-to-pinned is asynchronous: not there before the stream runs it
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(pinned[1] == 4.0f);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  float pageable = 0;
+  CHECK(cudaFreeHost(&pageable) == cudaErrorInvalidValue);  // not a cudaMallocHost buffer
+  (void)cudaGetLastError();
+  cudaFree(d);
+  cudaStreamDestroy(s);
+}
