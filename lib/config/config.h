@@ -35,18 +35,25 @@ enum class Backend { kCpu, kCuda, kAuto };        // cpu | cuda | auto
 enum class Precision { kFp32, kBf16 };            // fp32 | bf16
 
 struct ModelSpec {
-  int layers = 4;                          // transformer blocks
-  int hidden = 256;                        // model width C
-  int heads = 4;                           // attention heads; head dim = hidden / heads
-  int ffn_hidden = 0;                      // MLP width; 0 -> 4 * hidden (resolved by ResolveAndValidate)
-  int vocab = 256;                         // vocabulary size V (256 = byte-level)
-  int seq_len = 256;                       // tokens per sequence T
+  int layers = 4;        // transformer blocks
+  int hidden = 256;      // model width C
+  int heads = 4;         // attention heads; head dim = hidden / heads
+  int ffn_hidden = 0;    // MLP width; 0 -> 4 * hidden (resolved by ResolveAndValidate)
+  int vocab = 256;       // vocabulary size V (256 = byte-level)
+  int vocab_pad_to = 1;  // the embedding and classifier hold V rounded up to a multiple of this (128: aligned
+                         // GEMMs); the padding rows are zero, out of the softmax, never a target, never sampled
+  int seq_len = 256;     // tokens per sequence T
   BlockKind block = BlockKind::kParallel;  // parallel: x + attn(ln(x)) + mlp(ln(x)); sequential: GPT-2
   int window = 0;                          // yaml: attention: {window: N}; 0 = full causal attention
   std::string norm = "layernorm";          // only layernorm for now
   float norm_eps = 1e-5f;
   bool tied_embeddings = true;  // output projection shares the token embedding
   float init_std = 0.02f;       // std of the normal init of weights
+  // Rows of the embedding and classifier: vocab rounded up to a multiple of vocab_pad_to.
+  int64_t padded_vocab() const {
+    const int64_t pad = vocab_pad_to > 0 ? vocab_pad_to : 1;
+    return (static_cast<int64_t>(vocab) + pad - 1) / pad * pad;
+  }
   bool operator==(const ModelSpec&) const = default;
 };
 

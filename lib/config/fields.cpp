@@ -332,6 +332,7 @@ std::vector<Field> BuildFields() {
   f.push_back(Integer("model.heads", MS_FIELD(model.heads), AtLeast(1)));
   f.push_back(Integer("model.ffn_hidden", MS_FIELD(model.ffn_hidden), AtLeast(0)));
   f.push_back(Integer("model.vocab", MS_FIELD(model.vocab), AtLeast(1)));
+  f.push_back(Integer("model.vocab_pad_to", MS_FIELD(model.vocab_pad_to), AtLeast(1)));
   f.push_back(Integer("model.seq_len", MS_FIELD(model.seq_len), AtLeast(1)));
   f.push_back(Enum("model.block", MS_FIELD(model.block)));
   f.push_back(Integer("model.attention.window", MS_FIELD(model.window), AtLeast(0)));

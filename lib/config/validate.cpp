@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <limits>
+#include <numeric>
 #include <system_error>
 
 #include "config/config.h"
@@ -134,11 +135,19 @@ Status ValidateLayout(const JobSpec& spec) {
                 "whole heads); use tp in {{{}}}",
                 m.heads, p.tp, Divisors(m.heads));
   }
-  if (m.vocab % p.tp != 0) {
+  if (m.padded_vocab() % p.tp != 0) {
+    const int64_t pad = std::lcm<int64_t>(128, p.tp);
+    if (m.vocab_pad_to > 1) {
+      return Fail(spec, Blame(spec, {"model.vocab_pad_to", "parallel.tp"}),
+                  "model.vocab = {} padded to a multiple of model.vocab_pad_to = {} gives {} rows, not divisible by "
+                  "parallel.tp = {} (the vocabulary is split across tensor-parallel ranks); set vocab_pad_to: {}",
+                  m.vocab, m.vocab_pad_to, m.padded_vocab(), p.tp, pad);
+    }
     return Fail(spec, Blame(spec, {"model.vocab", "parallel.tp"}),
                 "model.vocab = {} is not divisible by parallel.tp = {} (the vocabulary is split across "
-                "tensor-parallel ranks); pad it to a multiple of {}, e.g. vocab: {}",
-                m.vocab, p.tp, p.tp, (m.vocab + p.tp - 1) / p.tp * p.tp);
+                "tensor-parallel ranks); pad it with model.vocab_pad_to: {} (the padding stays out of the loss) or "
+                "use vocab: {}",
+                m.vocab, p.tp, pad, (m.vocab + p.tp - 1) / p.tp * p.tp);
   }
   if (m.ffn_hidden % p.tp != 0) {
     return Fail(spec, Blame(spec, {"model.ffn_hidden", "parallel.tp"}),

@@ -12,7 +12,9 @@ Result<std::unique_ptr<Decoder>> Decoder::Create(const config::ModelSpec& spec, 
   }
   auto d = std::unique_ptr<Decoder>(new Decoder());
   d->spec_ = spec;
-  const int64_t C = spec.hidden, F = spec.ffn_hidden, V = spec.vocab, T = spec.seq_len;
+  // The embedding and classifier hold the padded vocabulary (model.vocab_pad_to); Forward computes the logits of
+  // the first vocab rows only, so the padding is never sampled.
+  const int64_t C = spec.hidden, F = spec.ffn_hidden, V = spec.padded_vocab(), T = spec.seq_len;
   auto shape = [&](const std::string& name) -> int64_t {
     const auto dot = name.rfind('.');
     const std::string leaf = name.substr(dot + 1), owner = name.substr(0, dot);

@@ -20,6 +20,9 @@ uint64_t NameHash(const std::string& s) {  // FNV-1a: a tensor's RNG stream, wha
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
   return h;
 }
+// The logit of a vocabulary padding row: exp(kMaskedLogit - max) is exactly 0 (std::exp, expf, ops' ExpF), so the
+// padding is out of the softmax and gets a zero gradient; finite, so no inf - inf ever makes a NaN.
+constexpr float kMaskedLogit = -1e30f;
 // The mean loss of a micro-batch over the tokens that have a target (>= 0), summed in token order in double.
 float MeanLoss(const float* losses, const int32_t* targets, int64_t N) {
   double sum = 0;
@@ -55,7 +58,9 @@ std::vector<std::string> AllTensorNames(const config::ModelSpec& spec) {
 }
 
 double TrainingFlopsPerSequence(const config::ModelSpec& s) {
-  const double C = s.hidden, F = s.ffn_hidden > 0 ? s.ffn_hidden : 4.0 * s.hidden, L = s.layers, V = s.vocab;
+  // The classifier computes every row of the padded vocabulary (model.vocab_pad_to): those are its FLOPs.
+  const double C = s.hidden, F = s.ffn_hidden > 0 ? s.ffn_hidden : 4.0 * s.hidden, L = s.layers,
+               V = static_cast<double>(s.padded_vocab());
   const double T = s.seq_len;
   const double n_matmul = L * (4 * C * C + 2 * C * F) + V * C;
   double keys = 0;  // sum over query positions of the keys each one attends
@@ -147,12 +152,13 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     return InvalidArgument("model spec not resolved: ffn_hidden={}, hidden={}, heads={}, micro_batch={}",
                            spec.ffn_hidden, spec.hidden, spec.heads, micro_batch);
   }
-  if (tp < 1 || pp < 1 || v < 1 || spec.heads % tp || spec.ffn_hidden % tp || spec.vocab % tp ||
+  if (tp < 1 || pp < 1 || v < 1 || spec.heads % tp || spec.ffn_hidden % tp || spec.padded_vocab() % tp ||
       spec.layers % (pp * v) || shard.tp_rank < 0 || shard.tp_rank >= tp || shard.pp_rank < 0 || shard.pp_rank >= pp) {
     return InvalidArgument(
         "layout tp={} (rank {}) pp={} (rank {}) virtual_stages={} does not divide the model "
-        "(heads {}, ffn_hidden {}, vocab {}, layers {})",
-        tp, shard.tp_rank, pp, shard.pp_rank, v, spec.heads, spec.ffn_hidden, spec.vocab, spec.layers);
+        "(heads {}, ffn_hidden {}, vocab {} padded to {}, layers {})",
+        tp, shard.tp_rank, pp, shard.pp_rank, v, spec.heads, spec.ffn_hidden, spec.vocab, spec.padded_vocab(),
+        spec.layers);
   }
   if (tp > 1 && comms.tp == nullptr) return InvalidArgument("tp={} needs a tensor-parallel communicator", tp);
   if (tp > 1 && comms.tp->size() != tp) {
@@ -175,7 +181,7 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   g->rows_ = shard.sequence_parallel ? N / tp : N;
   g->Hl_ = spec.heads / tp;
   g->Fl_ = spec.ffn_hidden / tp;
-  g->Vl_ = spec.vocab / tp;
+  g->Vl_ = spec.padded_vocab() / tp;
   g->device_ = device;
   if (backend) {
     if (backend->device() != device)
@@ -186,7 +192,7 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->own_be_ = ops::MakeCpuBackend(device);
     g->be_ = g->own_be_.get();
   }
-  const int64_t C = spec.hidden, F = spec.ffn_hidden, V = spec.vocab, T = spec.seq_len;
+  const int64_t C = spec.hidden, F = spec.ffn_hidden, V = spec.padded_vocab(), T = spec.seq_len;
   const bool seq = spec.block == config::BlockKind::kSequential;
   const int G = pp * v, per_chunk = spec.layers / G;
   for (int c = 0; c < v; ++c) {
@@ -242,6 +248,17 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   MS_ASSIGN_OR_RETURN(g->params_buf_, device::Buffer::Allocate(device, std::max<int64_t>(g->num_params_, 1)));
   MS_ASSIGN_OR_RETURN(g->grads_buf_, device::Buffer::Allocate(device, std::max<int64_t>(g->num_params_, 1)));
   MS_RETURN_IF_ERROR(g->Init(seed));
+  // The padded vocabulary's logits are masked out of the softmax by the classifier GEMM's bias: 0 for a real
+  // column, kMaskedLogit for a padding one (only on a rank whose vocabulary slice holds padding).
+  const int64_t v0 = static_cast<int64_t>(shard.tp_rank) * g->Vl_;
+  if (v0 + g->Vl_ > spec.vocab) {
+    std::vector<float> mask(static_cast<size_t>(g->Vl_), 0.0f);
+    for (int64_t j = std::max<int64_t>(0, spec.vocab - v0); j < g->Vl_; ++j)
+      mask[static_cast<size_t>(j)] = kMaskedLogit;
+    MS_RETURN_IF_ERROR(g->logit_mask_.Allocate(g->be_, g->Vl_).WithContext("vocabulary padding mask"));
+    MS_RETURN_IF_ERROR(g->be_->CopyFromHost(g->logit_mask_.data(), mask.data(), sizeof(float) * mask.size()));
+    g->masked_logits_ = true;
+  }
   MS_RETURN_IF_ERROR(g->ZeroGrad());
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
@@ -281,6 +298,9 @@ Status Gpt::Init(uint64_t seed) {
       Rng rng(seed, NameHash(nm));
       double std = (ends_with("attn.proj.weight") || ends_with("mlp.proj.weight")) ? std_proj : std_base;
       for (auto& x : global) x = static_cast<float>(rng.NextNormal() * std);
+      if (nm == "embed.wte" || nm == "lm_head.weight") {  // padding rows (model.vocab_pad_to): zero, and stay so
+        std::fill(global.begin() + static_cast<int64_t>(spec_.vocab) * spec_.hidden, global.end(), 0.0f);
+      }
     }
     local.assign(p.numel, 0.0f);
     ExtractShard(global.data(), local.data(), p.global_shape, p.shard, shard_.tp_size, shard_.tp_rank);
@@ -651,8 +671,9 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   MS_RETURN_IF_ERROR(be_->LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
                                            P("final_norm.weight"), P("final_norm.bias"), R, C, spec_.norm_eps));
   const float* head = P(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight");
+  const float* mask = masked_logits_ ? logit_mask_.data() : nullptr;  // the vocabulary padding, as a bias
   auto logit_rows = [&](int64_t row0, int64_t rows, const float* src) {
-    return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, nullptr, rows, C, Vl);
+    return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl);
   };
   MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
   if (!tp) {

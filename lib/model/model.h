@@ -272,6 +272,8 @@ class Gpt {
   ops::Backend* be_ = nullptr;
   std::unique_ptr<ops::Backend> own_be_;
   DeviceArray<float> scratch_;
+  DeviceArray<float> logit_mask_;          // [Vl]: 0, or a very negative logit on vocabulary padding columns
+  bool masked_logits_ = false;             // this rank's vocabulary slice holds padding (model.vocab_pad_to)
   int deferred_cap_ = 0, deferred_n_ = 0;  // BeginDeferredLosses(cap): head forwards held on the device so far
   DeviceArray<float> deferred_losses_;     // [cap, N]
   std::vector<int32_t> deferred_targets_;  // [n, N]: which tokens count in each micro-batch's mean

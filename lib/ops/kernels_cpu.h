@@ -34,9 +34,10 @@ inline void AxpyF(float* __restrict y, float a, const float* __restrict x, int64
 
 // exp(x) for float, branch-free so that loops calling it vectorize (glibc's expf does not without
 // -ffast-math). Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-7 polynomial for e^r, 2^n from the
-// exponent bits. Relative error below 2 ulp on the clamped range; inputs below -87.33 return 2^-126
-// (about 1e-38, not 0), inputs above 88.37 return about 2^127; NaN gives NaN.
+// exponent bits. Relative error below 2 ulp on the clamped range; inputs below -87.33 return 0 (a select:
+// still branch-free), inputs above 88.37 return about 2^127; NaN gives NaN.
 inline float ExpF(float x) {
+  const bool underflow = x < -87.33654475f;  // below FLT_MIN: 0, as expf (a masked logit, -1e30, must vanish)
   x = std::clamp(x, -87.33654475f, 88.37626266f);
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting rounds to an integer
   const float n = (x * 1.44269504088896341f + kRound) - kRound;
@@ -50,7 +51,8 @@ inline float ExpF(float x) {
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  return y * std::bit_cast<float>(bits);
+  const float e = y * std::bit_cast<float>(bits);
+  return underflow ? 0.0f : e;
 }
 
 // First key a query at position t attends to (window 0: all keys).

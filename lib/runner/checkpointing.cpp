@@ -98,9 +98,11 @@ Result<std::shared_ptr<checkpoint::Coordinator>> MakeStoreCoordinator(const boot
 }
 
 std::string ModelSignature(const config::ModelSpec& m) {
-  return fmt::format("layers={} hidden={} heads={} ffn_hidden={} vocab={} seq_len={} block={} tied_embeddings={}",
-                     m.layers, m.hidden, m.heads, m.ffn_hidden, m.vocab, m.seq_len, config::Name(m.block),
-                     m.tied_embeddings);
+  // vocab_pad_to only when set: checkpoints written before the key existed keep their signature.
+  return fmt::format("layers={} hidden={} heads={} ffn_hidden={} vocab={}{} seq_len={} block={} tied_embeddings={}",
+                     m.layers, m.hidden, m.heads, m.ffn_hidden, m.vocab,
+                     m.vocab_pad_to > 1 ? fmt::format(" vocab_pad_to={}", m.vocab_pad_to) : std::string(), m.seq_len,
+                     config::Name(m.block), m.tied_embeddings);
 }
 
 std::string MakeMetadata(const config::JobSpec& spec, int64_t step, int64_t consumed_samples) {

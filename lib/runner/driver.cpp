@@ -603,7 +603,7 @@ std::string JobId(const std::string& name) {
 }
 
 double ApproxParams(const config::ModelSpec& m) {
-  const double C = m.hidden, F = m.ffn_hidden, V = m.vocab, T = m.seq_len, L = m.layers;
+  const double C = m.hidden, F = m.ffn_hidden, V = static_cast<double>(m.padded_vocab()), T = m.seq_len, L = m.layers;
   return V * C * (m.tied_embeddings ? 1 : 2) + T * C + L * (4 * C * C + 2 * C * F + 9 * C + F) + 2 * C;
 }
 

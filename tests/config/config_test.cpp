@@ -206,8 +206,9 @@ TEST_CASE("the GPU benchmark configs are what docs/PERFORMANCE.md says they are"
     CHECK(spec.model.hidden == w.hidden);
     CHECK(spec.model.heads == w.heads);
     CHECK(spec.model.seq_len == w.seq_len);
-    CHECK(spec.model.vocab == 50304);  // GPT-2's 50257 padded to a multiple of 128
-    CHECK(spec.model.vocab % 128 == 0);
+    CHECK(spec.model.vocab == 50257);  // GPT-2's vocabulary ...
+    CHECK(spec.model.vocab_pad_to == 128);
+    CHECK(spec.model.padded_vocab() == 50304);  // ... padded to a multiple of 128, the padding out of the loss
     CHECK(spec.model.window == 0);
     CHECK(spec.train.micro_batch == w.micro_batch);
     CHECK(spec.train.global_batch == w.global_batch);
@@ -488,7 +489,14 @@ TEST_CASE("cross-field rules name the values and point at the responsible key") 
        "2 * 1 = 2"},
       {{{"vocab: 300", "vocab: 301"}},
        "cfg/x.yaml:7:3: model.vocab: model.vocab = 301 is not divisible by parallel.tp = 3 (the vocabulary is split "
-       "across tensor-parallel ranks); pad it to a multiple of 3, e.g. vocab: 303"},
+       "across tensor-parallel ranks); pad it with model.vocab_pad_to: 384 (the padding stays out of the loss) or use "
+       "vocab: 303"},
+      {{{"  vocab: 300", "  vocab: 301\n  vocab_pad_to: 384"}}, ""},
+      {{{"  vocab: 300", "  vocab: 301\n  vocab_pad_to: 128"}}, ""},  // 384 rows: 128 per rank
+      {{{"  vocab: 300", "  vocab: 301\n  vocab_pad_to: 100"}},
+       "cfg/x.yaml:8:3: model.vocab_pad_to: model.vocab = 301 padded to a multiple of model.vocab_pad_to = 100 gives "
+       "400 rows, not divisible by parallel.tp = 3 (the vocabulary is split across tensor-parallel ranks); set "
+       "vocab_pad_to: 384"},
       {{{"  vocab: 300", "  vocab: 300\n  ffn_hidden: 100"}},
        "cfg/x.yaml:8:3: model.ffn_hidden: model.ffn_hidden = 100 is not divisible by parallel.tp = 3 (the MLP is "
        "split by columns across tensor-parallel ranks); use ffn_hidden: 99 or 102"},

@@ -109,6 +109,65 @@ TEST_CASE("training steps are deterministic and the loss falls on a repeated bat
   CHECK(losses[0].back() < 0.5 * losses[0].front());
 }
 
+TEST_CASE("a padded vocabulary trains as the unpadded one; the padding rows stay zero, out of the softmax") {
+  auto dev = device::MakeCpuDevice();
+  for (bool tied : {true, false}) {
+    CAPTURE(tied);
+    config::OptimizerSpec os;
+    os.lr = 1e-2f;
+    os.warmup_steps = 0;
+    os.weight_decay = 0.1f;
+    std::vector<float> losses[2];
+    std::vector<std::vector<float>> real_rows[2];
+    for (int run = 0; run < 2; ++run) {
+      auto m = SmallSpec(config::BlockKind::kSequential, 0);
+      m.tied_embeddings = tied;
+      m.vocab_pad_to = run == 0 ? 1 : 8;  // 13 -> 16 rows
+      CHECK(m.padded_vocab() == (run == 0 ? 13 : 16));
+      auto gpt = std::move(Gpt::Create(m, {}, 2, 3, dev.get())).value();
+      auto opt = std::move(optim::Optimizer::Create(os, gpt->params(), optim::WholeTensorSegments(gpt->params()),
+                                                    AllTensorNames(m)))
+                     .value();
+      for (int step = 1; step <= 6; ++step) {
+        Batch batch = RandomBatch(m, 2, 40 + step);
+        REQUIRE(gpt->ZeroGrad().ok());
+        losses[run].push_back(*gpt->Forward(batch.inputs.data(), batch.targets.data()));
+        REQUIRE(gpt->Backward(1.0f / (2 * m.seq_len)).ok());
+        for (const auto& p : gpt->params()) {  // the padding rows' gradient is exactly zero
+          if (p.name != "embed.wte" && p.name != "lm_head.weight") continue;
+          const float* g = gpt->grad_data() + p.offset;
+          for (int64_t i = m.vocab * m.hidden; i < p.numel; ++i) REQUIRE(g[i] == 0.0f);
+        }
+        REQUIRE(opt->Step(optim::WholeTensorData(gpt->params(), gpt->param_data(), gpt->grad_data()), step, os.lr,
+                          optim::IdentityReducer)
+                    .ok());
+      }
+      for (const auto& p : gpt->params()) {
+        const float* w = gpt->param_data() + p.offset;
+        int64_t n = p.numel;
+        if (p.name == "embed.wte" || p.name == "lm_head.weight") {
+          CHECK(p.global_shape[0] == m.padded_vocab());
+          n = m.vocab * m.hidden;
+          for (int64_t i = n; i < p.numel; ++i) REQUIRE(w[i] == 0.0f);  // zero at init, still zero (weight decay too)
+        }
+        real_rows[run].emplace_back(w, w + n);
+      }
+    }
+    // The same model: the GEMMs only gain columns, so each loss and weight agrees to float rounding.
+    REQUIRE(losses[0].size() == losses[1].size());
+    for (size_t i = 0; i < losses[0].size(); ++i) CHECK(losses[1][i] == doctest::Approx(losses[0][i]).epsilon(1e-6));
+    REQUIRE(real_rows[0].size() == real_rows[1].size());
+    double worst = 0;
+    for (size_t t = 0; t < real_rows[0].size(); ++t) {
+      REQUIRE(real_rows[0][t].size() == real_rows[1][t].size());
+      for (size_t i = 0; i < real_rows[0][t].size(); ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(real_rows[0][t][i] - real_rows[1][t][i])));
+      }
+    }
+    CHECK(worst < 1e-5);
+  }
+}
+
 TEST_CASE("deferred losses are the immediate losses, bit for bit, and the step's count is enforced") {
   auto dev = device::MakeCpuDevice();
   auto m = SmallSpec(config::BlockKind::kSequential, 0);
@@ -225,49 +284,53 @@ TEST_CASE("decoder: token-by-token logits with a KV cache give the training forw
   auto dev = device::MakeCpuDevice();
   for (auto block : {config::BlockKind::kParallel, config::BlockKind::kSequential}) {
     for (int window : {0, 3}) {  // 3: a window shorter than the sequence (7)
-      for (bool tied : {true, false}) {
-        CAPTURE(static_cast<int>(block));
-        CAPTURE(window);
-        CAPTURE(tied);
-        auto m = SmallSpec(block, window);
-        m.tied_embeddings = tied;
-        auto gpt = std::move(Gpt::Create(m, {}, 1, 17, dev.get())).value();
-        Batch batch = RandomBatch(m, 1, 9);
-        const double loss = *gpt->Forward(batch.inputs.data(), batch.targets.data());
-        auto read = [&](const std::string& name, float* out, int64_t numel) -> Status {
-          for (const auto& p : gpt->params()) {
-            if (p.name != name || p.tied_replica) continue;
-            if (p.numel != numel) return InvalidArgument("{}: {} floats, decoder wants {}", name, p.numel, numel);
-            std::copy(gpt->param_data() + p.offset, gpt->param_data() + p.offset + numel, out);
-            return Status::Ok();
+      for (int pad : {1, 8})     // 8: the 13-token vocabulary held as 16 rows, 3 of them masked padding
+        for (bool tied : {true, false}) {
+          CAPTURE(static_cast<int>(block));
+          CAPTURE(window);
+          CAPTURE(tied);
+          CAPTURE(pad);
+          auto m = SmallSpec(block, window);
+          m.tied_embeddings = tied;
+          m.vocab_pad_to = pad;
+          auto gpt = std::move(Gpt::Create(m, {}, 1, 17, dev.get())).value();
+          Batch batch = RandomBatch(m, 1, 9);
+          const double loss = *gpt->Forward(batch.inputs.data(), batch.targets.data());
+          auto read = [&](const std::string& name, float* out, int64_t numel) -> Status {
+            for (const auto& p : gpt->params()) {
+              if (p.name != name || p.tied_replica) continue;
+              if (p.numel != numel) return InvalidArgument("{}: {} floats, decoder wants {}", name, p.numel, numel);
+              std::copy(gpt->param_data() + p.offset, gpt->param_data() + p.offset + numel, out);
+              return Status::Ok();
+            }
+            return NotFound("no tensor {}", name);
+          };
+          auto dec_or = Decoder::Create(m, read);
+          REQUIRE(dec_or.ok());
+          auto& dec = *dec_or;
+          double sum = 0;
+          std::vector<float> last;
+          for (int t = 0; t < m.seq_len; ++t) {
+            auto logits = dec->Step(batch.inputs[t]);
+            REQUIRE(logits.ok());
+            REQUIRE(logits->size() == static_cast<size_t>(m.vocab));  // the padding is never a candidate
+            double mx = -1e30, se = 0;
+            for (float v : *logits) mx = std::max(mx, static_cast<double>(v));
+            for (float v : *logits) se += std::exp(v - mx);
+            sum += mx + std::log(se) - (*logits)[batch.targets[t]];
+            last = *logits;
           }
-          return NotFound("no tensor {}", name);
-        };
-        auto dec_or = Decoder::Create(m, read);
-        REQUIRE(dec_or.ok());
-        auto& dec = *dec_or;
-        double sum = 0;
-        std::vector<float> last;
-        for (int t = 0; t < m.seq_len; ++t) {
-          auto logits = dec->Step(batch.inputs[t]);
-          REQUIRE(logits.ok());
-          double mx = -1e30, se = 0;
-          for (float v : *logits) mx = std::max(mx, static_cast<double>(v));
-          for (float v : *logits) se += std::exp(v - mx);
-          sum += mx + std::log(se) - (*logits)[batch.targets[t]];
-          last = *logits;
+          CHECK(sum / m.seq_len == doctest::Approx(loss).epsilon(1e-5));
+          // Without the cache, the same logits bit for bit; past seq_len, a clear error.
+          auto again = dec->Recompute();
+          REQUIRE(again.ok());
+          CHECK(*again == last);
+          auto full = dec->Step(1);
+          CHECK(full.status().code() == Code::kOutOfRange);
+          CHECK(full.status().message().find("model.seq_len") != std::string::npos);
+          dec->Reset();
+          CHECK(dec->Step(m.vocab).status().code() == Code::kInvalidArgument);
         }
-        CHECK(sum / m.seq_len == doctest::Approx(loss).epsilon(1e-5));
-        // Without the cache, the same logits bit for bit; past seq_len, a clear error.
-        auto again = dec->Recompute();
-        REQUIRE(again.ok());
-        CHECK(*again == last);
-        auto full = dec->Step(1);
-        CHECK(full.status().code() == Code::kOutOfRange);
-        CHECK(full.status().message().find("model.seq_len") != std::string::npos);
-        dec->Reset();
-        CHECK(dec->Step(m.vocab).status().code() == Code::kInvalidArgument);
-      }
     }
   }
 }

@@ -175,7 +175,10 @@ TEST_CASE("the vectorizable ExpF behind softmax, GeLU and attention is within 2 
   }
   CHECK(worst < 2 * 5.97e-8);
   CHECK(internal::ExpF(0.0f) == 1.0f);
-  CHECK(internal::ExpF(-INFINITY) < 1.2e-38f);  // clamped: 2^-126, not 0
+  CHECK(internal::ExpF(-87.0f) > 0.0f);
+  CHECK(internal::ExpF(-88.0f) == 0.0f);  // below FLT_MIN: 0 (a masked logit must leave the softmax)
+  CHECK(internal::ExpF(-1e30f) == 0.0f);
+  CHECK(internal::ExpF(-INFINITY) == 0.0f);
   CHECK(std::isnan(internal::ExpF(NAN)));
 }
 

@@ -197,6 +197,31 @@ def main():
                 during = sum(r["dp_launched_during_backward"] for r in rows)
                 check(f"{block}/{optimizer} {name} reductions start during backward", during > len(rows),
                       f"{during} collectives launched during backward over {len(rows)} steps")
+    # A padded vocabulary (model.vocab_pad_to): 300 tokens held as 384 rows (tp 2: the second rank's slice ends in
+    # 84 padding rows) and 257 held as 512 (tp 4: the last rank's slice is all padding, the one before holds a
+    # single real row). Every layout trains the single-rank losses and parameters, and the padding rows stay zero.
+    padded = [(300, 128, {"2.1.1": ["parallel.tp=2"], "2.2.2": LAYOUTS["2.2.2"]}),
+              (257, 512, {"4.1.1": ["parallel.tp=4"]})]
+    for vocab, pad, layouts in padded if not QUICK else padded[:1]:
+        spec = os.path.join(WORK, f"pad-{vocab}.yaml")
+        open(spec, "w").write(spec_text(data, "sequential", "adamw").replace(
+            "vocab: 256", f"vocab: {vocab}, vocab_pad_to: {pad}").replace("steps: 10", "steps: 6"))
+        rows_padded = (vocab + pad - 1) // pad * pad
+        base_rows, (base_params, _) = train(spec, f"pad-{vocab}-1.1.1", [])
+        base_loss = np.array([r["loss"] for r in base_rows])
+        for name, sets in [("1.1.1", [])] + list(layouts.items()):
+            if name == "1.1.1":
+                loss, params = base_loss, base_params
+            else:
+                rows, (params, _) = train(spec, f"pad-{vocab}-{name}", sets)
+                loss = np.array([r["loss"] for r in rows])
+            wte = params["embed.wte"].reshape(rows_padded, -1)
+            lerr = float(np.max(np.abs(loss - base_loss) / np.abs(base_loss)))
+            perr = max(rel_norm(params[k], base_params[k]) for k in base_params)
+            zero = bool(np.all(wte[vocab:] == 0)) and bool(np.any(wte[:vocab] != 0))
+            check(f"vocab {vocab} padded to {rows_padded} rows, {name}", lerr < 1e-5 and perr < 1e-4 and zero,
+                  f"loss rel {lerr:.1e}, params rel norm {perr:.1e}, padding rows all zero {zero}")
+
     # The timeline: a bucket's reduction in flight while later layers' backward still runs, and
     # pipeline sends posted before the next compute.
     spec = os.path.join(WORK, "trace.yaml")
