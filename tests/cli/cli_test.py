@@ -81,6 +81,10 @@ def prepare_data_from_debian_fortunes():
 def validate_shipped_configs():
     for spec in glob.glob(os.path.join(SRC, "configs", "*.yaml")):
         rc, out, err = run("validate", "--no-files", spec)
+        if rc != 0 and "built without nvcc" in err:
+            # A GPU config (runtime.backend: cuda) on a build without CUDA is refused with that message; every
+            # other key of it must still be valid.
+            rc, out, err = run("validate", "--no-files", spec, "--set", "runtime.backend=cpu")
         assert rc == 0, f"{spec}: {err}"
         assert "model:" in out and "window:" in out, "resolved spec not printed"
 
