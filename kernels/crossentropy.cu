@@ -1,6 +1,6 @@
-// defines: crossentropy_forward_kernel, crossentropy_backward_kernel and their launchers
-// (CrossEntropyForward, CrossEntropyBackward): softmax cross-entropy over rows of logits, with the per-row
-// log-sum-exp saved for the backward pass, as ms::ops::CrossEntropyForward/Backward.
+// defines: crossentropy_forward_kernel, crossentropy_backward_kernel, crossentropy_fused_kernel and their
+// launchers (CrossEntropyForward, CrossEntropyBackward, CrossEntropyFused): softmax cross-entropy over rows of
+// logits, with the per-row log-sum-exp saved for the backward pass, as ms::ops::CrossEntropyForward/Backward/Fused.
 #include "common.cuh"
 #include "kernels.h"
 
@@ -44,6 +44,33 @@ __global__ void __launch_bounds__(kCeMaxBlock)
   }
 }
 
+// One block per row: the forward above, then the backward written over the row (dlogits in place of the logits):
+// losses, lse (N) WRITTEN; logits (N, V) OVERWRITTEN. The same arithmetic as the two kernels (bit-identical); the
+// block reads its row three times, the last two normally from L2, and writes it once, where the pair of kernels
+// read it three times from HBM (the backward a whole pass later) and wrote a separate dlogits.
+__global__ void __launch_bounds__(kCeMaxBlock)
+    crossentropy_fused_kernel(float* losses, float* lse, float* logits, const int* targets, const float* dloss, int V) {
+  MS_SHARED_ARRAY(float, scratch, 32);
+  const long row = blockIdx.x;
+  float* l = logits + row * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = BlockMax(mx, scratch);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  const float z = mx + logf(BlockSum(sum, scratch));
+  const int t = targets[row];
+  if (threadIdx.x == 0) {
+    lse[row] = z;
+    losses[row] = t < 0 ? 0.0f : z - l[t];
+  }
+  __syncthreads();  // the target logit is read before any thread overwrites it
+  const float scale = dloss[row];
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    l[j] = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
+  }
+}
+
 // ---- launchers ----
 
 cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
@@ -59,6 +86,14 @@ cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const floa
   if (N <= 0 || V <= 0) return cudaSuccess;
   MS_LAUNCH(crossentropy_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, dlogits,
             logits, lse, targets, dloss, static_cast<int>(V));
+  return cudaGetLastError();
+}
+
+cudaError_t CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
+                              int64_t N, int64_t V, cudaStream_t stream) {
+  if (N <= 0 || V <= 0) return cudaSuccess;
+  MS_LAUNCH(crossentropy_fused_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, losses,
+            lse, logits, targets, dloss, static_cast<int>(V));
   return cudaGetLastError();
 }
 

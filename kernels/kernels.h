@@ -58,6 +58,10 @@ cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, 
 // As ms::ops::CrossEntropyBackward: dlogits (N, V) WRITTEN = (softmax - onehot) * dloss[i].
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                  const float* dloss, int64_t N, int64_t V, cudaStream_t stream);
+// As ms::ops::CrossEntropyFused: the two above in one launch, dlogits written over the logits (N, V); losses, lse
+// (N) WRITTEN. Bit-identical to CrossEntropyForward then CrossEntropyBackward(logits, logits, ...).
+cudaError_t CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
+                              int64_t N, int64_t V, cudaStream_t stream);
 
 // ---- Embedding ---- (kernels/embedding.cu)
 

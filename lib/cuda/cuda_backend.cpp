@@ -217,6 +217,10 @@ class CudaBackend final : public ops::Backend {
                              int64_t V) override {
     return Launch(kernels::CrossEntropyForward(losses, lse, logits, targets, N, V, s_), "cross-entropy forward");
   }
+  Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
+                           int64_t N, int64_t V) override {
+    return Launch(kernels::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, s_), "fused cross-entropy");
+  }
   Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                               const float* dloss, int64_t N, int64_t V) override {
     return Launch(kernels::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, s_),

@@ -107,7 +107,9 @@ struct Gpt::Acts {
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
   };
   std::vector<Layer> layers;
-  DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;
+  DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;  // logits: dlogits after the loss
+  bool dlogits_ready = false;  // the fused classifier loss wrote dlogits over the logits, for weight dlogits_weight
+  float dlogits_weight = 0.0f;
   DeviceArray<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
   bool forward_done = false;
 };
@@ -262,9 +264,10 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   MS_RETURN_IF_ERROR(g->ZeroGrad());
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
-  // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; dlogits [N,Vl]; vstats [N] x 3 (at the end: vocab-parallel loss).
-  MS_RETURN_IF_ERROR(g->scratch_.Allocate(
-      g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + N * g->Vl_ + 3 * N));
+  // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; vstats [N] x 3 (at the end: vocab-parallel loss). dlogits are
+  // written over each slot's logits.
+  MS_RETURN_IF_ERROR(
+      g->scratch_.Allocate(g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + 3 * N));
   // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
   // tp blocks of ceil(R / chunks) rows (all-reduce chunks work in place).
   const bool sp = shard.sequence_parallel && tp > 1;
@@ -676,7 +679,16 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
     return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl);
   };
   MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
-  if (!tp) {
+  a.dlogits_ready = false;
+  if (!tp && deferred_cap_ > 0 && fused_dloss_ > 0) {
+    // Training with the backward's loss weight known: the fused classifier loss writes dlogits over the logits
+    // in the same pass over each row; HeadBackward starts from them.
+    MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(fused_dloss_));
+    MS_RETURN_IF_ERROR(
+        be_->CrossEntropyFused(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), dl, N, Vl));
+    a.dlogits_ready = true;
+    a.dlogits_weight = fused_dloss_;
+  } else if (!tp) {
     MS_RETURN_IF_ERROR(
         be_->CrossEntropyForward(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), N, Vl));
   } else {
@@ -705,8 +717,22 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   return MeanLoss(losses.data(), a.targets_host.data(), N);
 }
 
-Status Gpt::BeginDeferredLosses(int micro_batches) {
+Result<const float*> Gpt::LossWeights(float dloss) {
+  // The per-token weight is the same every micro-batch of a step (and usually every step): upload it only when it
+  // changes, not every micro-batch.
+  if (!dloss_valid_ || std::memcmp(&dloss_value_, &dloss, sizeof dloss) != 0) {
+    if (dloss_.size() < N_) MS_RETURN_IF_ERROR(dloss_.Allocate(be_, N_).WithContext("loss weight buffer"));
+    const std::vector<float> dl_host(static_cast<size_t>(N_), dloss);
+    MS_RETURN_IF_ERROR(be_->CopyFromHost(dloss_.data(), dl_host.data(), sizeof(float) * N_));
+    dloss_value_ = dloss;
+    dloss_valid_ = true;
+  }
+  return static_cast<const float*>(dloss_.data());
+}
+
+Status Gpt::BeginDeferredLosses(int micro_batches, float dloss) {
   if (micro_batches <= 0) return Status(Code::kInvalidArgument, "BeginDeferredLosses: micro_batches must be positive");
+  fused_dloss_ = dloss;
   if (deferred_losses_.size() < micro_batches * N_) {
     MS_RETURN_IF_ERROR(deferred_losses_.Allocate(be_, micro_batches * N_).WithContext("deferred loss buffer"));
   }
@@ -739,24 +765,22 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   float* s = scratch_.data();
   float* dln = s + 2 * R * C;
   float* dln_full = s + 3 * R * C + 3 * N * C;
-  const int64_t HlD = Hl_ * (C / spec_.heads);
-  float* dlogits = s + 3 * R * C + 5 * N * C + 4 * N * HlD + 2 * N * Fl_;
-  if (!tp) {
-    // The per-token weight is the same every micro-batch of a step (and usually every step): upload it only when
-    // it changes, not from pageable memory each micro-batch.
-    if (!dloss_valid_ || std::memcmp(&dloss_value_, &dloss, sizeof dloss) != 0) {
-      if (dloss_.size() < N) MS_RETURN_IF_ERROR(dloss_.Allocate(be_, N).WithContext("loss weight buffer"));
-      const std::vector<float> dl_host(N, dloss);
-      MS_RETURN_IF_ERROR(be_->CopyFromHost(dloss_.data(), dl_host.data(), sizeof(float) * N));
-      dloss_value_ = dloss;
-      dloss_valid_ = true;
+  // dlogits are written over the logits (the logits are not needed again): no second [N, Vl] buffer.
+  float* dlogits = a.logits.data();
+  if (a.dlogits_ready) {  // the fused classifier loss of the forward already wrote them
+    if (std::memcmp(&a.dlogits_weight, &dloss, sizeof dloss) != 0) {
+      return Status(Code::kInternal, fmt::format("head backward with loss weight {} after a fused forward for {}",
+                                                 dloss, a.dlogits_weight));
     }
+  } else if (!tp) {
+    MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(dloss));
     MS_RETURN_IF_ERROR(
-        be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dloss_.data(), N, Vl));
+        be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl));
   } else {
     MS_RETURN_IF_ERROR(be_->VocabParallelBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dloss,
                                                   shard_.tp_rank * Vl, N, Vl));
   }
+  a.dlogits_ready = false;
   const char* head = spec_.tied_embeddings ? "embed.wte" : "lm_head.weight";
   const float* lnfin = sp ? a.lnf_full.data() : a.lnf.data();
   auto dlnf_rows = [&](int64_t row0, int64_t rows, float* dst) {

@@ -189,12 +189,15 @@ class Gpt {
                        const std::function<void(int)>& on_layer_done = {});
   const float* InputGrad(int chunk, int slot) const;
 
-  // Deferred losses: between BeginDeferredLosses(n) and TakeDeferredLosses(), the head chunk's forward leaves
-  // each micro-batch's per-token losses on the device (one device-to-device copy; ForwardChunk returns 0 for the
-  // head) instead of copying them to the host, which waits for the stream, once per micro-batch.
+  // Deferred losses: between BeginDeferredLosses(n, dloss) and TakeDeferredLosses(), the head chunk's forward
+  // leaves each micro-batch's per-token losses on the device (one device-to-device copy; ForwardChunk returns 0
+  // for the head) instead of copying them to the host, which waits for the stream, once per micro-batch.
   // TakeDeferredLosses() copies them to the host once and returns each micro-batch's mean loss, in the order
   // the head ran them: the same sums as ForwardChunk's, so bit-identical. At most n head forwards in between.
-  Status BeginDeferredLosses(int micro_batches);
+  // dloss > 0: the per-token weight the head backward will get; at tp 1 the forward then computes the loss
+  // and the logits' gradient in one pass (Backend::CrossEntropyFused, bit-identical), and BackwardChunk must be
+  // called with that dloss. 0: the loss only.
+  Status BeginDeferredLosses(int micro_batches, float dloss = 0.0f);
   Result<std::vector<float>> TakeDeferredLosses();
 
   // Single-chunk convenience (pp == 1): forward + loss of slot 0, and its backward.
@@ -253,6 +256,7 @@ class Gpt {
                                      float* local);
   void GemmSpan(std::string_view what, int chunk, int chunks, double start);  // reports a GEMM step's span
   Result<float> HeadForward(Acts& a, const float* x);
+  Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   Status HeadBackward(Acts& a, float dloss, float* dres);
 
   config::ModelSpec spec_;
@@ -274,6 +278,7 @@ class Gpt {
   DeviceArray<float> scratch_;
   DeviceArray<float> logit_mask_;          // [Vl]: 0, or a very negative logit on vocabulary padding columns
   bool masked_logits_ = false;             // this rank's vocabulary slice holds padding (model.vocab_pad_to)
+  float fused_dloss_ = 0.0f;               // BeginDeferredLosses' dloss: > 0 fuses the classifier loss
   int deferred_cap_ = 0, deferred_n_ = 0;  // BeginDeferredLosses(cap): head forwards held on the device so far
   DeviceArray<float> deferred_losses_;     // [cap, N]
   std::vector<int32_t> deferred_targets_;  // [n, N]: which tokens count in each micro-batch's mean

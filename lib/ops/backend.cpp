@@ -76,6 +76,11 @@ class CpuBackend final : public Backend {
     ops::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V);
     return Status::Ok();
   }
+  Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
+                           int64_t N, int64_t V) override {
+    ops::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V);
+    return Status::Ok();
+  }
   Status VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V) override {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {

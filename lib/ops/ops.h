@@ -94,6 +94,11 @@ void CrossEntropyForward(float* losses, float* lse, const float* logits, const i
 // lse (N) as saved by the forward; dloss (N) is a per-row scale (e.g. 1 / number of valid targets).
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                           const float* dloss, int64_t N, int64_t V);
+// The fused classifier loss (training, where dloss is known before the forward): CrossEntropyForward, then
+// CrossEntropyBackward written over the logits, row by row (a row is read while it is still in cache):
+// losses, lse (N) WRITTEN; logits (N, V) OVERWRITTEN with dlogits. Bit-identical to the two calls.
+void CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss, int64_t N,
+                       int64_t V);
 
 // ---- Embedding -----------------------------------------------------------------------------------
 
@@ -205,6 +210,9 @@ class Backend {
                                      int64_t V) = 0;
   virtual Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                       const float* dloss, int64_t N, int64_t V) = 0;
+  // Forward and backward in one pass over each row, dlogits written over the logits (ops::CrossEntropyFused).
+  virtual Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
+                                   int64_t N, int64_t V) = 0;
   // Vocab-parallel cross-entropy pieces; logits (N, V) are this rank's vocab columns [vstart, vstart + V).
   //   RowMax:       mx (N) WRITES the row maxima.
   //   SumExpTarget: se (N) WRITES sum_j exp(logits - mx) (mx already reduced across ranks), tl (N) the target
@@ -275,6 +283,8 @@ void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const f
 void CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V);
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                           const float* dloss, int64_t N, int64_t V);
+void CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss, int64_t N,
+                       int64_t V);
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C);
 void EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C);
 void AddInPlace(float* y, const float* x, int64_t n);

@@ -183,6 +183,22 @@ void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
   }
 }
 
+void CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss, int64_t N,
+                       int64_t V) {
+#pragma omp parallel for schedule(static) if (N * V > kParallelMin)
+  for (int64_t i = 0; i < N; ++i) {
+    float* l = logits + i * V;
+    lse[i] = LogSumExpRow(l, V);
+    if (targets[i] < 0) {
+      losses[i] = 0.0f;
+      std::fill(l, l + V, 0.0f);
+    } else {
+      losses[i] = lse[i] - l[targets[i]];
+      CrossEntropyBackwardRow(l, l, lse[i], targets[i], dloss[i], V);  // same element in and out
+    }
+  }
+}
+
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
   for (int64_t i = 0; i < N; ++i) {

@@ -257,6 +257,12 @@ void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
   }
 }
 
+void CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss, int64_t N,
+                       int64_t V) {
+  CrossEntropyForward(losses, lse, logits, targets, N, V);
+  CrossEntropyBackward(logits, logits, lse, targets, dloss, N, V);  // elementwise: in place is exact
+}
+
 void EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
   for (int64_t i = 0; i < N; ++i) {
     for (int64_t c = 0; c < C; ++c) out[i * C + c] = ids[i] < 0 ? 0.0f : table[ids[i] * C + c];

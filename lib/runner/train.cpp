@@ -610,7 +610,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     MS_RETURN_IF_ERROR(pipe.BeginStep());
     // The head's losses stay on the device until the step's micro-batches are done (no wait per micro-batch).
     const bool head_rank = gpt->has_head(gpt->num_chunks() - 1);
-    if (head_rank) MS_RETURN_IF_ERROR(gpt->BeginDeferredLosses(n_micro));
+    if (head_rank) MS_RETURN_IF_ERROR(gpt->BeginDeferredLosses(n_micro, dloss));
     for (size_t ai = 0; ai < schedule.size(); ++ai) {
       const parallel::Action& a = schedule[ai];
       // Post the receive the next action needs before computing this one (parallel.pp_overlap).

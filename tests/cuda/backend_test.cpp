@@ -169,7 +169,8 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cro
       p,
       {Random(N * V, 1, -4, 4), std::vector<float>(N), std::vector<float>(N), Random(N, 2, 0.1f, 1.0f),
        std::vector<float>(N * V), std::vector<float>(N), std::vector<float>(N), std::vector<float>(N),
-       std::vector<float>(N), std::vector<float>(N), std::vector<float>(N * V)},
+       std::vector<float>(N), std::vector<float>(N), std::vector<float>(N * V), Random(N * V, 1, -4, 4),
+       std::vector<float>(N), std::vector<float>(N)},
       [&](ops::Backend& be, std::vector<float*>& t) {
         const int32_t* tt = &be == p.cpu.get() ? tc : tg;
         REQUIRE(be.CrossEntropyForward(t[1], t[2], t[0], tt, N, V).ok());
@@ -178,8 +179,10 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cro
         REQUIRE(be.VocabParallelSumExpTarget(t[6], t[7], t[0], t[5], tt, 0, N, V).ok());
         REQUIRE(be.VocabParallelFinish(t[8], t[9], t[5], t[6], t[7], tt, N).ok());
         REQUIRE(be.VocabParallelBackward(t[10], t[0], t[9], tt, 0.25f, 0, N, V).ok());
+        REQUIRE(be.CrossEntropyFused(t[12], t[13], t[11], tt, t[3], N, V).ok());  // dlogits over the logits copy
       },
-      {{1, N}, {2, N}, {4, N * V}, {5, N}, {6, N}, {7, N}, {8, N}, {9, N}, {10, N * V}}, 1e-4f, 1e-6f, "cross-entropy");
+      {{1, N}, {2, N}, {4, N * V}, {5, N}, {6, N}, {7, N}, {8, N}, {9, N}, {10, N * V}, {11, N * V}, {12, N}, {13, N}},
+      1e-4f, 1e-6f, "cross-entropy");
   std::vector<int32_t> ids(N);
   for (int64_t i = 0; i < N; ++i) ids[i] = i % 5 == 0 ? -1 : static_cast<int32_t>((i * 3) % 11);
   int32_t* ic = p.On(*p.cpu, ids);

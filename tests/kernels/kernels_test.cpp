@@ -159,6 +159,13 @@ TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (
     REQUIRE(CrossEntropyBackward(d_dlogits.get(), d_logits.get(), d_lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
                                  nullptr) == cudaSuccess);
     ExpectClose(d_dlogits.Get(), dlogits, 1e-5f, 1e-6f, "crossentropy dlogits");
+    // Fused: dlogits over the logits, bit-identical to the two kernels.
+    Dev<float> d_inout(logits), d_losses2(s.N), d_lse2(s.N);
+    REQUIRE(CrossEntropyFused(d_losses2.get(), d_lse2.get(), d_inout.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                              nullptr) == cudaSuccess);
+    CHECK(d_losses2.Get() == d_losses.Get());
+    CHECK(d_lse2.Get() == d_lse.Get());
+    CHECK(d_inout.Get() == d_dlogits.Get());
   }
   ExpectNoPoisonedReads();
 }

@@ -199,6 +199,27 @@ TEST_CASE("deferred losses are the immediate losses, bit for bit, and the step's
   REQUIRE(deferred.ok());
   CHECK(*deferred == std::vector<float>{immediate[0]});
   CHECK(!gpt->BeginDeferredLosses(0).ok());
+
+  // With the backward's loss weight given, the forward fuses the loss and the logits' gradient: the same loss
+  // and the same parameter gradients, bit for bit; a backward with another weight is refused.
+  const float dl = 1.0f / (2 * m.seq_len);
+  REQUIRE(gpt->ZeroGrad().ok());
+  const float loss_plain = *gpt->Forward(batches[1].inputs.data(), batches[1].targets.data());
+  REQUIRE(gpt->Backward(dl).ok());
+  const std::vector<float> grads_plain(gpt->grad_data(), gpt->grad_data() + gpt->num_params());
+  REQUIRE(gpt->ZeroGrad().ok());
+  REQUIRE(gpt->BeginDeferredLosses(2, dl).ok());
+  REQUIRE(gpt->Forward(batches[1].inputs.data(), batches[1].targets.data()).ok());
+  REQUIRE(gpt->Backward(dl).ok());
+  const std::vector<float> grads_fused(gpt->grad_data(), gpt->grad_data() + gpt->num_params());
+  REQUIRE(gpt->Forward(batches[1].inputs.data(), batches[1].targets.data()).ok());
+  const Status wrong = gpt->Backward(2 * dl);
+  CHECK(!wrong.ok());
+  CHECK(wrong.message().find("fused forward") != std::string::npos);
+  deferred = gpt->TakeDeferredLosses();
+  REQUIRE(deferred.ok());
+  CHECK(*deferred == std::vector<float>{loss_plain, loss_plain});
+  CHECK(grads_fused == grads_plain);
 }
 
 TEST_CASE("initialization is identical whatever the seed stream and shard extraction tiles the tensor") {

@@ -47,6 +47,18 @@ void CheckCrossEntropy(int64_t N, int64_t V, uint64_t seed) {
     for (int64_t j = 0; j < V; ++j) s += dlogits[i * V + j];
     CHECK(std::fabs(s) < 1e-5);
   }
+  // Fused (the training classifier): the same losses, lse and dlogits bit for bit, dlogits over the logits; and
+  // the reference's fused version is its own two calls.
+  std::vector<float> inout(logits), losses_f(N), lse_f(N);
+  CrossEntropyFused(losses_f.data(), lse_f.data(), inout.data(), targets.data(), dloss.data(), N, V);
+  CHECK(losses_f == losses);
+  CHECK(lse_f == lse);
+  CHECK(inout == dlogits);
+  std::vector<float> inout_ref(logits), dlogits_ref2(N * V);
+  ref::CrossEntropyFused(losses_f.data(), lse_f.data(), inout_ref.data(), targets.data(), dloss.data(), N, V);
+  ref::CrossEntropyBackward(dlogits_ref2.data(), logits.data(), lse_f.data(), targets.data(), dloss.data(), N, V);
+  CHECK(losses_f == losses_ref);
+  CHECK(inout_ref == dlogits_ref2);
 }
 
 TEST_CASE("cross-entropy fast matches the reference, with ignored targets") {
