@@ -1527,6 +1527,30 @@ void WriteJson(const std::string& path, const Machine& m, const std::vector<Shap
   if (!f) Die("cannot write " + path);
 }
 
+// One shape: its header, the table (measured, or in the dry mode bytes / FLOPs / roofline only) and the step
+// prediction.
+void BenchShape(Bench& bench, const Shape& s, const Roofline& roof, int micro_batches) {
+  bench.set_name(s.name);
+  fmt::print("\n== {}: tokens {} (B {} x seq {}), hidden {}, heads {} (D {}), vocab {}, window {}, layers {}, tp {}\n",
+             s.name, s.tokens, s.tokens / s.seq, s.seq, s.hidden, s.heads, s.hidden / s.heads, s.vocab, s.window,
+             s.layers, s.tp);
+  if (g_dry) {
+    fmt::print("{:<28} {:<44} {:>10} {:>10} {:>8} {:>6} {:>9}\n", "kernel", "shape", "MB", "GFLOP", "unit", "bound",
+               "roof ms");
+  } else {
+    fmt::print("{:<28} {:<44} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}\n", "kernel", "shape", "median ms",
+               "min ms", "GB/s", "%peak", "TFLOP/s", "cuBLAS", "vs cuBLAS", "roof ms", "%roof");
+  }
+  BenchLayerNormGelu(bench, s);
+  BenchAttention(bench, s);
+  BenchCrossEntropy(bench, s);
+  BenchEmbeddingPositions(bench, s);
+  BenchElementwise(bench, s);
+  BenchOptimizers(bench, s);
+  BenchGemm(bench, s);
+  PredictStep(s, roof, micro_batches);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1625,23 +1649,7 @@ int main(int argc, char** argv) {
         "bytes: the minimum traffic of each launcher (inputs read once, outputs written once, accumulated outputs "
         "read and written, scratch written and read); roof ms = max(bytes / bandwidth, FLOPs / peak of the unit)\n");
     Bench bench(nullptr, nullptr, 0, 1, roof.bandwidth, roof);
-    for (const Shape& s : shapes) {
-      bench.set_name(s.name);
-      fmt::print(
-          "\n== {}: tokens {} (B {} x seq {}), hidden {}, heads {} (D {}), vocab {}, window {}, layers {}, tp {}\n",
-          s.name, s.tokens, s.tokens / s.seq, s.seq, s.hidden, s.heads, s.hidden / s.heads, s.vocab, s.window, s.layers,
-          s.tp);
-      fmt::print("{:<28} {:<44} {:>10} {:>10} {:>8} {:>6} {:>9}\n", "kernel", "shape", "MB", "GFLOP", "unit", "bound",
-                 "roof ms");
-      BenchLayerNormGelu(bench, s);
-      BenchAttention(bench, s);
-      BenchCrossEntropy(bench, s);
-      BenchEmbeddingPositions(bench, s);
-      BenchElementwise(bench, s);
-      BenchOptimizers(bench, s);
-      BenchGemm(bench, s);
-      PredictStep(s, roof, micro_batches);
-    }
+    for (const Shape& s : shapes) BenchShape(bench, s, roof, micro_batches);
     return 0;
   }
 
@@ -1719,23 +1727,7 @@ int main(int argc, char** argv) {
       roof.name, roof.bandwidth / 1e12, roof.bf16 / 1e12, roof.fp32 / 1e12,
       roofline.empty() && !detected ? " — this GPU is not in the table, H100 figures used" : "");
   Bench bench(stream, blas, warmup, iters, m.peak_bw, roof);
-  for (const Shape& s : shapes) {
-    bench.set_name(s.name);
-    fmt::print(
-        "\n== {}: tokens {} (B {} x seq {}), hidden {}, heads {} (D {}), vocab {}, window {}, layers {}, tp {}\n",
-        s.name, s.tokens, s.tokens / s.seq, s.seq, s.hidden, s.heads, s.hidden / s.heads, s.vocab, s.window, s.layers,
-        s.tp);
-    fmt::print("{:<28} {:<44} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}\n", "kernel", "shape", "median ms",
-               "min ms", "GB/s", "%peak", "TFLOP/s", "cuBLAS", "vs cuBLAS", "roof ms", "%roof");
-    BenchLayerNormGelu(bench, s);
-    BenchAttention(bench, s);
-    BenchCrossEntropy(bench, s);
-    BenchEmbeddingPositions(bench, s);
-    BenchElementwise(bench, s);
-    BenchOptimizers(bench, s);
-    BenchGemm(bench, s);
-    PredictStep(s, roof, micro_batches);
-  }
+  for (const Shape& s : shapes) BenchShape(bench, s, roof, micro_batches);
   if (!json.empty()) {
     WriteJson(json, m, shapes, warmup, iters, bench.rows());
     fmt::print("\nwrote {}\n", json);

@@ -10,19 +10,27 @@ constexpr int kCeMaxBlock = 512;  // the most threads a row block gets (BlockThr
 
 // ---- kernels ----
 
-// One block per row: block max, then block sum of exp(l - max). losses, lse: (N); logits: (N, V);
-// targets: (N), < 0 ignored (loss 0, lse still written).
-__global__ void __launch_bounds__(kCeMaxBlock)
-    crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int* targets, int V) {
-  MS_SHARED_ARRAY(float, scratch, 32);
-  const long row = blockIdx.x;
-  const float* l = logits + row * V;
+namespace {
+// log(sum_j exp(l[j])) of a row of V, by the whole block: block max, then block sum of exp(l - max); every thread
+// gets it (the block reductions end with a barrier). scratch: 32 floats of shared memory.
+__device__ __forceinline__ float RowLogSumExp(const float* l, int V, float* scratch) {
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
   mx = BlockMax(mx, scratch);
   float sum = 0.0f;
   for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
-  const float z = mx + logf(BlockSum(sum, scratch));
+  return mx + logf(BlockSum(sum, scratch));
+}
+}  // namespace
+
+// One block per row: the row's log-sum-exp and loss. losses, lse: (N); logits: (N, V); targets: (N), < 0 ignored
+// (loss 0, lse still written).
+__global__ void __launch_bounds__(kCeMaxBlock)
+    crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int* targets, int V) {
+  MS_SHARED_ARRAY(float, scratch, 32);
+  const long row = blockIdx.x;
+  const float* l = logits + row * V;
+  const float z = RowLogSumExp(l, V, scratch);
   if (threadIdx.x == 0) {
     const int t = targets[row];
     lse[row] = z;
@@ -53,12 +61,7 @@ __global__ void __launch_bounds__(kCeMaxBlock)
   MS_SHARED_ARRAY(float, scratch, 32);
   const long row = blockIdx.x;
   float* l = logits + row * V;
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
-  mx = BlockMax(mx, scratch);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
-  const float z = mx + logf(BlockSum(sum, scratch));
+  const float z = RowLogSumExp(l, V, scratch);
   const int t = targets[row];
   if (threadIdx.x == 0) {
     lse[row] = z;
