@@ -124,13 +124,16 @@ const Roofline* RooflineOfGpu(const std::string& gpu) {
   return nullptr;
 }
 
-// Which peak a launcher's FLOPs run at: the GEMM on bf16 tensor cores, today's attention kernels in fp32 on CUDA
-// cores (kernels/attention.cu), everything else is memory-bound (no FLOPs counted).
+// Which peak a launcher's FLOPs run at: the GEMM and the bf16 attention kernels (kernels/attention_tc.cu) on bf16
+// tensor cores, the fp32 attention kernels (kernels/attention.cu) on CUDA cores, everything else is memory-bound
+// (no FLOPs counted).
 enum class Unit { kMemory, kTensorBf16, kCudaCoreFp32 };
 
 Unit UnitOf(const std::string& kernel) {
   if (kernel.rfind("Gemm", 0) == 0) return Unit::kTensorBf16;
-  if (kernel.rfind("Attention", 0) == 0) return Unit::kCudaCoreFp32;
+  if (kernel.rfind("Attention", 0) == 0) {
+    return kernel.find("Bf16") != std::string::npos ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
+  }
   return Unit::kMemory;
 }
 
@@ -415,6 +418,22 @@ void SanityAttention(Sanity& s) {
     s.Close("AttentionForward out " + shape, d_out.Download(), out, 1e-4, 1e-5);
     s.Close("AttentionForward lse", d_lse.Download(), lse, 1e-4, 1e-5);
     s.Close("AttentionBackward dqkv", d_dqkv.Download(), dqkv, 1e-3, 1e-4);
+    // The tensor-core kernels against the reference on bf16-rounded inputs (tolerances of
+    // tests/kernels/attention_test.cpp).
+    auto rounded = [](std::vector<float> v) {
+      for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+      return v;
+    };
+    const auto qkv_r = rounded(qkv), dout_r = rounded(dout);
+    ref::AttentionForward(out.data(), lse.data(), qkv_r.data(), B, T, H, D, window);
+    ref::AttentionBackward(dqkv.data(), dout_r.data(), qkv_r.data(), out.data(), lse.data(), B, T, H, D, window);
+    s.Run("AttentionForwardBf16",
+          k::AttentionForwardBf16(d_out.get(), d_lse.get(), d_qkv.get(), B, T, H, D, window, s.stream()));
+    s.Run("AttentionBackwardBf16", k::AttentionBackwardBf16(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(),
+                                                            d_out.get(), d_lse.get(), B, T, H, D, window, s.stream()));
+    s.Close("AttentionForwardBf16 out " + shape, d_out.Download(), out, 1e-2, 1e-2);
+    s.Close("AttentionForwardBf16 lse", d_lse.Download(), lse, 1e-4, 1e-4);
+    s.Close("AttentionBackwardBf16 dqkv", d_dqkv.Download(), dqkv, 2e-2, 2e-2);
   }
 }
 
@@ -1045,15 +1064,32 @@ void BenchAttention(Bench& b, const Shape& s) {
     f.ref_flops = ref_flops;
     f.ref_what = "cublasGemmStridedBatchedEx S = Q K^T and O = P V";
     b.Emit(f);
-    Row r = b.Measure("AttentionBackward", shape, F * (n_out + n_qkv + n_out + n_lse + n_qkv + 2 * scratch_n),
-                      2.5 * fwd_flops, [&] {
-                        return k::AttentionBackward(dqkv.get(), scratch.get(), dout.get(), qkv.get(), out.get(),
-                                                    lse.get(), B, T, H, D, window, b.stream());
-                      });
+    // Both backwards form the scores and dP twice (dK/dV and dQ kernels): 7 products of the forward's 2.
+    const double bwd_flops = 3.5 * fwd_flops, bwd_bytes = F * (n_out + n_qkv + n_out + n_lse + n_qkv + 2 * scratch_n);
+    Row r = b.Measure("AttentionBackward", shape, bwd_bytes, bwd_flops, [&] {
+      return k::AttentionBackward(dqkv.get(), scratch.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, T, H, D,
+                                  window, b.stream());
+    });
     r.ref = ref;
     r.ref_flops = ref_flops;
     r.ref_what = f.ref_what;
     b.Emit(r);
+    if (D % 16 != 0) continue;  // the tensor-core kernels need D a multiple of 16
+    Row tf = b.Measure("AttentionForwardBf16", shape, F * (n_qkv + n_out + n_lse), fwd_flops, [&] {
+      return k::AttentionForwardBf16(out.get(), lse.get(), qkv.get(), B, T, H, D, window, b.stream());
+    });
+    tf.ref = ref;
+    tf.ref_flops = ref_flops;
+    tf.ref_what = f.ref_what;
+    b.Emit(tf);
+    Row tb = b.Measure("AttentionBackwardBf16", shape, bwd_bytes, bwd_flops, [&] {
+      return k::AttentionBackwardBf16(dqkv.get(), scratch.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, T, H,
+                                      D, window, b.stream());
+    });
+    tb.ref = ref;
+    tb.ref_flops = ref_flops;
+    tb.ref_what = f.ref_what;
+    b.Emit(tb);
   }
 }
 
@@ -1274,9 +1310,11 @@ struct Launch {
 // The kernels one training step of a GPT-2 (sequential block, fused bias/GeLU/residual kernels, tp = pp = dp = 1,
 // full causal attention) launches on the CUDA backend as built (lib/cuda/cuda_backend.cpp, lib/model/model.cpp):
 // every linear casts its fp32 input and weight to bf16 (forward), its output gradient, weight and input
-// (backward), then cublasGemmEx with fp32 output; attention is the fp32 kernel. `after16`: the target of issue #16
-// instead: no casts (bf16 activations and a bf16 weight copy written by the optimizer), bf16 GEMM outputs and
-// activations (half the bytes of every memory-bound kernel), attention on bf16 tensor cores.
+// (backward), then cublasGemmEx with fp32 output; attention runs on bf16 tensor cores with fp32 inputs and outputs
+// when D is a multiple of 16 (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products
+// (the forward's 2, then 5, with S and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16
+// activations and a bf16 weight copy written by the optimizer), bf16 GEMM outputs and activations (half the bytes
+// of every memory-bound kernel), attention on bf16 tensor cores with FlashAttention-2's 5-product backward.
 std::vector<Launch> StepLaunches(const Shape& s, bool after16) {
   const double N = static_cast<double>(s.tokens), C = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab);
   const double T = static_cast<double>(s.seq), B = N / T, H = static_cast<double>(s.heads), D = C / H, F4 = 4.0 * C;
@@ -1307,8 +1345,10 @@ std::vector<Launch> StepLaunches(const Shape& s, bool after16) {
       static_cast<double>(k::AttentionBackwardScratchFloats(s.tokens / s.seq, s.seq, s.heads, s.hidden / s.heads));
   // LayerNorm backward writes and reads its per-block partial sums of dw and db once.
   const double ln_scratch = static_cast<double>(k::LayerNormBackwardScratchFloats(s.tokens, s.hidden));
-  const Unit attn_unit = after16 ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
-  const char* attn = after16 ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
+  const bool tc_attention = after16 || static_cast<int64_t>(D) % 16 == 0;
+  const Unit attn_unit = tc_attention ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
+  const char* attn = tc_attention ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
+  const double attn_bwd = after16 ? 2.5 : 3.5;  // backward products / forward products
   // Per layer.
   mem("LayerNorm", 2 * N * C, 2 * C + 2 * N, 2 * L);                   // forward x2
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch, 2 * L);  // backward x2 (+ partial sums)
@@ -1317,7 +1357,8 @@ std::vector<Launch> StepLaunches(const Shape& s, bool after16) {
   linear(C, F4, false, false, L);                                      // fc
   linear(F4, C, false, false, L);                                      // fc projection
   out.push_back({attn, act * (n_qkv + N * C) + F * n_lse, attn_fwd, attn_unit, L});
-  out.push_back({attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch), 2.5 * attn_fwd, attn_unit, L});
+  out.push_back(
+      {attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch), attn_bwd * attn_fwd, attn_unit, L});
   mem("bias, GeLU, residual, bias grad", 2 * N * F4, F4, L);        // bias + GeLU forward
   mem("bias, GeLU, residual, bias grad", 3 * N * F4, 3 * F4, L);    // bias + GeLU backward
   mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
@@ -1383,8 +1424,9 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
     add(StepLaunches(s, after16), static_cast<double>(micro_batches));
     add(OptimizerLaunches(s, after16), 1.0);
     fmt::print("  {}:\n", after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, "
-                                    "attention on bf16 tensor cores)"
-                                  : "as built (fp32 activations, casts before every GEMM, fp32 attention kernel)");
+                                    "5-product attention backward)"
+                                  : "as built (fp32 activations, casts before every GEMM, tensor-core attention "
+                                    "with fp32 I/O and a 7-product backward)");
     for (const auto& [group, sec] : groups) {
       fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
     }

@@ -11,10 +11,15 @@
 // conflicts. Only the tiles meeting the band t - window < s <= t are loaded; warps skip the tiles their own
 // rows/keys do not meet. Masked pairs contribute exactly nothing (their products are skipped, not multiplied
 // by 0), so a NaN or Inf outside a query's window never reaches its outputs.
-#include "common.cuh"
-#include "kernels.h"
+#include "attention_common.cuh"
 
 namespace ms::kernels {
+
+using attention_detail::AllowSharedBytes;
+using attention_detail::HeadRows;
+using attention_detail::HeadRowsOf;
+using attention_detail::Meets;
+using attention_detail::Sees;
 
 namespace {
 constexpr int kTile = 32;                     // Br = Bc: query rows per tile, keys per tile (one per lane)
@@ -27,16 +32,6 @@ constexpr int kRowTermThreads = 256;          // attention_row_term_kernel: 8 ro
 static_assert(kTile == 32, "the score loops put one key (or query row) of the tile on each lane");
 static_assert(kRowsPerWarp * kWarps == kTile, "the warps must cover the tile");
 static_assert(kMaxD == kAttentionMaxHeadDim, "head-dim limit and per-lane accumulators disagree");
-
-// Query t sees key s (t, s >= 0).
-__device__ __forceinline__ bool Sees(int t, int s, int window) {
-  return s <= t && (window == 0 || s > t - window);
-}
-
-// Some query in [ra, rb] sees some key in [ka, kb] (inclusive ranges, ra <= rb, ka <= kb).
-__device__ __forceinline__ bool Meets(int ra, int rb, int ka, int kb, int window) {
-  return ka <= rb && (window == 0 || kb > ra - window);
-}
 
 // dst[r * ld + d] = src[(t0 + r) * stride + d] for r < kTile, d < D; rows t0 + r >= T are zero-filled.
 // All threads of the block take part; the caller synchronizes.
@@ -68,10 +63,9 @@ __global__ void __launch_bounds__(kThreads)
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
-  const long row = 3L * H * D;
-  const float* q = qkv + static_cast<long>(b) * T * row + static_cast<long>(h) * D;
-  const float* k = q + static_cast<long>(H) * D;
-  const float* v = k + static_cast<long>(H) * D;
+  const HeadRows hr = HeadRowsOf(qkv, nullptr, b, h, T, H, D);
+  const long row = hr.row;
+  const float *q = hr.q, *k = hr.k, *v = hr.v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int q0 = qt * kTile, q1 = min(q0 + kTile, T);
   const int ra = q0 + warp * kRowsPerWarp, rb = min(ra + kRowsPerWarp, T) - 1;  // this warp's rows; none if rb < ra
@@ -200,11 +194,9 @@ __global__ void __launch_bounds__(kThreads)
 
   const int bh = blockIdx.x / ntiles, kt = blockIdx.x % ntiles;
   const int b = bh / H, h = bh % H;
-  const long row = 3L * H * D, orow = static_cast<long>(H) * D;
-  const float* q = qkv + static_cast<long>(b) * T * row + static_cast<long>(h) * D;
-  const float* k = q + static_cast<long>(H) * D;
-  const float* v = k + static_cast<long>(H) * D;
-  const float* g = dout + static_cast<long>(b) * T * orow + static_cast<long>(h) * D;
+  const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
+  const long row = hr.row, orow = hr.orow;
+  const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
   const float* lse_bh = lse + static_cast<long>(bh) * T;
   const float* drow_bh = drow + static_cast<long>(bh) * T;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -324,11 +316,9 @@ __global__ void __launch_bounds__(kThreads, 4)
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
-  const long row = 3L * H * D, orow = static_cast<long>(H) * D;
-  const float* q = qkv + static_cast<long>(b) * T * row + static_cast<long>(h) * D;
-  const float* k = q + static_cast<long>(H) * D;
-  const float* v = k + static_cast<long>(H) * D;
-  const float* g = dout + static_cast<long>(b) * T * orow + static_cast<long>(h) * D;
+  const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
+  const long row = hr.row, orow = hr.orow;
+  const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int q0 = qt * kTile, q1 = min(q0 + kTile, T);
   const int ra = q0 + warp * kRowsPerWarp, rb = min(ra + kRowsPerWarp, T) - 1;
@@ -414,8 +404,6 @@ __global__ void __launch_bounds__(kThreads, 4)
 // ---- launchers ----
 
 namespace {
-constexpr size_t kDefaultSharedBytes = 48 * 1024;  // above this, dynamic shared memory must be opted into
-
 size_t ForwardSharedBytes(int D) {
   return sizeof(float) * (static_cast<size_t>(kTile) * (2 * D + (D | 1)) + kTile * kTile);
 }
@@ -426,34 +414,9 @@ size_t DqSharedBytes(int D) {
   return sizeof(float) * (static_cast<size_t>(kTile) * (2 * D + 2 * (D | 1)) + kTile * kTile);
 }
 
-template <typename Kernel>
-cudaError_t AllowSharedBytes(Kernel kernel, size_t bytes) {
-  if (bytes <= kDefaultSharedBytes) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-}
-
-// Checks the limits (see attention.h); *empty for B, T or H <= 0, else *s holds the int-sized shape.
-struct Shape {
-  int T, H, D, window, ntiles, blocks, rows;
-  float scale;
-};
+using Shape = attention_detail::AttentionShape;
 cudaError_t CheckShape(int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, bool* empty, Shape* s) {
-  if (D < 1 || D > kAttentionMaxHeadDim || window < 0) return cudaErrorInvalidValue;
-  *empty = B <= 0 || T <= 0 || H <= 0;
-  if (*empty) return cudaSuccess;
-  constexpr int64_t kIntMax = 2147483647;
-  if (T > (int64_t{1} << 30) || B > kIntMax || H > kIntMax || B * H > kIntMax || B * H * T > kIntMax) {
-    return cudaErrorInvalidValue;
-  }
-  s->T = static_cast<int>(T);
-  s->H = static_cast<int>(H);
-  s->D = static_cast<int>(D);
-  s->window = window >= T ? 0 : static_cast<int>(window);  // a window covering every key is plain causal
-  s->ntiles = static_cast<int>((T + kTile - 1) / kTile);
-  s->blocks = static_cast<int>(B * H * s->ntiles);
-  s->rows = static_cast<int>(B * T * H);
-  s->scale = 1.0f / sqrtf(static_cast<float>(D));
-  return cudaSuccess;
+  return attention_detail::CheckAttentionShape(B, T, H, D, window, kTile, empty, s);
 }
 }  // namespace
 
@@ -484,11 +447,7 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
   const size_t dkdv_smem = DkDvSharedBytes(s.D), dq_smem = DqSharedBytes(s.D);
   if ((err = AllowSharedBytes(attention_dkdv_kernel, dkdv_smem)) != cudaSuccess) return err;
   if ((err = AllowSharedBytes(attention_dq_kernel, dq_smem)) != cudaSuccess) return err;
-  const int row_blocks =
-      static_cast<int>((static_cast<int64_t>(s.rows) + kRowTermThreads / 32 - 1) / (kRowTermThreads / 32));
-  MS_LAUNCH(attention_row_term_kernel, row_blocks, kRowTermThreads, 0, stream, scratch, dout, out, s.T, s.H, s.D,
-            s.rows);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if ((err = attention_detail::AttentionRowTerms(scratch, dout, out, s, stream)) != cudaSuccess) return err;
   MS_LAUNCH(attention_dkdv_kernel, s.blocks, kThreads, dkdv_smem, stream, dqkv, dout, qkv, lse, scratch, s.T, s.H, s.D,
             s.window, s.ntiles, s.scale);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
@@ -496,5 +455,15 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
             s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
+
+namespace attention_detail {
+cudaError_t AttentionRowTerms(float* drow, const float* dout, const float* out, const AttentionShape& s,
+                              cudaStream_t stream) {
+  const int blocks =
+      static_cast<int>((static_cast<int64_t>(s.rows) + kRowTermThreads / 32 - 1) / (kRowTermThreads / 32));
+  MS_LAUNCH(attention_row_term_kernel, blocks, kRowTermThreads, 0, stream, drow, dout, out, s.T, s.H, s.D, s.rows);
+  return cudaGetLastError();
+}
+}  // namespace attention_detail
 
 }  // namespace ms::kernels

@@ -1,4 +1,5 @@
-// megascale CUDA kernels: causal sliding-window attention, FlashAttention-2 style, fp32 (kernels/attention.cu).
+// megascale CUDA kernels: causal sliding-window attention, FlashAttention-2 style, fp32 (kernels/attention.cu)
+// and bf16 on tensor cores (kernels/attention_tc.cu).
 //
 // Same contract as ms::ops::AttentionForward / AttentionBackward (lib/ops/ops.h); conventions as in
 // kernels/kernels.h (device pointers, launch on `stream`, return the launch error, no allocation,
@@ -41,5 +42,19 @@ int64_t AttentionBackwardScratchFloats(int64_t B, int64_t T, int64_t H, int64_t 
 cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                               const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
                               cudaStream_t stream);
+
+// bf16 tensor-core variants (kernels/attention_tc.cu): the same contract, arguments and scratch, with every
+// product on tensor cores (nvcuda::wmma m16n16k16): q, k, v, dout, the probabilities P and dS are rounded to
+// bf16 as operands, sums and softmax statistics (max, sum, lse) stay fp32, outputs are fp32. Tiles are 64
+// rows/keys wide (4 warps of 16). Extra limit: D a multiple of 16 (else cudaErrorInvalidValue). Unlike the
+// fp32 kernels, a NaN or Inf in a token that shares a 64-row tile with a query's window reaches that query
+// (0 * NaN in the product); finite inputs give the same masking. Dynamic shared memory per block: at
+// D = 64, 44 KiB (forward), 60 KiB (dQ), 70 KiB (dK/dV); at D = 128, 76, 76 and 120 KiB (the dK/dV kernel
+// keeps its K and V operands in shared memory there).
+cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 int64_t window, cudaStream_t stream);
+cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                                  const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                                  cudaStream_t stream);
 
 }  // namespace ms::kernels

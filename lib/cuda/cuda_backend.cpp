@@ -200,8 +200,16 @@ class CudaBackend final : public ops::Backend {
   Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) override {
     return Launch(kernels::GeluBackward(dx, x, dout, n, s_), "GeLU backward");
   }
+  // With bf16 GEMMs and a head dimension the tensor-core kernels take (a multiple of 16), attention runs on
+  // tensor cores too (kernels/attention_tc.cu: bf16 operands, fp32 sums); else the fp32 kernels. Forward and
+  // backward always take the same path.
+  bool TensorCoreAttention(int64_t D) const { return bf16_ && D % 16 == 0; }
   Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                           int64_t window) override {
+    if (TensorCoreAttention(D)) {
+      return Launch(kernels::AttentionForwardBf16(out, lse, qkv, B, T, H, D, window, s_),
+                    "attention forward (bf16 tensor cores)");
+    }
     return Launch(kernels::AttentionForward(out, lse, qkv, B, T, H, D, window, s_), "attention forward");
   }
   Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
@@ -209,9 +217,13 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(
         void* scratch,
         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::AttentionBackwardScratchFloats(B, T, H, D)));
-    return Launch(
-        kernels::AttentionBackward(dqkv, static_cast<float*>(scratch), dout, qkv, out, lse, B, T, H, D, window, s_),
-        "attention backward");
+    float* const drow = static_cast<float*>(scratch);
+    if (TensorCoreAttention(D)) {
+      return Launch(kernels::AttentionBackwardBf16(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_),
+                    "attention backward (bf16 tensor cores)");
+    }
+    return Launch(kernels::AttentionBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_),
+                  "attention backward");
   }
   Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                              int64_t V) override {

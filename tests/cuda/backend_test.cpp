@@ -197,6 +197,26 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cro
       {{1, N * C}, {3, 11 * C}}, 1e-5f, 1e-6f, "embedding");
 }
 
+// With bf16 GEMMs, a head dimension that is a multiple of 16 takes the tensor-core attention kernels (bf16
+// operands): within 2e-2 of the CPU backend's fp32 attention; D = 24 keeps the fp32 kernels (1e-4).
+TEST_CASE("cuda backend (emulated): bf16 backend attention, tensor-core head dims (16, 64) and fp32 (24)") {
+  Pair p(/*bf16=*/true);
+  for (int64_t D : {16, 24, 64}) {
+    const int64_t B = 2, T = 70, H = 2, window = D == 64 ? 0 : 9;
+    const float tol = D % 16 == 0 ? 2e-2f : 1e-4f;
+    CAPTURE(D);
+    Compare(
+        p,
+        {Random(B * T * 3 * H * D, 1), std::vector<float>(B * T * H * D), std::vector<float>(B * H * T),
+         Random(B * T * H * D, 2), std::vector<float>(B * T * 3 * H * D)},
+        [&](ops::Backend& be, std::vector<float*>& t) {
+          REQUIRE(be.AttentionForward(t[1], t[2], t[0], B, T, H, D, window).ok());
+          REQUIRE(be.AttentionBackward(t[4], t[3], t[0], t[1], t[2], B, T, H, D, window).ok());
+        },
+        {{1, B * T * H * D}, {2, B * H * T}, {4, B * T * 3 * H * D}}, tol, tol, "attention");
+  }
+}
+
 TEST_CASE("cuda backend (emulated): residual, bias, positions, memory helpers, norms (rtol 1e-5)") {
   Pair p;
   const int64_t R = 13, C = 21, T = 5;

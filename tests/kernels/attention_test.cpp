@@ -35,46 +35,62 @@ struct Outputs {
   std::vector<float> out, lse, dqkv;
 };
 
-// Forward, then backward from the kernel's own out and lse. dqkv starts as the allocator's 0xFF fill (NaN),
-// so an element the backward fails to write fails the comparison.
-Outputs RunKernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout) {
+// Forward, then backward from the kernel's own out and lse: the fp32 kernels, or with bf16 the tensor-core
+// ones (kernels/attention_tc.cu). dqkv starts as the allocator's 0xFF fill (NaN), so an element the backward
+// fails to write fails the comparison.
+Outputs RunKernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout, bool bf16 = false) {
   const int64_t n_out = c.B * c.T * c.H * c.D;
   Dev<float> d_qkv(qkv), d_out(n_out), d_lse(c.B * c.H * c.T), d_dout(dout), d_dqkv(qkv.size());
   Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D));
-  REQUIRE(AttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) ==
-          cudaSuccess);
-  REQUIRE(AttentionBackward(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B, c.T,
-                            c.H, c.D, c.window, nullptr) == cudaSuccess);
+  const auto forward = bf16 ? AttentionForwardBf16 : AttentionForward;
+  const auto backward = bf16 ? AttentionBackwardBf16 : AttentionBackward;
+  REQUIRE(forward(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) == cudaSuccess);
+  REQUIRE(backward(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B, c.T, c.H, c.D,
+                   c.window, nullptr) == cudaSuccess);
   return {d_out.Get(), d_lse.Get(), d_dqkv.Get()};
+}
+
+// The kernels against the reference on random inputs of case c (with bf16: the tensor-core kernels against
+// the reference on the bf16-rounded q, k, v and dout); tolerances rtol = atol = tol_fwd (out), tol_lse, tol_grad;
+// with `twice`, a second run must give the same bits.
+void CheckCase(const Case& c, bool bf16, float tol_fwd, float tol_lse, float tol_grad, bool twice) {
+  CAPTURE(c.B);
+  CAPTURE(c.T);
+  CAPTURE(c.H);
+  CAPTURE(c.D);
+  CAPTURE(c.window);
+  CAPTURE(bf16);
+  const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
+  const auto qkv = Random(n_qkv, bf16 ? 301 : 101, -2.0f, 2.0f), dout = Random(n_out, bf16 ? 302 : 102);
+  auto rounded = [&](std::vector<float> v) {
+    if (bf16) {
+      for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+    }
+    return v;
+  };
+  const auto qkv_ref = rounded(qkv), dout_ref = rounded(dout);
+  std::vector<float> out(n_out), lse(c.B * c.H * c.T), dqkv(n_qkv);
+  ops::ref::AttentionForward(out.data(), lse.data(), qkv_ref.data(), c.B, c.T, c.H, c.D, c.window);
+  ops::ref::AttentionBackward(dqkv.data(), dout_ref.data(), qkv_ref.data(), out.data(), lse.data(), c.B, c.T, c.H, c.D,
+                              c.window);
+
+  const Outputs got = RunKernels(c, qkv, dout, bf16);
+  ExpectClose(got.out, out, tol_fwd, tol_fwd / (bf16 ? 1.0f : 10.0f), "attention out");
+  ExpectClose(got.lse, lse, tol_lse, tol_lse / (bf16 ? 1.0f : 10.0f), "attention lse");
+  ExpectClose(got.dqkv, dqkv, tol_grad, tol_grad / (bf16 ? 1.0f : 10.0f), "attention dqkv");
+  if (!twice) return;
+  const Outputs again = RunKernels(c, qkv, dout, bf16);
+  CHECK(std::memcmp(again.out.data(), got.out.data(), n_out * sizeof(float)) == 0);
+  CHECK(std::memcmp(again.lse.data(), got.lse.data(), got.lse.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(again.dqkv.data(), got.dqkv.data(), n_qkv * sizeof(float)) == 0);
 }
 
 TEST_CASE("attention: forward/backward match the reference (out, lse rtol 1e-4 atol 1e-5; grads rtol 1e-3 atol 1e-4)") {
   for (Case c : {Case{1, 1, 1, 1, 0}, Case{2, 37, 3, 24, 0}, Case{2, 37, 3, 24, 5}, Case{1, 70, 2, 64, 16},
                  Case{1, 33, 1, 128, 40}, Case{1, 20, 2, 8, 1}, Case{1, 45, 1, 33, 7}, Case{1, 70, 2, 8, 2},
                  Case{1, 130, 1, 16, 34}}) {
-    CAPTURE(c.B);
-    CAPTURE(c.T);
-    CAPTURE(c.H);
-    CAPTURE(c.D);
-    CAPTURE(c.window);
-    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
-    const auto qkv = Random(n_qkv, 101, -2.0f, 2.0f), dout = Random(n_out, 102);
-    std::vector<float> out(n_out), lse(c.B * c.H * c.T), dqkv(n_qkv);
-    ops::ref::AttentionForward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.H, c.D, c.window);
-    ops::ref::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), c.B, c.T, c.H, c.D,
-                                c.window);
-
-    const Outputs got = RunKernels(c, qkv, dout);
-    ExpectClose(got.out, out, 1e-4f, 1e-5f, "attention out");
-    ExpectClose(got.lse, lse, 1e-4f, 1e-5f, "attention lse");
-    ExpectClose(got.dqkv, dqkv, 1e-3f, 1e-4f, "attention dqkv");
-
     // Deterministic: a second run gives the same bits (one shape: the emulator under TSan is slow).
-    if (c.T != 70 || c.D != 64) continue;
-    const Outputs again = RunKernels(c, qkv, dout);
-    CHECK(std::memcmp(again.out.data(), got.out.data(), n_out * sizeof(float)) == 0);
-    CHECK(std::memcmp(again.lse.data(), got.lse.data(), got.lse.size() * sizeof(float)) == 0);
-    CHECK(std::memcmp(again.dqkv.data(), got.dqkv.data(), n_qkv * sizeof(float)) == 0);
+    CheckCase(c, /*bf16=*/false, 1e-4f, 1e-4f, 1e-3f, /*twice=*/c.T == 70 && c.D == 64);
   }
   ExpectNoPoisonedReads();
 }
@@ -161,6 +177,35 @@ TEST_CASE("attention: tokens outside a query's window have no influence (NaN the
     if (!got_dkv.empty()) ExpectClose(got_dkv, want_dkv, 1e-3f, 1e-4f, "clean dk, dv");
   }
   ExpectNoPoisonedReads();
+}
+
+// ---- bf16 tensor-core variants (kernels/attention_tc.cu) ----
+
+// The oracle is the double-precision reference on the bf16-rounded q, k, v and dout, so what is left is the
+// rounding of P and dS to bf16 (relative 2^-9 per term), the row terms' unrounded dout and fp32 sums: the
+// largest errors on these shapes are 2.6e-3 (out), 1e-6 (lse) and 8e-3 (dqkv), 2.5-5x below the tolerances,
+// which are far below the O(1) error of a wrong mask, tile edge or lost term. Shapes: T across
+// 64-row tiles (1, 37, 64, 65, 130), D = 16..128 in both instantiations (<= 64, <= 128), windows of 1,
+// inside, equal to and wider than a tile; windows 2 and 66 put the first key of a query tile on the last
+// key of the previous tile, and the last query seeing a key tile on the first row of the next query tile.
+TEST_CASE("attention bf16 (tensor cores): forward/backward match the reference on bf16-rounded inputs") {
+  for (Case c : {Case{1, 1, 1, 16, 0}, Case{2, 37, 3, 32, 0}, Case{2, 37, 2, 48, 5}, Case{1, 130, 2, 64, 66},
+                 Case{1, 65, 1, 128, 40}, Case{1, 70, 2, 80, 2}, Case{1, 64, 1, 16, 64}, Case{1, 130, 1, 16, 1},
+                 Case{1, 100, 1, 112, 0}}) {
+    CheckCase(c, /*bf16=*/true, 1e-2f, 1e-4f, 2e-2f, /*twice=*/c.T == 130 && c.D == 64);
+  }
+  ExpectNoPoisonedReads();
+}
+
+TEST_CASE("attention bf16 (tensor cores): D not a multiple of 16 or above 128 is rejected") {
+  Dev<float> buf(3 * 144 * 2), scratch(4);
+  float* p = buf.get();
+  CHECK(AttentionForwardBf16(p, p, p, 1, 1, 1, 24, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionBackwardBf16(p, scratch.get(), p, p, p, p, 1, 1, 1, 24, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionForwardBf16(p, p, p, 1, 1, 1, 144, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionForwardBf16(p, p, p, 1, 1, 1, 16, -1, nullptr) == cudaErrorInvalidValue);
+  CHECK(AttentionForwardBf16(p, p, p, 0, 5, 1, 16, 0, nullptr) == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaSuccess);
 }
 
 TEST_CASE("attention: D > 128, D < 1 and window < 0 are rejected; empty problems launch nothing") {

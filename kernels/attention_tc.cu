@@ -1,0 +1,514 @@
+// defines: attention_forward_tc_kernel, attention_dkdv_tc_kernel, attention_dq_tc_kernel and their launchers
+// (AttentionForwardBf16, AttentionBackwardBf16).
+// Causal sliding-window attention on tensor cores (nvcuda::wmma m16n16k16, bf16 operands, fp32
+// accumulation), FlashAttention-2 style; contract in kernels/attention.h, oracle: the fp32 kernels of
+// attention.cu and ms::ops::ref::AttentionForward/Backward.
+//
+// Tiles: a block has 4 warps and owns 64 query rows (forward, dQ) or 64 keys (dK/dV) of one (b, h); each
+// warp owns 16 of them, and the block loops over 64-wide tiles of the other side, visiting only those that
+// meet the band t - window < s <= t of some row of its tile. q, k, v and dout are rounded to bf16 as they
+// are copied into shared memory (rows past T are zero); the warp's own 16 x D operand rows stay in wmma
+// fragments for the whole loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync into a
+// per-warp fp32 area, then two lanes per row apply the mask and the softmax terms in fp32 (scale, max, exp,
+// sums), round the probabilities (or dS) to bf16 into a per-warp area, and mma_sync them against the V, dout,
+// K or Q tile. Forward: the 16 x D product P V of the tile goes through the fp32 area and is added by the
+// lanes to their running outputs (two lanes per row, d = 2 j + lane % 2), rescaled by exp(m_old - m_new) as
+// the row max grows. Backward (the dK/dV and dQ kernels, as in attention.cu; no atomics, so the scores and
+// dP are formed in both: 7 products instead of FlashAttention-2's 5): dK, dV and dQ accumulate in fragments.
+// Outputs are staged through the fp32 area and written row by row (coalesced).
+//
+// Rounding: every product has bf16 operands (q, k, v, dout, P, dS) and an fp32 sum; scores, softmax
+// statistics (max, sum, lse), dS before rounding and every output stay fp32. Unlike the fp32 kernels, masked
+// pairs are multiplied by an exact 0 inside a 16 x 16 product, so a NaN or Inf in a key, value, query or
+// dout row of the same tile does reach the rows that cannot see it (0 * NaN); finite inputs are unaffected.
+//
+// Layout of dynamic shared memory (bf16 rows padded by 8 elements, fp32 rows by 4: every fragment pointer
+// stays 32-byte aligned and ldm a multiple of 16 bytes):
+//   forward: K [64][D+8], V [64][D+8] (bf16), then per warp S/PV [16][kMaxD|64 + 4] fp32 and P [16][72] bf16;
+//   dQ:      K, V as above, per warp S|dP [16][132] fp32 and dS [16][72] bf16;
+//   dK/dV:   Q, dout as above, lse [64], drow [64] fp32, per warp S|dP [16][132] fp32, P and dS [16][72] bf16.
+#include "attention_common.cuh"
+
+namespace ms::kernels {
+
+namespace wmma = nvcuda::wmma;
+using attention_detail::AllowSharedBytes;
+using attention_detail::HeadRows;
+using attention_detail::HeadRowsOf;
+using attention_detail::Meets;
+using attention_detail::Sees;
+
+namespace {
+constexpr int kRows = 64;                  // rows (or keys) a block owns, and the width of the tiles it loops over
+constexpr int kWarps = 4;                  // warps per block
+constexpr int kThreads = kWarps * 32;      // threads per block
+constexpr int kF = 16;                     // the wmma shape m = n = k
+constexpr int kWarpRows = kRows / kWarps;  // = kF: one fragment row per warp
+constexpr int kTileFrags = kRows / kF;     // fragments across a tile
+constexpr int kPadH = 8;                   // bf16 row padding (16 bytes)
+constexpr int kPadF = 4;                   // fp32 row padding (16 bytes)
+constexpr int kLdP = kRows + kPadH;        // P / dS areas: [16][72] bf16
+constexpr int kLdSdP = 2 * kRows + kPadF;  // backward fp32 area: S in columns 0..63, dP in 64..127
+static_assert(kWarpRows == kF, "each warp owns one fragment row");
+
+using FragA = wmma::fragment<wmma::matrix_a, kF, kF, kF, __nv_bfloat16, wmma::row_major>;
+using FragBRow = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma::row_major>;
+using FragBCol = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, kF, kF, kF, float>;
+
+__host__ __device__ constexpr int LdH(int D) {
+  return D + kPadH;
+}
+// Forward fp32 area: scores (64 wide) and the P V product (D wide).
+__host__ __device__ constexpr int LdForward(int max_d) {
+  return (max_d > kRows ? max_d : kRows) + kPadF;
+}
+
+// dst[r][d] = bf16(src[(t0 + r) * stride + d]) for r < 64, d < D; rows t0 + r >= T are zero. All threads of
+// the block take part; the caller synchronizes.
+__device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const float* src, long stride, int t0, int T,
+                                             int D) {
+  for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
+    const int r = i / D, d = i - r * D;
+    const int t = t0 + r;
+    dst[r * ld + d] = __float2bfloat16(t < T ? src[static_cast<long>(t) * stride + d] : 0.0f);
+  }
+}
+
+// C (16 x 64, fp32 at c with leading dimension ldc) = A_w (16 x D) times the transpose of the tile's rows
+// (64 x D bf16 at tile, leading dimension ld): C[i][j] = sum_d A[i][d] tile[j][d]. A_w is the warp's fragments
+// a (kAShared false), or its rows in shared memory at a_shared (bf16, leading dimension ld), read per fragment.
+template <int kMaxD, bool kAShared>
+__device__ __forceinline__ void RowsTimesTileT(float* c, int ldc, const FragA* a, const __nv_bfloat16* a_shared,
+                                               const __nv_bfloat16* tile, int ld, int D) {
+  FragC acc[kTileFrags];
+  MS_UNROLL
+  for (int n = 0; n < kTileFrags; ++n) wmma::fill_fragment(acc[n], 0.0f);
+  MS_UNROLL
+  for (int f = 0; f < kMaxD / kF; ++f) {
+    if (f * kF >= D) break;
+    FragA af;
+    if constexpr (kAShared) {
+      wmma::load_matrix_sync(af, a_shared + f * kF, ld);
+    } else {
+      af = a[f];
+    }
+    MS_UNROLL
+    for (int n = 0; n < kTileFrags; ++n) {
+      FragBCol b;
+      wmma::load_matrix_sync(b, tile + n * kF * ld + f * kF, ld);
+      wmma::mma_sync(acc[n], af, b, acc[n]);
+    }
+  }
+  MS_UNROLL
+  for (int n = 0; n < kTileFrags; ++n) wmma::store_matrix_sync(c + n * kF, acc[n], ldc, wmma::mem_row_major);
+}
+
+// acc[n] (+)= P (16 x 64 bf16 at p, leading dimension kLdP) times the tile (64 x D bf16, leading dimension ld),
+// for the D / 16 column fragments n.
+template <int kMaxD>
+__device__ __forceinline__ void PTimesTile(FragC (&acc)[kMaxD / kF], const __nv_bfloat16* p, const __nv_bfloat16* tile,
+                                           int ld, int D) {
+  FragA a[kTileFrags];
+  MS_UNROLL
+  for (int k = 0; k < kTileFrags; ++k) wmma::load_matrix_sync(a[k], p + k * kF, kLdP);
+  MS_UNROLL
+  for (int n = 0; n < kMaxD / kF; ++n) {
+    if (n * kF >= D) break;
+    MS_UNROLL
+    for (int k = 0; k < kTileFrags; ++k) {
+      FragBRow b;
+      wmma::load_matrix_sync(b, tile + k * kF * ld + n * kF, ld);
+      wmma::mma_sync(acc[n], a[k], b, acc[n]);
+    }
+  }
+}
+
+// Writes the warp's 16 x D fp32 rows (at c, leading dimension ldc) to dst row r at dst + (t0 + r) * stride,
+// rows t0 + r < T only; the warp's lanes run along d (coalesced).
+__device__ __forceinline__ void StoreRows(float* dst, long stride, const float* c, int ldc, int t0, int T, int D) {
+  const int lane = threadIdx.x % 32;
+  for (int i = lane; i < kWarpRows * D; i += 32) {
+    const int r = i / D, d = i - r * D;
+    if (t0 + r < T) dst[static_cast<long>(t0 + r) * stride + d] = c[r * ldc + d];
+  }
+}
+
+// Stores the fragments acc (16 x D) to the warp's fp32 area c, then writes its rows as StoreRows.
+template <int kMaxD>
+__device__ __forceinline__ void StoreFragRows(float* dst, long stride, float* c, int ldc,
+                                              const FragC (&acc)[kMaxD / kF], int t0, int T, int D) {
+  MS_UNROLL
+  for (int n = 0; n < kMaxD / kF; ++n) {
+    if (n * kF < D) wmma::store_matrix_sync(c + n * kF, acc[n], ldc, wmma::mem_row_major);
+  }
+  __syncwarp();
+  StoreRows(dst, stride, c, ldc, t0, T, D);
+  __syncwarp();
+}
+
+template <int kMaxD>
+size_t ForwardTcSharedBytes(int D) {
+  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + kWarps * kWarpRows * kLdP) +
+         sizeof(float) * kWarps * kWarpRows * LdForward(kMaxD);
+}
+size_t DqTcSharedBytes(int D) {
+  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + kWarps * kWarpRows * kLdP) +
+         sizeof(float) * kWarps * kWarpRows * kLdSdP;
+}
+// The dK/dV kernel keeps its K and V operand rows in shared memory rather than registers above D = 64 (with
+// them in registers beside the dK and dV accumulators, ptxas spills at D = 128).
+__host__ __device__ constexpr bool DkDvOperandsShared(int max_d) {
+  return max_d > 64;
+}
+template <int kMaxD>
+size_t DkDvTcSharedBytes(int D) {
+  return sizeof(__nv_bfloat16) *
+             ((DkDvOperandsShared(kMaxD) ? 4 : 2) * kRows * LdH(D) + 2 * kWarps * kWarpRows * kLdP) +
+         sizeof(float) * (2 * kRows + kWarps * kWarpRows * kLdSdP);
+}
+}  // namespace
+
+// ---- kernels ----
+
+// One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile): the longest causal
+// rows start first. Two lanes per row (r = lane / 2) keep the running max m and sum l (identical in both) and
+// the row's outputs d = 2 j + lane % 2.
+// out (B, T, H, D), lse (B, H, T), qkv (B, T, 3, H, D); D a multiple of 16, D <= kMaxD.
+template <int kMaxD>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int H, int D, int window, int ntiles,
+                                float scale) {
+  constexpr int kLdF = LdForward(kMaxD);
+  MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  const int ld = LdH(D);
+  __nv_bfloat16* const Ks = smem;
+  __nv_bfloat16* const Vs = Ks + kRows * ld;
+  __nv_bfloat16* const Ps = Vs + kRows * ld;
+  float* const Fs = reinterpret_cast<float*>(Ps + kWarps * kWarpRows * kLdP);
+
+  const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
+  const int b = bh / H, h = bh % H;
+  const HeadRows hr = HeadRowsOf(qkv, nullptr, b, h, T, H, D);
+  const long row = hr.row;
+  const float *q = hr.q, *k = hr.k, *v = hr.v;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int q0 = qt * kRows, q1 = min(q0 + kRows, T);
+  const int ra = q0 + warp * kWarpRows, rb = min(ra + kWarpRows, T) - 1;  // this warp's rows; none if rb < ra
+  __nv_bfloat16* const Pw = Ps + warp * kWarpRows * kLdP;
+  float* const Fw = Fs + warp * kWarpRows * kLdF;
+  const int r = lane / 2, half = lane % 2, t = ra + r;  // the lane's row
+
+  // The warp's query rows as fragments (staged through the K area).
+  LoadTileBf16(Ks, ld, q, row, q0, T, D);
+  __syncthreads();
+  FragA qf[kMaxD / kF];
+  MS_UNROLL
+  for (int f = 0; f < kMaxD / kF; ++f) {
+    if (f * kF < D) wmma::load_matrix_sync(qf[f], Ks + warp * kWarpRows * ld + f * kF, ld);
+  }
+
+  float m = -INFINITY, l = 0.0f, o[kMaxD / 2];
+  MS_UNROLL
+  for (int j = 0; j < kMaxD / 2; ++j) o[j] = 0.0f;
+
+  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
+  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
+    const int k0 = kt * kRows;
+    __syncthreads();  // the Q staging and the previous K, V are no longer read
+    LoadTileBf16(Ks, ld, k, row, k0, T, D);
+    LoadTileBf16(Vs, ld, v, row, k0, T, D);
+    __syncthreads();
+    if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
+
+    RowsTimesTileT<kMaxD, false>(Fw, kLdF, qf, nullptr, Ks, ld, D);
+    __syncwarp();
+    // Online softmax of row r over keys k0 + 32 half + i.
+    const float* s = Fw + r * kLdF + 32 * half;
+    const int key0 = k0 + 32 * half;
+    float mx = -INFINITY;
+    for (int i = 0; i < 32; ++i) {
+      if (t <= rb && Sees(t, key0 + i, window)) mx = fmaxf(mx, s[i] * scale);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+    const float m_new = fmaxf(m, mx);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
+    const float alpha = expf(m - m_use);
+    float sum = 0.0f;
+    __nv_bfloat16* const pr = Pw + r * kLdP + 32 * half;
+    for (int i = 0; i < 32; ++i) {
+      const float p = (t <= rb && Sees(t, key0 + i, window)) ? expf(s[i] * scale - m_use) : 0.0f;
+      sum += p;
+      pr[i] = __float2bfloat16(p);
+    }
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    l = l * alpha + sum;
+    m = m_new;
+    __syncwarp();  // P written, S read: the fp32 area takes P V
+
+    {
+      FragA pa[kTileFrags];
+      MS_UNROLL
+      for (int kk = 0; kk < kTileFrags; ++kk) wmma::load_matrix_sync(pa[kk], Pw + kk * kF, kLdP);
+      MS_UNROLL
+      for (int n = 0; n < kMaxD / kF; ++n) {
+        if (n * kF >= D) break;
+        FragC pv;
+        wmma::fill_fragment(pv, 0.0f);
+        MS_UNROLL
+        for (int kk = 0; kk < kTileFrags; ++kk) {
+          FragBRow vb;
+          wmma::load_matrix_sync(vb, Vs + kk * kF * ld + n * kF, ld);
+          wmma::mma_sync(pv, pa[kk], vb, pv);
+        }
+        wmma::store_matrix_sync(Fw + n * kF, pv, kLdF, wmma::mem_row_major);
+      }
+    }
+    __syncwarp();
+    const float* pvr = Fw + r * kLdF;
+    MS_UNROLL
+    for (int j = 0; j < kMaxD / 2; ++j) {
+      if (2 * j < D) o[j] = o[j] * alpha + pvr[2 * j + half];
+    }
+    __syncwarp();  // the fp32 area is read before the next tile's scores
+  }
+
+  if (rb < ra) return;  // after the last barrier
+  const float inv = 1.0f / l;
+  float* const orow = Fw + r * kLdF;
+  MS_UNROLL
+  for (int j = 0; j < kMaxD / 2; ++j) {
+    if (2 * j < D) orow[2 * j + half] = o[j] * inv;
+  }
+  if (half == 0 && t <= rb) lse[static_cast<long>(bh) * T + t] = m + logf(l);
+  __syncwarp();
+  StoreRows(out + (static_cast<long>(b) * T * H + h) * D, static_cast<long>(H) * D, Fw, kLdF, ra, T, D);
+}
+
+// One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile). Loops over the key
+// tiles the query tile sees. dS = P (dP - drow) scale with P = exp(scale q.k - lse), dP = dout.v;
+// dQ_t = sum_s dS_ts k_s.
+template <int kMaxD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow, int T,
+                           int H, int D, int window, int ntiles, float scale) {
+  MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  const int ld = LdH(D);
+  __nv_bfloat16* const Ks = smem;
+  __nv_bfloat16* const Vs = Ks + kRows * ld;
+  __nv_bfloat16* const Ps = Vs + kRows * ld;
+  float* const Fs = reinterpret_cast<float*>(Ps + kWarps * kWarpRows * kLdP);
+
+  const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
+  const int b = bh / H, h = bh % H;
+  const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
+  const long row = hr.row, orow = hr.orow;
+  const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int q0 = qt * kRows, q1 = min(q0 + kRows, T);
+  const int ra = q0 + warp * kWarpRows, rb = min(ra + kWarpRows, T) - 1;
+  __nv_bfloat16* const Pw = Ps + warp * kWarpRows * kLdP;
+  float* const Fw = Fs + warp * kWarpRows * kLdSdP;
+  const int r = lane / 2, half = lane % 2, t = ra + r;
+  const float lr = t <= rb ? lse[static_cast<long>(bh) * T + t] : 0.0f;
+  const float dr = t <= rb ? drow[static_cast<long>(bh) * T + t] : 0.0f;
+
+  // The warp's query and dout rows as fragments (staged through the K and V areas).
+  LoadTileBf16(Ks, ld, q, row, q0, T, D);
+  LoadTileBf16(Vs, ld, g, orow, q0, T, D);
+  __syncthreads();
+  FragA qf[kMaxD / kF], gf[kMaxD / kF];
+  FragC dq[kMaxD / kF];
+  MS_UNROLL
+  for (int f = 0; f < kMaxD / kF; ++f) {
+    wmma::fill_fragment(dq[f], 0.0f);
+    if (f * kF >= D) continue;
+    wmma::load_matrix_sync(qf[f], Ks + warp * kWarpRows * ld + f * kF, ld);
+    wmma::load_matrix_sync(gf[f], Vs + warp * kWarpRows * ld + f * kF, ld);
+  }
+
+  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
+  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
+    const int k0 = kt * kRows;
+    __syncthreads();  // the staging and the previous K, V are no longer read
+    LoadTileBf16(Ks, ld, k, row, k0, T, D);
+    LoadTileBf16(Vs, ld, v, row, k0, T, D);
+    __syncthreads();
+    if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
+
+    RowsTimesTileT<kMaxD, false>(Fw, kLdSdP, qf, nullptr, Ks, ld, D);          // S
+    RowsTimesTileT<kMaxD, false>(Fw + kRows, kLdSdP, gf, nullptr, Vs, ld, D);  // dP
+    __syncwarp();
+    const float* s = Fw + r * kLdSdP + 32 * half;
+    const float* dp = s + kRows;
+    const int key0 = k0 + 32 * half;
+    __nv_bfloat16* const dsr = Pw + r * kLdP + 32 * half;
+    for (int i = 0; i < 32; ++i) {
+      const bool seen = t <= rb && Sees(t, key0 + i, window);
+      const float p = seen ? expf(s[i] * scale - lr) : 0.0f;
+      dsr[i] = __float2bfloat16(seen ? p * (dp[i] - dr) * scale : 0.0f);
+    }
+    __syncwarp();
+    PTimesTile<kMaxD>(dq, Pw, Ks, ld, D);
+    __syncwarp();  // dS is read before the next tile's
+  }
+
+  if (rb < ra) return;
+  StoreFragRows<kMaxD>(dqkv + static_cast<long>(b) * T * row + static_cast<long>(h) * D, row, Fw, kLdSdP, dq, ra, T, D);
+}
+
+// One block per (b, h, key tile of 64); blockIdx.x = bh * ntiles + tile. Loops over the query tiles that can
+// see the key tile; a warp owns 16 keys and forms the transposed scores S^T = K_w Q^T and dP^T = V_w dout^T.
+// dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
+template <int kMaxD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dkdv_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow,
+                             int T, int H, int D, int window, int ntiles, float scale) {
+  constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
+  MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  const int ld = LdH(D);
+  __nv_bfloat16* const Qs = smem;
+  __nv_bfloat16* const Gs = Qs + kRows * ld;
+  __nv_bfloat16* const Ps = Gs + kRows * ld;
+  __nv_bfloat16* const Ds = Ps + kWarps * kWarpRows * kLdP;
+  float* const Ls = reinterpret_cast<float*>(Ds + kWarps * kWarpRows * kLdP);
+  float* const Rs = Ls + kRows;
+  float* const Fs = Rs + kRows;
+  // kOperandsShared: the K and V tiles stay here (else they are staged through Q, dout and kept in registers).
+  __nv_bfloat16* const KVs = reinterpret_cast<__nv_bfloat16*>(Fs + kWarps * kWarpRows * kLdSdP);
+
+  const int bh = blockIdx.x / ntiles, kt = blockIdx.x % ntiles;
+  const int b = bh / H, h = bh % H;
+  const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
+  const long row = hr.row, orow = hr.orow;
+  const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
+  const float* lse_bh = lse + static_cast<long>(bh) * T;
+  const float* drow_bh = drow + static_cast<long>(bh) * T;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int k0 = kt * kRows, k1 = min(k0 + kRows, T);
+  const int ja = k0 + warp * kWarpRows, jb = min(ja + kWarpRows, T) - 1;  // this warp's keys; none if jb < ja
+  __nv_bfloat16* const Pw = Ps + warp * kWarpRows * kLdP;
+  __nv_bfloat16* const Dw = Ds + warp * kWarpRows * kLdP;
+  float* const Fw = Fs + warp * kWarpRows * kLdSdP;
+  const int r = lane / 2, half = lane % 2, s_key = ja + r;  // the lane's key
+
+  // The warp's key and value rows: resident in shared memory (kOperandsShared), or as fragments staged
+  // through the Q and dout areas.
+  __nv_bfloat16* const Kt = kOperandsShared ? KVs : Qs;
+  __nv_bfloat16* const Vt = kOperandsShared ? KVs + kRows * ld : Gs;
+  const __nv_bfloat16* const Kw = Kt + warp * kWarpRows * ld;
+  const __nv_bfloat16* const Vw = Vt + warp * kWarpRows * ld;
+  LoadTileBf16(Kt, ld, k, row, k0, T, D);
+  LoadTileBf16(Vt, ld, v, row, k0, T, D);
+  __syncthreads();
+  FragA kf[kOperandsShared ? 1 : kMaxD / kF], vf[kOperandsShared ? 1 : kMaxD / kF];
+  FragC dk[kMaxD / kF], dv[kMaxD / kF];
+  MS_UNROLL
+  for (int f = 0; f < kMaxD / kF; ++f) {
+    wmma::fill_fragment(dk[f], 0.0f);
+    wmma::fill_fragment(dv[f], 0.0f);
+    if constexpr (!kOperandsShared) {
+      if (f * kF >= D) continue;
+      wmma::load_matrix_sync(kf[f], Kw + f * kF, ld);
+      wmma::load_matrix_sync(vf[f], Vw + f * kF, ld);
+    }
+  }
+
+  // Queries that see a key of [k0, k1): t in [k0, k1 - 1 + window - 1] (window > 0), else [k0, T).
+  const int t_hi = window > 0 ? min(T - 1, k1 - 2 + window) : T - 1;
+  for (int it = k0 / kRows; it <= t_hi / kRows; ++it) {
+    const int i0 = it * kRows;
+    __syncthreads();  // the staging and the previous Q, dout, lse, drow are no longer read
+    LoadTileBf16(Qs, ld, q, row, i0, T, D);
+    LoadTileBf16(Gs, ld, g, orow, i0, T, D);
+    for (int i = threadIdx.x; i < kRows; i += kThreads) {
+      Ls[i] = i0 + i < T ? lse_bh[i0 + i] : 0.0f;
+      Rs[i] = i0 + i < T ? drow_bh[i0 + i] : 0.0f;
+    }
+    __syncthreads();
+    if (jb < ja || !Meets(i0, i0 + kRows - 1, ja, jb, window)) continue;  // warp-uniform
+
+    RowsTimesTileT<kMaxD, kOperandsShared>(Fw, kLdSdP, kf, Kw, Qs, ld, D);          // S^T
+    RowsTimesTileT<kMaxD, kOperandsShared>(Fw + kRows, kLdSdP, vf, Vw, Gs, ld, D);  // dP^T
+    __syncwarp();
+    const float* s = Fw + r * kLdSdP + 32 * half;
+    const float* dp = s + kRows;
+    __nv_bfloat16* const pr = Pw + r * kLdP + 32 * half;
+    __nv_bfloat16* const dsr = Dw + r * kLdP + 32 * half;
+    for (int i = 0; i < 32; ++i) {
+      const int c = 32 * half + i, t = i0 + c;
+      const bool seen = t < T && s_key <= jb && Sees(t, s_key, window);
+      const float p = seen ? expf(s[i] * scale - Ls[c]) : 0.0f;
+      pr[i] = __float2bfloat16(p);
+      dsr[i] = __float2bfloat16(seen ? p * (dp[i] - Rs[c]) * scale : 0.0f);
+    }
+    __syncwarp();
+    PTimesTile<kMaxD>(dv, Pw, Gs, ld, D);
+    PTimesTile<kMaxD>(dk, Dw, Qs, ld, D);
+    __syncwarp();  // P and dS are read before the next tile's
+  }
+
+  if (jb < ja) return;
+  float* const kbase = dqkv + static_cast<long>(b) * T * row + static_cast<long>(H + h) * D;
+  StoreFragRows<kMaxD>(kbase, row, Fw, kLdSdP, dk, ja, T, D);
+  StoreFragRows<kMaxD>(kbase + static_cast<long>(H) * D, row, Fw, kLdSdP, dv, ja, T, D);
+}
+
+// ---- launchers ----
+
+namespace {
+cudaError_t CheckShapeTc(int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, bool* empty,
+                         attention_detail::AttentionShape* s) {
+  if (D % kF != 0) return cudaErrorInvalidValue;
+  return attention_detail::CheckAttentionShape(B, T, H, D, window, kRows, empty, s);
+}
+
+template <int kMaxD>
+cudaError_t LaunchForward(float* out, float* lse, const float* qkv, const attention_detail::AttentionShape& s,
+                          cudaStream_t stream) {
+  const size_t smem = ForwardTcSharedBytes<kMaxD>(s.D);
+  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD>, smem);
+  if (err != cudaSuccess) return err;
+  MS_LAUNCH((attention_forward_tc_kernel<kMaxD>), s.blocks, kThreads, smem, stream, out, lse, qkv, s.T, s.H, s.D,
+            s.window, s.ntiles, s.scale);
+  return cudaGetLastError();
+}
+
+template <int kMaxD>
+cudaError_t LaunchBackward(float* dqkv, const float* drow, const float* dout, const float* qkv, const float* lse,
+                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
+  const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
+  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD>, dkdv_smem);
+  if (err != cudaSuccess) return err;
+  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD>, dq_smem)) != cudaSuccess) return err;
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dout, qkv, lse, drow, s.T,
+            s.H, s.D, s.window, s.ntiles, s.scale);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dout, qkv, lse, drow, s.T, s.H,
+            s.D, s.window, s.ntiles, s.scale);
+  return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 int64_t window, cudaStream_t stream) {
+  bool empty = false;
+  attention_detail::AttentionShape s{};
+  const cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
+  if (err != cudaSuccess || empty) return err;
+  return s.D <= 64 ? LaunchForward<64>(out, lse, qkv, s, stream) : LaunchForward<128>(out, lse, qkv, s, stream);
+}
+
+cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                                  const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                                  cudaStream_t stream) {
+  bool empty = false;
+  attention_detail::AttentionShape s{};
+  cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
+  if (err != cudaSuccess || empty) return err;
+  if ((err = attention_detail::AttentionRowTerms(scratch, dout, out, s, stream)) != cudaSuccess) return err;
+  return s.D <= 64 ? LaunchBackward<64>(dqkv, scratch, dout, qkv, lse, s, stream)
+                   : LaunchBackward<128>(dqkv, scratch, dout, qkv, lse, s, stream);
+}
+
+}  // namespace ms::kernels
