@@ -2,7 +2,7 @@
 //          (and their float4 variants ew_*_vec4_kernel, used for 16-byte aligned pointers, C % 4 == 0 for rows),
 //          ew_bias_grad_chunks_kernel, ew_bias_grad_finish_kernel,
 //          ew_add_positions_kernel, ew_positions_backward_kernel, ew_sumsq_chunks_kernel,
-//          ew_sumsq_finish_kernel, ew_vp_rowmax_kernel, ew_vp_sumexp_target_kernel, ew_vp_finish_kernel,
+//          ew_sumsq_finish_kernel, ew_vp_row_stats_kernel, ew_vp_rebase_kernel, ew_vp_finish_kernel,
 //          ew_vp_backward_kernel and their launchers (declared in kernels/elementwise.h): the vector helpers,
 //          row biases, learned positions, sums of squares and vocab-parallel cross-entropy pieces of
 //          ms::ops::Backend.
@@ -273,33 +273,34 @@ __global__ void __launch_bounds__(kSumSquaresFinishThreads)
 
 // ---- kernels: vocab-parallel cross-entropy (one block per row for the row reductions) ----
 
-// mx (N) = row maxima of logits (N, V).
-__global__ void __launch_bounds__(kVpMaxThreads) ew_vp_rowmax_kernel(float* mx, const float* logits, int64_t V) {
-  MS_SHARED_ARRAY(float, scratch, 32);
-  const float* l = logits + static_cast<int64_t>(blockIdx.x) * V;
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, l[j]);
-  m = BlockMax(m, scratch);
-  if (threadIdx.x == 0) mx[blockIdx.x] = m;
-}
-
-// se (N) = sum_j expf(l - mx) accumulated in double; tl (N) = the local target logit or 0.
+// One block per row: mx = the local row max; se = sum_j expf(l - mx) accumulated in double; tl = the local target
+// logit or 0. The second pass reads the row again (normally from L2, right after the first).
 __global__ void __launch_bounds__(kVpMaxThreads)
-    ew_vp_sumexp_target_kernel(float* se, float* tl, const float* logits, const float* mx, const int32_t* targets,
-                               int64_t vstart, int64_t V) {
-  MS_SHARED_ARRAY(double, scratch, 32);
+    ew_vp_row_stats_kernel(float* mx, float* se, float* tl, const float* logits, const int32_t* targets, int64_t vstart,
+                           int64_t V) {
+  MS_SHARED_ARRAY(float, fscratch, 32);
+  MS_SHARED_ARRAY(double, dscratch, 32);
   const int64_t row = blockIdx.x;
   const float* l = logits + row * V;
-  const float m = mx[row];
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, l[j]);
+  m = BlockMax(m, fscratch);
   double acc = 0.0;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) acc += static_cast<double>(expf(l[j] - m));
-  const double sum = BlockSumDoubleToThread0(acc, scratch);
+  const double sum = BlockSumDoubleToThread0(acc, dscratch);
   if (threadIdx.x == 0) {
+    mx[row] = m;
     se[row] = static_cast<float>(sum);
     const int64_t t = targets[row];
     const int64_t local = t - vstart;
     tl[row] = (t >= 0 && local >= 0 && local < V) ? l[local] : 0.0f;
   }
+}
+
+// se (N) *= expf(mx_local - mx_global).
+__global__ void __launch_bounds__(kEwBlock)
+    ew_vp_rebase_kernel(float* se, const float* mx_local, const float* mx_global, int64_t N) {
+  for (int64_t i = GlobalThread(); i < N; i += GridThreads()) se[i] *= expf(mx_local[i] - mx_global[i]);
 }
 
 // lse = mx + logf(se); losses = lse - tl (0 for ignored targets); all (N).
@@ -491,18 +492,19 @@ cudaError_t SumSquaresMulti(double* out_dev, double* scratch, const float* const
   return cudaSuccess;
 }
 
-cudaError_t VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V, cudaStream_t stream) {
+cudaError_t VocabParallelRowStats(float* mx, float* se, float* tl, const float* logits, const int32_t* targets,
+                                  int64_t vstart, int64_t N, int64_t V, cudaStream_t stream) {
   if (N <= 0) return cudaSuccess;
-  MS_LAUNCH(ew_vp_rowmax_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, mx, logits, V);
+  if (V <= 0) return cudaErrorInvalidValue;
+  MS_LAUNCH(ew_vp_row_stats_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, mx, se, tl,
+            logits, targets, vstart, V);
   return cudaGetLastError();
 }
 
-cudaError_t VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx,
-                                      const int32_t* targets, int64_t vstart, int64_t N, int64_t V,
-                                      cudaStream_t stream) {
+cudaError_t VocabParallelRebase(float* se, const float* mx_local, const float* mx_global, int64_t N,
+                                cudaStream_t stream) {
   if (N <= 0) return cudaSuccess;
-  MS_LAUNCH(ew_vp_sumexp_target_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, se, tl,
-            logits, mx, targets, vstart, V);
+  MS_LAUNCH(ew_vp_rebase_kernel, GridFor(N, kEwBlock), kEwBlock, 0, stream, se, mx_local, mx_global, N);
   return cudaGetLastError();
 }
 

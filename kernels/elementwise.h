@@ -73,17 +73,20 @@ cudaError_t SumSquaresMulti(double* out_dev, double* scratch, const float* const
 // ---- vocab-parallel softmax cross-entropy ---- (kernels/elementwise.cu)
 // As ms::ops::Backend::VocabParallel*: logits (N, V) are this rank's vocab columns [vstart, vstart + V);
 // targets (N) are global vocab ids (< 0 ignored). Between the pieces the caller reduces mx (max) and se, tl
-// (sum) across the tensor-parallel ranks. One block per row for the row reductions.
+// (sum) across the tensor-parallel ranks: RowStats, then the max reduced (into a copy), Rebase, the sums
+// reduced, Finish. One block per row for the row reductions.
 
-// mx (N) WRITES the row maxima of logits (exact; -inf for V == 0).
-cudaError_t VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V, cudaStream_t stream);
-// se (N) WRITES sum_j exp(logits[i, j] - mx[i]) (mx already reduced across ranks): expf in float, accumulated in
-// double (per thread, then a fixed shuffle tree and the warp sums in order), rounded to float (rtol ~1e-6 vs a
-// double reference). tl (N) WRITES logits[i, targets[i] - vstart] when targets[i] >= 0 and that column is in this
-// rank's range, else 0.
-cudaError_t VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx,
-                                      const int32_t* targets, int64_t vstart, int64_t N, int64_t V,
-                                      cudaStream_t stream);
+// One pass over each row (a block per row: the max, then the row again, normally from L2): mx (N) WRITES the
+// local row maxima (exact); se (N) WRITES sum_j exp(logits[i, j] - mx[i]) with the local max: expf in float,
+// accumulated in double (per thread, then a fixed shuffle tree and the warp sums in order), rounded to float
+// (rtol ~1e-6 vs a double reference); tl (N) WRITES logits[i, targets[i] - vstart] when targets[i] >= 0 and that
+// column is in this rank's range, else 0. V >= 1.
+cudaError_t VocabParallelRowStats(float* mx, float* se, float* tl, const float* logits, const int32_t* targets,
+                                  int64_t vstart, int64_t N, int64_t V, cudaStream_t stream);
+// se (N) *= expf(mx_local - mx_global): the local sums rebased on the max reduced across ranks (before the sums
+// are reduced).
+cudaError_t VocabParallelRebase(float* se, const float* mx_local, const float* mx_global, int64_t N,
+                                cudaStream_t stream);
 // lse (N) WRITES mx + logf(se); losses (N) WRITES lse - tl, 0 for targets < 0 (se, tl reduced across ranks).
 cudaError_t VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
                                 const int32_t* targets, int64_t N, cudaStream_t stream);

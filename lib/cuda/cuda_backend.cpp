@@ -238,13 +238,13 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, s_),
                   "cross-entropy backward");
   }
-  Status VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V) override {
-    return Launch(kernels::VocabParallelRowMax(mx, logits, N, V, s_), "vocab-parallel row max");
+  Status VocabParallelRowStats(float* mx, float* se, float* tl, const float* logits, const int32_t* targets,
+                               int64_t vstart, int64_t N, int64_t V) override {
+    return Launch(kernels::VocabParallelRowStats(mx, se, tl, logits, targets, vstart, N, V, s_),
+                  "vocab-parallel row max and sum of exponentials");
   }
-  Status VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx, const int32_t* targets,
-                                   int64_t vstart, int64_t N, int64_t V) override {
-    return Launch(kernels::VocabParallelSumExpTarget(se, tl, logits, mx, targets, vstart, N, V, s_),
-                  "vocab-parallel sum of exponentials");
+  Status VocabParallelRebase(float* se, const float* mx_local, const float* mx_global, int64_t N) override {
+    return Launch(kernels::VocabParallelRebase(se, mx_local, mx_global, N, s_), "vocab-parallel rebase");
   }
   Status VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
                              const int32_t* targets, int64_t N) override {

@@ -264,10 +264,10 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   MS_RETURN_IF_ERROR(g->ZeroGrad());
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
-  // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; vstats [N] x 3 (at the end: vocab-parallel loss). dlogits are
+  // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; vstats [N] x 4 (at the end: vocab-parallel loss). dlogits are
   // written over each slot's logits.
   MS_RETURN_IF_ERROR(
-      g->scratch_.Allocate(g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + 3 * N));
+      g->scratch_.Allocate(g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + 4 * N));
   // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
   // tp blocks of ceil(R / chunks) rows (all-reduce chunks work in place).
   const bool sp = shard.sequence_parallel && tp > 1;
@@ -692,13 +692,16 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
     MS_RETURN_IF_ERROR(
         be_->CrossEntropyForward(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), N, Vl));
   } else {
-    // Vocab-parallel cross-entropy: global max, sum of exponentials and target logit by all-reduce.
-    float* stats = scratch_.data() + scratch_.size() - 3 * N;  // max | sumexp | target logit
-    float *mx = stats, *se = stats + N, *tl = stats + 2 * N;
+    // Vocab-parallel cross-entropy, one pass over the local logits: each rank's row max, sum of exponentials
+    // (on its own max) and target logit; the maxima reduced (max) into a copy, the sums rebased on them, the
+    // sums and target logits reduced (sum) together.
+    float* stats = scratch_.data() + scratch_.size() - 4 * N;  // global max | local max | sumexp | target logit
+    float *mx = stats, *mx_local = stats + N, *se = stats + 2 * N, *tl = stats + 3 * N;
     const int64_t vstart = shard_.tp_rank * Vl;
-    MS_RETURN_IF_ERROR(be_->VocabParallelRowMax(mx, a.logits.data(), N, Vl));
+    MS_RETURN_IF_ERROR(be_->VocabParallelRowStats(mx_local, se, tl, a.logits.data(), a.targets.data(), vstart, N, Vl));
+    MS_RETURN_IF_ERROR(be_->Copy(mx, mx_local, sizeof(float) * N));
     MS_RETURN_IF_ERROR(TpAllReduce(mx, N, comm::ReduceOp::kMax, "loss max"));
-    MS_RETURN_IF_ERROR(be_->VocabParallelSumExpTarget(se, tl, a.logits.data(), mx, a.targets.data(), vstart, N, Vl));
+    MS_RETURN_IF_ERROR(be_->VocabParallelRebase(se, mx_local, mx, N));
     MS_RETURN_IF_ERROR(TpAllReduce(se, 2 * N, comm::ReduceOp::kSum, "loss sumexp+target"));  // both together
     MS_RETURN_IF_ERROR(be_->VocabParallelFinish(a.losses.data(), a.ce_lse.data(), mx, se, tl, a.targets.data(), N));
   }

@@ -81,26 +81,26 @@ class CpuBackend final : public Backend {
     ops::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V);
     return Status::Ok();
   }
-  Status VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V) override {
+  Status VocabParallelRowStats(float* mx, float* se, float* tl, const float* logits, const int32_t* targets,
+                               int64_t vstart, int64_t N, int64_t V) override {
+    if (N > 0 && V <= 0) return Status(Code::kInvalidArgument, "vocab-parallel row stats: a shard of 0 columns");
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       const float* row = logits + i * V;
       float m = row[0];
       for (int64_t j = 1; j < V; ++j) m = std::max(m, row[j]);
-      mx[i] = m;
-    }
-    return Status::Ok();
-  }
-  Status VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx, const int32_t* targets,
-                                   int64_t vstart, int64_t N, int64_t V) override {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = logits + i * V;
       double sum = 0;
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - mx[i]);
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j]) - m);
+      mx[i] = m;
       se[i] = static_cast<float>(sum);
       const int64_t t = targets[i] - vstart;
       tl[i] = (targets[i] >= 0 && t >= 0 && t < V) ? row[t] : 0.0f;
+    }
+    return Status::Ok();
+  }
+  Status VocabParallelRebase(float* se, const float* mx_local, const float* mx_global, int64_t N) override {
+    for (int64_t i = 0; i < N; ++i) {
+      se[i] = static_cast<float>(se[i] * std::exp(static_cast<double>(mx_local[i]) - mx_global[i]));
     }
     return Status::Ok();
   }

@@ -214,15 +214,18 @@ class Backend {
   virtual Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
                                    int64_t N, int64_t V) = 0;
   // Vocab-parallel cross-entropy pieces; logits (N, V) are this rank's vocab columns [vstart, vstart + V).
-  //   RowMax:       mx (N) WRITES the row maxima.
-  //   SumExpTarget: se (N) WRITES sum_j exp(logits - mx) (mx already reduced across ranks), tl (N) the target
-  //                 logit when the target is in this rank's columns, else 0.
-  //   Finish:       lse = mx + log(se), losses = lse - tl (0 for targets < 0), both (N) WRITTEN (se, tl reduced).
+  //   RowStats:     one pass over the rows (V >= 1): mx (N) WRITES the local row maxima, se (N) sum_j
+  //                 exp(logits - mx) with the local max, tl (N) the target logit when the target is in this rank's
+  //                 columns, else 0.
+  //   Rebase:       se (N) *= exp(mx_local - mx_global), mx_global the maxima reduced across ranks (max); then
+  //                 se and tl are reduced (sum).
+  //   Finish:       lse = mx + log(se), losses = lse - tl (0 for targets < 0), both (N) WRITTEN (mx the global
+  //                 maxima, se, tl reduced).
   //   Backward:     dlogits (N, V) WRITES (exp(logits - lse) - onehot_local(target)) * dloss (scalar); 0 rows
   //                 for targets < 0.
-  virtual Status VocabParallelRowMax(float* mx, const float* logits, int64_t N, int64_t V) = 0;
-  virtual Status VocabParallelSumExpTarget(float* se, float* tl, const float* logits, const float* mx,
-                                           const int32_t* targets, int64_t vstart, int64_t N, int64_t V) = 0;
+  virtual Status VocabParallelRowStats(float* mx, float* se, float* tl, const float* logits, const int32_t* targets,
+                                       int64_t vstart, int64_t N, int64_t V) = 0;
+  virtual Status VocabParallelRebase(float* se, const float* mx_local, const float* mx_global, int64_t N) = 0;
   virtual Status VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
                                      const int32_t* targets, int64_t N) = 0;
   virtual Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,

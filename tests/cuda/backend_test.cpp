@@ -170,14 +170,15 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cro
       {Random(N * V, 1, -4, 4), std::vector<float>(N), std::vector<float>(N), Random(N, 2, 0.1f, 1.0f),
        std::vector<float>(N * V), std::vector<float>(N), std::vector<float>(N), std::vector<float>(N),
        std::vector<float>(N), std::vector<float>(N), std::vector<float>(N * V), Random(N * V, 1, -4, 4),
-       std::vector<float>(N), std::vector<float>(N)},
+       std::vector<float>(N), std::vector<float>(N), std::vector<float>(N, 5.0f)},
       [&](ops::Backend& be, std::vector<float*>& t) {
         const int32_t* tt = &be == p.cpu.get() ? tc : tg;
         REQUIRE(be.CrossEntropyForward(t[1], t[2], t[0], tt, N, V).ok());
         REQUIRE(be.CrossEntropyBackward(t[4], t[0], t[2], tt, t[3], N, V).ok());
-        REQUIRE(be.VocabParallelRowMax(t[5], t[0], N, V).ok());
-        REQUIRE(be.VocabParallelSumExpTarget(t[6], t[7], t[0], t[5], tt, 0, N, V).ok());
-        REQUIRE(be.VocabParallelFinish(t[8], t[9], t[5], t[6], t[7], tt, N).ok());
+        REQUIRE(be.VocabParallelRowStats(t[5], t[6], t[7], t[0], tt, 0, N, V).ok());
+        // Rebased on a "global" max of 5 (above every logit), as after the max all-reduce.
+        REQUIRE(be.VocabParallelRebase(t[6], t[5], t[14], N).ok());
+        REQUIRE(be.VocabParallelFinish(t[8], t[9], t[14], t[6], t[7], tt, N).ok());
         REQUIRE(be.VocabParallelBackward(t[10], t[0], t[9], tt, 0.25f, 0, N, V).ok());
         REQUIRE(be.CrossEntropyFused(t[12], t[13], t[11], tt, t[3], N, V).ok());  // dlogits over the logits copy
       },

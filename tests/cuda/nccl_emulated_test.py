@@ -12,7 +12,8 @@ the CPU backend's losses:
               timeout, naming the group, the operation and the peer;
   stuck peer  an injected stuck rank (MS_SIM_NCCL_STALL) ends the job within the timeout, naming group, op, peer;
   planted     with the communicator's wait for the compute stream removed (MEGASCALE_PLANT=nccl_no_compute_wait)
-              the deferred streams make pp, dp and tp communicate stale buffers: the losses must differ.
+              the deferred streams make pp, dp and tp communicate stale buffers: the losses or the grad norms
+              must differ.
 
 Usage: nccl_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--quick] [--gpu]
   --gpu: MEGASCALE_EMU is a megascale built with nvcc and the layouts run on real GPUs and libnccl (ctest -L gpu);
@@ -118,7 +119,10 @@ def compare(name, parallel, layers=2, env=None, sets=(), expect_differ=False):
     print(f"     {name}: {wall:.1f} s, worst relative difference loss {worst['loss']:.2e}, grad_norm "
           f"{worst['grad_norm']:.2e}")
     if expect_differ:
-        return None if worst["loss"] > 1e-3 else "the planted bug went unnoticed: losses match the CPU run"
+        # The race a planted bug opens corrupts gradients at some step; when that is a late step, only the
+        # gradient norm shows it (seen: dp2 with the loss within 4e-4 but the grad norm 0.5 off), so either counts.
+        caught = max(worst.values()) > 1e-3
+        return None if caught else "the planted bug went unnoticed: losses and grad norms match the CPU run"
     if not max(worst.values()) <= 1e-4:
         return f"differs from the CPU run by {max(worst.values()):.3e} relative (> 1e-4)"
     return None

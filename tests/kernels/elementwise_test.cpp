@@ -235,7 +235,8 @@ TEST_CASE("kernels elementwise: SumSquaresMulti matches ref::SumSquares (rtol 1e
 }
 
 TEST_CASE(
-    "kernels vocab-parallel cross-entropy, tp=2 simulated: row max and target logit exact, sumexp rtol 2e-6, "
+    "kernels vocab-parallel cross-entropy, tp=2 simulated: row max and target logit exact, sumexp and rebase rtol "
+    "2e-6, "
     "losses/lse rtol 1e-5 atol 1e-5, dlogits rtol 1e-5 atol 1e-6") {
   struct Shape {
     int64_t N, V, V0;  // rank 0 holds columns [0, V0), rank 1 [V0, V)
@@ -268,42 +269,49 @@ TEST_CASE(
     std::unique_ptr<Dev<float>> d_shard[2];
     for (int k = 0; k < 2; ++k) d_shard[k] = std::make_unique<Dev<float>>(shard[k]);
 
-    // RowMax on each rank, then the max "all-reduce" on the host.
+    // RowStats on each rank: local max (exact), sumexp on the local max, target logit (exact).
     std::vector<float> mx(s.N, -INFINITY);
+    std::vector<float> mx_local[2], se_local[2], tl_local[2];
     for (int k = 0; k < 2; ++k) {
-      Dev<float> d_mx(s.N);
-      REQUIRE(VocabParallelRowMax(d_mx.get(), d_shard[k]->get(), s.N, vlen[k], nullptr) == cudaSuccess);
-      std::vector<float> want(s.N);
+      CAPTURE(k);
+      Dev<float> d_mx(s.N), d_se(s.N), d_tl(s.N);
+      REQUIRE(VocabParallelRowStats(d_mx.get(), d_se.get(), d_tl.get(), d_shard[k]->get(), d_targets.get(), vstart[k],
+                                    s.N, vlen[k], nullptr) == cudaSuccess);
+      std::vector<float> want_mx(s.N), want_se(s.N), want_tl(s.N);
       for (int64_t i = 0; i < s.N; ++i) {
-        want[i] = *std::max_element(shard[k].begin() + i * vlen[k], shard[k].begin() + (i + 1) * vlen[k]);
+        const auto row = shard[k].begin() + i * vlen[k];
+        want_mx[i] = *std::max_element(row, row + vlen[k]);
+        double acc = 0.0;
+        for (int64_t j = 0; j < vlen[k]; ++j) acc += std::exp(static_cast<double>(row[j]) - want_mx[i]);
+        want_se[i] = static_cast<float>(acc);
+        const int64_t local = targets[i] - vstart[k];
+        want_tl[i] = (targets[i] >= 0 && local >= 0 && local < vlen[k]) ? row[local] : 0.0f;
       }
-      const std::vector<float> got = d_mx.Get();
-      CHECK(got == want);
-      for (int64_t i = 0; i < s.N; ++i) mx[i] = std::max(mx[i], got[i]);
+      mx_local[k] = d_mx.Get();
+      se_local[k] = d_se.Get();
+      tl_local[k] = d_tl.Get();
+      CHECK(mx_local[k] == want_mx);
+      ExpectClose(se_local[k], want_se, 2e-6f, 0.0f, "vocab-parallel sumexp (local max)");
+      CHECK(tl_local[k] == want_tl);
+      for (int64_t i = 0; i < s.N; ++i) mx[i] = std::max(mx[i], mx_local[k][i]);  // the max "all-reduce"
     }
 
-    // SumExpTarget on each rank with the reduced max, then the sum "all-reduce" on the host.
+    // Rebase on each rank against exp in double, then the sum "all-reduce" on the host.
     Dev<float> d_mx(mx);
     std::vector<float> se(s.N, 0.0f), tl(s.N, 0.0f);
     for (int k = 0; k < 2; ++k) {
       CAPTURE(k);
-      Dev<float> d_se(s.N), d_tl(s.N);
-      REQUIRE(VocabParallelSumExpTarget(d_se.get(), d_tl.get(), d_shard[k]->get(), d_mx.get(), d_targets.get(),
-                                        vstart[k], s.N, vlen[k], nullptr) == cudaSuccess);
-      std::vector<float> want_se(s.N), want_tl(s.N);
+      Dev<float> d_se(se_local[k]), d_mx_local(mx_local[k]);
+      REQUIRE(VocabParallelRebase(d_se.get(), d_mx_local.get(), d_mx.get(), s.N, nullptr) == cudaSuccess);
+      std::vector<float> want(s.N);
       for (int64_t i = 0; i < s.N; ++i) {
-        double acc = 0.0;
-        for (int64_t j = 0; j < vlen[k]; ++j) acc += std::exp(static_cast<double>(shard[k][i * vlen[k] + j]) - mx[i]);
-        want_se[i] = static_cast<float>(acc);
-        const int64_t local = targets[i] - vstart[k];
-        want_tl[i] = (targets[i] >= 0 && local >= 0 && local < vlen[k]) ? shard[k][i * vlen[k] + local] : 0.0f;
+        want[i] = static_cast<float>(se_local[k][i] * std::exp(static_cast<double>(mx_local[k][i]) - mx[i]));
       }
-      const std::vector<float> got_se = d_se.Get(), got_tl = d_tl.Get();
-      ExpectClose(got_se, want_se, 2e-6f, 0.0f, "vocab-parallel sumexp");
-      CHECK(got_tl == want_tl);
+      const std::vector<float> got = d_se.Get();
+      ExpectClose(got, want, 2e-6f, 0.0f, "vocab-parallel rebased sumexp");
       for (int64_t i = 0; i < s.N; ++i) {
-        se[i] += got_se[i];
-        tl[i] += got_tl[i];
+        se[i] += got[i];
+        tl[i] += tl_local[k][i];
       }
     }
 
