@@ -71,8 +71,9 @@ def start(path, *args, env=None):
 
 
 def rows(name, fname="metrics.jsonl"):
+    # Polled while the job appends: a last line still being written (no newline yet) is not read.
     path = os.path.join(WORK, name, fname)
-    return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+    return [json.loads(l) for l in open(path) if l.endswith("\n")] if os.path.exists(path) else []
 
 
 def final_loss(name):

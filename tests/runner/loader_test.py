@@ -96,7 +96,8 @@ def start(path, *args, env=ENV):
 
 def rows(name, fname="metrics.jsonl"):
     path = os.path.join(WORK, name, fname)
-    return [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
+    # Polled while the job appends: a last line still being written (no newline yet) is not read.
+    return [json.loads(l) for l in open(path) if l.strip() and l.endswith("\n")] if os.path.exists(path) else []
 
 
 def losses(name):

@@ -151,8 +151,13 @@ parallel: {{{layout}}}
     return path
 
 
+def jsonl(path):
+    """The complete lines of a JSON-lines file the job may still be appending to (a partial last line is skipped)."""
+    return [json.loads(l) for l in open(path) if l.endswith("\n")] if os.path.exists(path) else []
+
+
 def losses(run_dir):
-    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = jsonl(os.path.join(run_dir, "metrics.jsonl"))
     return {r["step"]: r["loss"] for r in rows if r["phase"] == "train"}
 
 
@@ -399,7 +404,7 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         p = login_background("salloc", "--nodes=2", "--ntasks-per-node=2", BIN, "train", s, "--no-progress", env=env)
 
         def second_attempt_past_step_16():
-            attempts = [json.loads(l) for l in open(os.path.join(run_dir, "events.jsonl"))]
+            attempts = jsonl(os.path.join(run_dir, "events.jsonl"))
             return sum(e["event"] == "attempt" for e in attempts) == 2 and max(losses(run_dir), default=0) >= 16
 
         wait_for(p, second_attempt_past_step_16)
