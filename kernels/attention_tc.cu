@@ -27,6 +27,8 @@
 //   forward: K [64][D+8], V [64][D+8] (bf16), then per warp S/PV [16][kMaxD|64 + 4] fp32 and P [16][72] bf16;
 //   dQ:      K, V as above, per warp S|dP [16][132] fp32 and dS [16][72] bf16;
 //   dK/dV:   Q, dout as above, lse [64], drow [64] fp32, per warp S|dP [16][132] fp32, P and dS [16][72] bf16.
+#include <cstdint>
+
 #include "attention_common.cuh"
 
 namespace ms::kernels {
@@ -65,9 +67,25 @@ __host__ __device__ constexpr int LdForward(int max_d) {
 }
 
 // dst[r][d] = bf16(src[(t0 + r) * stride + d]) for r < 64, d < D; rows t0 + r >= T are zero. All threads of
-// the block take part; the caller synchronizes.
+// the block take part; the caller synchronizes. D is a multiple of 16 and stride of 4 (floats), so when src is
+// 16-byte aligned every row is: then each thread loads 4 floats at once (one 16-byte load), else one at a time.
 __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const float* src, long stride, int t0, int T,
                                              int D) {
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {  // uniform across the block
+    const int quads = D / 4;
+    for (int i = threadIdx.x; i < kRows * quads; i += kThreads) {
+      const int r = i / quads, d = 4 * (i - r * quads);
+      const int t = t0 + r;
+      const float4 v = t < T ? *reinterpret_cast<const float4*>(src + static_cast<long>(t) * stride + d)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      __nv_bfloat16* const o = dst + r * ld + d;
+      o[0] = __float2bfloat16(v.x);
+      o[1] = __float2bfloat16(v.y);
+      o[2] = __float2bfloat16(v.z);
+      o[3] = __float2bfloat16(v.w);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
     const int r = i / D, d = i - r * D;
     const int t = t0 + r;
@@ -175,8 +193,10 @@ size_t DkDvTcSharedBytes(int D) {
 // rows start first. Two lanes per row (r = lane / 2) keep the running max m and sum l (identical in both) and
 // the row's outputs d = 2 j + lane % 2.
 // out (B, T, H, D), lse (B, H, T), qkv (B, T, 3, H, D); D a multiple of 16, D <= kMaxD.
+// (kThreads, 2): with (kThreads) alone ptxas gave the D <= 128 instance 168 registers on sm_80 and spilled
+// (scripts/check_ptxas.py); 2 blocks per SM allow up to 255.
 template <int kMaxD>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int H, int D, int window, int ntiles,
                                 float scale) {
   constexpr int kLdF = LdForward(kMaxD);

@@ -4,6 +4,7 @@
 // windows 2 and 34 put the first key of a query tile (q0 - window + 1 = 31) on the last key of the tile before
 // it, and the last query of a key tile (k1 - 2 + window = 32, 64) on the first row of the next query tile.
 // Tolerances: the kernels accumulate in fp32, the reference in double.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -194,6 +195,30 @@ TEST_CASE("attention bf16 (tensor cores): forward/backward match the reference o
                  Case{1, 100, 1, 112, 0}}) {
     CheckCase(c, /*bf16=*/true, 1e-2f, 1e-4f, 2e-2f, /*twice=*/c.T == 130 && c.D == 64);
   }
+  ExpectNoPoisonedReads();
+}
+
+// The tile loads take 16 bytes at a time when qkv (and dout) are 16-byte aligned, one float at a time otherwise:
+// both give the same bits (same products, same order).
+TEST_CASE("attention bf16 (tensor cores): unaligned qkv and dout give the bits of the aligned run") {
+  const Case c{1, 70, 2, 32, 9};
+  const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
+  const auto qkv = Random(n_qkv, 311, -2.0f, 2.0f), dout = Random(n_out, 312);
+  const Outputs aligned = RunKernels(c, qkv, dout, /*bf16=*/true);
+  // The same values one float past a 16-byte boundary.
+  std::vector<float> qkv1(n_qkv + 1), dout1(n_out + 1);
+  std::copy(qkv.begin(), qkv.end(), qkv1.begin() + 1);
+  std::copy(dout.begin(), dout.end(), dout1.begin() + 1);
+  Dev<float> d_qkv(qkv1), d_dout(dout1), d_out(n_out + 1), d_lse(c.B * c.H * c.T), d_dqkv(n_qkv + 1);
+  Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D));
+  REQUIRE(AttentionForwardBf16(d_out.get() + 1, d_lse.get(), d_qkv.get() + 1, c.B, c.T, c.H, c.D, c.window, nullptr) ==
+          cudaSuccess);
+  REQUIRE(AttentionBackwardBf16(d_dqkv.get() + 1, scratch.get(), d_dout.get() + 1, d_qkv.get() + 1, d_out.get() + 1,
+                                d_lse.get(), c.B, c.T, c.H, c.D, c.window, nullptr) == cudaSuccess);
+  const std::vector<float> out = d_out.Get(), lse = d_lse.Get(), dqkv = d_dqkv.Get();
+  CHECK(std::memcmp(out.data() + 1, aligned.out.data(), n_out * sizeof(float)) == 0);
+  CHECK(std::memcmp(lse.data(), aligned.lse.data(), lse.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dqkv.data() + 1, aligned.dqkv.data(), n_qkv * sizeof(float)) == 0);
   ExpectNoPoisonedReads();
 }
 
