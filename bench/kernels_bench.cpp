@@ -262,6 +262,18 @@ cublasStatus_t GemmRowMajor(cublasHandle_t h, bool ta, bool tb, int64_t M, int64
                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+// The same GEMM on fp32 A and B with CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts the operands to bf16 itself
+// (tensor cores, fp32 accumulation), so no cast kernel runs before it. The alternative to the backend's casts that
+// the GemmFp32Fast16bf rows measure.
+cublasStatus_t GemmRowMajorFast16bf(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                    const float* alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                                    const float* beta, float* C, int64_t ldc) {
+  return cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                      static_cast<int>(M), static_cast<int>(K), alpha, B, CUDA_R_32F, static_cast<int>(ldb), A,
+                      CUDA_R_32F, static_cast<int>(lda), beta, C, CUDA_R_32F, static_cast<int>(ldc),
+                      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+}
+
 cublasStatus_t GemmBatchedRowMajor(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                    const float* alpha, const bf16* A, int64_t lda, int64_t stride_a, const bf16* B,
                                    int64_t ldb, int64_t stride_b, const float* beta, float* C, int64_t ldc,
@@ -821,6 +833,13 @@ void SanityGemm(Sanity& s) {
                               d_cb.get(), ldc));
     SyncAfter("cublasGemmEx", s.stream());
     s.Close("cuBLAS reference cublasGemmEx " + shape, d_cb.Download(), want, 1e-4, 1e-4);
+    // fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF: the operands here are bf16 values already, so the
+    // down-conversion is exact whatever its rounding, and the result is the bf16 GEMM's.
+    DevBuf<float> d_af(af, "A fp32"), d_bf(bf, "B fp32"), d_cf(c0, "C (FAST_16BF)");
+    BENCH_CUBLAS(GemmRowMajorFast16bf(s.blas(), c.ta, c.tb, c.M, c.N, c.K, &c.alpha, d_af.get(), lda, d_bf.get(), ldb,
+                                      &c.beta, d_cf.get(), ldc));
+    SyncAfter("cublasGemmEx (FAST_16BF)", s.stream());
+    s.Close("cublasGemmEx fp32 in, CUBLAS_COMPUTE_32F_FAST_16BF " + shape, d_cf.Download(), want, 1e-4, 1e-4);
   }
   // The batched reference of attention: S = Q K^T per batch (row-major, as in the benchmark).
   const int64_t batch = 3, T = 33, D = 16;
@@ -1299,6 +1318,29 @@ void BenchGemm(Bench& b, const Shape& s) {
     r.ref_flops = flops;
     r.ref_what = "cublasGemmEx, same shape";
     b.Emit(r);
+
+    // The backend's bf16 GEMM as built (its fp32 operands cast by CastFloatToBf16, then cublasGemmEx) against
+    // cuBLAS converting fp32 operands itself (CUBLAS_COMPUTE_32F_FAST_16BF): whether the casts can go without
+    // bf16 activations. Bytes: the fp32 operands read once.
+    DevBuf<float> a32(g.M * g.K, "A fp32"), b32(g.K * g.N, "B fp32");
+    Fill(a32, seed++);
+    Fill(b32, seed++);
+    Row f = b.Measure("GemmFp32Fast16bf", shape, F * (g.M * g.K + g.K * g.N + g.M * g.N), flops, [&] {
+      BENCH_CUBLAS(GemmRowMajorFast16bf(b.blas(), g.ta, g.tb, g.M, g.N, g.K, &one, a32.get(), lda, b32.get(), ldb,
+                                        &zero, c.get(), ldc));
+      return cudaSuccess;
+    });
+    f.ref = b.timer().Time("casts + cublasGemmEx " + shape, [&] {
+      cudaError_t err = k::CastFloatToBf16(a.get(), a32.get(), g.M * g.K, b.stream());
+      if (err == cudaSuccess) err = k::CastFloatToBf16(bm.get(), b32.get(), g.K * g.N, b.stream());
+      if (err != cudaSuccess) return err;
+      BENCH_CUBLAS(
+          GemmRowMajor(b.blas(), g.ta, g.tb, g.M, g.N, g.K, &one, a.get(), lda, bm.get(), ldb, &zero, c.get(), ldc));
+      return cudaSuccess;
+    });
+    f.ref_flops = flops;
+    f.ref_what = "CastFloatToBf16 of A and B, then cublasGemmEx (the backend's bf16 GEMM as built)";
+    b.Emit(f);
   }
 }
 
