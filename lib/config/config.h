@@ -134,9 +134,13 @@ struct RuntimeSpec {
                               // that routes to the driver's host
   std::string address;        // address of the driver's host the embedded redis-server listens on; empty -> chosen
   bool fused_kernels = true;  // fused epilogues (bias + GeLU, residual + biases); false: unfused, an ablation
-  std::string device_comm = "auto";  // tp/pp/dp communicators of a multi-rank CUDA job: auto | nccl | gloo
-                                     // (auto: NCCL, on GPUs or the emulated NCCL of megascale-emu; gloo:
-                                     // megascale-emu only, device memory being host memory there)
+  std::string device_comm = "auto";    // tp/pp/dp communicators of a multi-rank CUDA job: auto | nccl | gloo
+                                       // (auto: NCCL, on GPUs or the emulated NCCL of megascale-emu; gloo:
+                                       // megascale-emu only, device memory being host memory there)
+  std::string bf16_operands = "cast";  // how bf16 GEMMs on the CUDA backend get bf16 operands: cast (cast
+                                       // kernels into workspaces) | cublas (fp32 operands, cuBLAS converts:
+                                       // CUBLAS_COMPUTE_32F_FAST_16BF); no effect on fp32 GEMMs or the CPU
+                                       // backend
   bool operator==(const RuntimeSpec&) const = default;
 };
 

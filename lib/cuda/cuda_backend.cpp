@@ -80,10 +80,11 @@ class Workspace {
 
 class CudaBackend final : public ops::Backend {
  public:
-  static Result<std::unique_ptr<ops::Backend>> Create(device::Device* device, bool bf16) {
+  static Result<std::unique_ptr<ops::Backend>> Create(device::Device* device, bool bf16, Bf16Operands operands) {
     std::unique_ptr<CudaBackend> b(new CudaBackend());
     b->device_ = device;
     b->bf16_ = bf16;
+    b->cublas_converts_ = bf16 && operands == Bf16Operands::kCublas;
     b->stream_ = device->CreateStream();
     b->s_ = NativeStream(*b->stream_);
     // Test hook (docs/cuda.md): MEGASCALE_PLANT=staging_no_wait reuses a staging buffer without waiting for its
@@ -360,22 +361,25 @@ class CudaBackend final : public ops::Backend {
            a.weight_decay == b.weight_decay;
   }
   Status Launch(cudaError_t e, std::string_view what) { return CudaStatus(e, what); }
-  // A GEMM operand: `src` (n floats) rounded to bf16 in workspace `slot` (0..2) when bf16_, else src itself.
+  // A GEMM operand: `src` (n floats) rounded to bf16 in workspace `slot` (0..2) when bf16_ (unless cuBLAS
+  // converts it), else src itself.
   Result<const void*> Bf16(int slot, const float* src, int64_t n) {
-    if (!bf16_) return static_cast<const void*>(src);
+    if (!bf16_ || cublas_converts_) return static_cast<const void*>(src);
     MS_ASSIGN_OR_RETURN(void* p, ws_[kBf16A + slot].Get(device_, s_, sizeof(__nv_bfloat16) * n));
     auto* dst = static_cast<__nv_bfloat16*>(p);
     MS_RETURN_IF_ERROR(Launch(kernels::CastFloatToBf16(dst, src, n, s_), "fp32 -> bf16 cast"));
     return static_cast<const void*>(dst);
   }
-  // Column-major C (m, n) = op(A) op(B) + beta C: A, B bf16 (or fp32), C fp32, fp32 accumulation.
+  // Column-major C (m, n) = op(A) op(B) + beta C: A, B bf16 (or fp32: fp32 math, or converted to bf16 by cuBLAS
+  // when cublas_converts_), C fp32, fp32 accumulation.
   Status Gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
               const void* B, int64_t ldb, float beta, float* C, int64_t ldc, const char* what) {
     const float alpha = 1.0f;
-    const cudaDataType_t in = bf16_ ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t in = bf16_ && !cublas_converts_ ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute = cublas_converts_ ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
     MS_BLAS_OK(cublasGemmEx(blas_, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, A, in,
                             static_cast<int>(lda), B, in, static_cast<int>(ldb), &beta, C, CUDA_R_32F,
-                            static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
                what);
     return Status::Ok();
   }
@@ -385,6 +389,7 @@ class CudaBackend final : public ops::Backend {
   cudaStream_t s_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   bool bf16_ = true;
+  bool cublas_converts_ = false;  // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
   Workspace ws_[kNumWorkspaces];
   Stage stage_[kStageSlots];
   int next_stage_ = 0;
@@ -398,9 +403,9 @@ void* BackendStream(ops::Backend& backend) {
   return b ? static_cast<void*>(b->stream()) : nullptr;
 }
 
-Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm) {
+Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm, Bf16Operands operands) {
   if (!device) return InvalidArgument("MakeCudaBackend: no device");
-  return CudaBackend::Create(device, bf16_gemm);
+  return CudaBackend::Create(device, bf16_gemm, operands);
 }
 
 }  // namespace ms::cuda

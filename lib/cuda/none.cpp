@@ -31,7 +31,7 @@ void ReleaseCachedMemory(device::Device&) {}
 void* BackendStream(ops::Backend&) {
   return nullptr;
 }
-Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool) {
+Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }
 

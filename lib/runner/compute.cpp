@@ -47,10 +47,14 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
     if (!dev.ok()) return dev.status().WithContext("runtime.backend: cuda");
     c.device = std::move(dev).value();
   }
+  const bool cublas_converts = spec.runtime.bf16_operands == "cublas";
   MS_ASSIGN_OR_RETURN(c.backend,
-                      cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16));
+                      cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16,
+                                            cublas_converts ? cuda::Bf16Operands::kCublas : cuda::Bf16Operands::kCast));
   LogInfo("compute: {} on {} (GEMMs {})", c.backend->name(), c.device->name(),
-          c.backend->bf16_gemm() ? "bf16 inputs, fp32 accumulation" : "fp32");
+          !c.backend->bf16_gemm() ? "fp32"
+          : cublas_converts       ? "bf16 inputs converted by cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF), fp32 accumulation"
+                                  : "bf16 inputs, fp32 accumulation");
   if (nccl) {
     // Device buffers travel through NCCL, on streams ordered after the backend's (world_comm stays Gloo: it
     // carries host scalars).

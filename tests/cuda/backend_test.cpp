@@ -42,11 +42,11 @@ struct Pair {
   std::unique_ptr<ops::Backend> gpu;
   std::vector<std::pair<device::Device*, void*>> allocs;
 
-  explicit Pair(bool bf16 = false) {
+  explicit Pair(bool bf16 = false, Bf16Operands operands = Bf16Operands::kCast) {
     auto d = MakeCudaDevice(0);
     REQUIRE_MESSAGE(d.ok(), d.status().ToString());
     gpu_dev = std::move(d).value();
-    auto b = MakeCudaBackend(gpu_dev.get(), bf16);
+    auto b = MakeCudaBackend(gpu_dev.get(), bf16, operands);
     REQUIRE_MESSAGE(b.ok(), b.status().ToString());
     gpu = std::move(b).value();
   }
@@ -196,6 +196,31 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cro
         REQUIRE(be.EmbeddingBackward(t[3], ii, t[2], N, C).ok());
       },
       {{1, N * C}, {3, 11 * C}}, 1e-5f, 1e-6f, "embedding");
+}
+
+// runtime.bf16_operands: cublas: the GEMMs take the fp32 operands and cuBLAS converts them
+// (CUBLAS_COMPUTE_32F_FAST_16BF). Within the bf16 tolerance of the CPU backend; under the emulator (whose
+// conversion rounds to nearest even like the cast kernel) the same bits as the cast path.
+TEST_CASE("cuda backend (emulated): bf16 GEMMs with cuBLAS converting the operands (rtol 2e-2; emulated: as cast)") {
+  Pair cast(true), conv(true, Bf16Operands::kCublas);
+  const int64_t N = 33, IC = 64, OC = 40;
+  const Inputs in = {Random(N * IC, 1), Random(OC * IC, 2), Random(OC, 3),      Random(N * OC, 4),
+                     Random(N * OC, 5), Random(N * IC, 6),  Random(OC * IC, 7), Random(OC, 8)};
+  auto linear = [&](ops::Backend& be, std::vector<float*>& t) {
+    REQUIRE(be.MatmulForward(t[3], t[0], t[1], t[2], N, IC, OC).ok());
+    REQUIRE(be.MatmulBackward(t[5], t[6], t[7], t[4], t[0], t[1], N, IC, OC).ok());
+  };
+  const std::vector<std::pair<int, size_t>> outs = {{3, N * OC}, {5, N * IC}, {6, OC * IC}, {7, OC}};
+  Compare(conv, in, linear, outs, 2e-2f, 2e-2f, "linear (cuBLAS converts)");
+  if (LinkedFlavor() != Flavor::kEmulated) return;
+  std::vector<float*> a, b;
+  for (const auto& v : in) a.push_back(cast.On(*cast.gpu, v));
+  for (const auto& v : in) b.push_back(conv.On(*conv.gpu, v));
+  linear(*cast.gpu, a);
+  linear(*conv.gpu, b);
+  REQUIRE(cast.gpu->Synchronize().ok());
+  REQUIRE(conv.gpu->Synchronize().ok());
+  for (auto [idx, n] : outs) CHECK(cast.Get(*cast.gpu, a[idx], n) == conv.Get(*conv.gpu, b[idx], n));
 }
 
 // With bf16 GEMMs, a head dimension that is a multiple of 16 takes the tensor-core attention kernels (bf16

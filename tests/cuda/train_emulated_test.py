@@ -7,7 +7,7 @@ CUDA runtime on their CPU implementations), trains a tiny GPT and must match the
   bf16 GEMMs (train.precision bf16): within 5e-3 relative (operands rounded to bf16, fp32 accumulation);
   the gradient norms of every step within the same tolerances;
 
-on one rank (1.1.1, also with a padded vocabulary) and on two data-parallel ranks (1.1.2, the emulated NCCL; bootstrap through the embedded Redis), with the parallel
+on one rank (1.1.1, also with a padded vocabulary, and bf16 with runtime.bf16_operands: cublas) and on two data-parallel ranks (1.1.2, the emulated NCCL; bootstrap through the embedded Redis), with the parallel
 and the sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoint written by the emulated
 CUDA run (parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU
 checkpoint resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses.
@@ -116,6 +116,8 @@ if rc != 0:
 case("fp32-111-parallel", "", ["train.precision=fp32"], 1e-4)
 case("fp32-111-sequential-lamb", "", ["train.precision=fp32", "model.block=sequential", "optimizer.kind=lamb"], 1e-4)
 case("bf16-111-parallel", "", ["train.precision=bf16"], 5e-3)
+# cuBLAS converting the fp32 operands itself (CUBLAS_COMPUTE_32F_FAST_16BF) instead of the cast kernels.
+case("bf16-111-cublas-operands", "", ["train.precision=bf16", "runtime.bf16_operands=cublas"], 5e-3)
 case("fp32-112-parallel", "parallel: {dp: 2}", ["train.precision=fp32"], 1e-4)
 case("bf16-112-sequential-zero1", "parallel: {dp: 2, zero: 1}", ["train.precision=bf16", "model.block=sequential"], 5e-3)
 # A padded vocabulary (300 tokens held as 384 rows): the classifier's padding mask goes through the backend's
