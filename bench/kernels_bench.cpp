@@ -1362,7 +1362,13 @@ struct Launch {
 // (the forward's 2, then 5, with S and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16
 // activations and a bf16 weight copy written by the optimizer), bf16 GEMM outputs and activations (half the bytes
 // of every memory-bound kernel), attention on bf16 tensor cores with FlashAttention-2's 5-product backward.
-std::vector<Launch> StepLaunches(const Shape& s, bool after16) {
+// The launch sequences PredictStep sums: as built (runtime.bf16_operands: cast), as built with cuBLAS converting
+// the fp32 operands (runtime.bf16_operands: cublas, assuming the conversion happens in cuBLAS's operand loads:
+// the GEMMs read 4 bytes per operand element, no cast kernels), and with issue #16's items done.
+enum class StepVariant { kAsBuilt, kCublasOperands, kAfter16 };
+
+std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
+  const bool after16 = variant == StepVariant::kAfter16, cublas_converts = variant == StepVariant::kCublasOperands;
   const double N = static_cast<double>(s.tokens), C = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab);
   const double T = static_cast<double>(s.seq), B = N / T, H = static_cast<double>(s.heads), D = C / H, F4 = 4.0 * C;
   const double L = static_cast<double>(s.layers);
@@ -1373,15 +1379,15 @@ std::vector<Launch> StepLaunches(const Shape& s, bool after16) {
   };
   // A linear layer, IC -> OC, over N rows: forward (bias: a separate bias add) and backward (dinp, dW, dbias).
   auto linear = [&](double IC, double OC, bool bias_add, bool dbias, double count) {
-    if (!after16) {
+    if (variant == StepVariant::kAsBuilt) {
       mem("casts fp32 -> bf16", 0, 1.5 * (N * IC + OC * IC), count);  // read 4 bytes, write 2 per element
       mem("casts fp32 -> bf16", 0, 1.5 * (N * OC + OC * IC + N * IC), count);
     }
-    const double f = 2.0 * N * IC * OC;
-    out.push_back({"GEMM (bf16 tensor cores)", 2.0 * (N * IC + OC * IC) + act * N * OC, f, Unit::kTensorBf16, count});
+    const double f = 2.0 * N * IC * OC, op = cublas_converts ? F : 2.0;  // bytes of a GEMM operand element
+    out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + OC * IC) + act * N * OC, f, Unit::kTensorBf16, count});
     out.push_back(
-        {"GEMM (bf16 tensor cores)", 2.0 * (N * OC + OC * IC) + 2 * act * N * IC, f, Unit::kTensorBf16, count});
-    out.push_back({"GEMM (bf16 tensor cores)", 2.0 * (N * IC + N * OC) + 2 * F * OC * IC, f, Unit::kTensorBf16, count});
+        {"GEMM (bf16 tensor cores)", op * (N * OC + OC * IC) + 2 * act * N * IC, f, Unit::kTensorBf16, count});
+    out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + N * OC) + 2 * F * OC * IC, f, Unit::kTensorBf16, count});
     if (bias_add) mem("bias, GeLU, residual, bias grad", 2 * N * OC, OC, count);
     if (dbias) mem("bias, GeLU, residual, bias grad", N * OC, 2 * OC, count);
   };
@@ -1453,7 +1459,8 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       "full causal attention, one GPU, at the roofline of {}\n",
       s.name, micro_batches, s.tokens, s.tokens / s.seq, s.seq, r.name);
   const double model = ModelFlops(s) * static_cast<double>(micro_batches);
-  for (bool after16 : {false, true}) {
+  for (StepVariant variant : {StepVariant::kAsBuilt, StepVariant::kCublasOperands, StepVariant::kAfter16}) {
+    const bool after16 = variant == StepVariant::kAfter16;
     std::vector<std::pair<std::string, double>> groups;  // insertion order
     double total = 0;
     auto add = [&](const std::vector<Launch>& launches, double times) {
@@ -1468,12 +1475,16 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
         total += sec;
       }
     };
-    add(StepLaunches(s, after16), static_cast<double>(micro_batches));
+    add(StepLaunches(s, variant), static_cast<double>(micro_batches));
     add(OptimizerLaunches(s, after16), 1.0);
-    fmt::print("  {}:\n", after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, "
-                                    "5-product attention backward)"
-                                  : "as built (fp32 activations, casts before every GEMM, tensor-core attention "
-                                    "with fp32 I/O and a 7-product backward)");
+    fmt::print("  {}:\n",
+               after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, 5-product "
+                         "attention backward)"
+               : variant == StepVariant::kCublasOperands
+                   ? "as built with runtime.bf16_operands: cublas (no cast kernels; GEMMs read fp32 operands, "
+                     "assuming cuBLAS converts them as it loads them)"
+                   : "as built (fp32 activations, casts before every GEMM, tensor-core attention with fp32 I/O "
+                     "and a 7-product backward)");
     for (const auto& [group, sec] : groups) {
       fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
     }

@@ -1,0 +1,49 @@
+#!/usr/bin/python3
+"""ctest kernels_bench_roofline: `kernels_bench --roofline-only --preset gpu-configs --micro-batches 2` needs no GPU;
+its output must list the launchers with bytes, FLOPs, unit and roofline time, and print the three predictions of
+each GPU config with an MFU. (A script, not a CMake PASS_REGULAR_EXPRESSION: chained `(.|\\n)*` groups over this
+much output made CMake's backtracking regex engine run for minutes.)
+
+Usage: check_roofline.py KERNELS_BENCH
+"""
+import re
+import subprocess
+import sys
+
+NUM = r"[0-9.]+"
+run = subprocess.run([sys.argv[1], "--roofline-only", "--preset", "gpu-configs", "--micro-batches", "2"],
+                     capture_output=True, text=True, timeout=120)
+out = run.stdout + run.stderr
+problems = []
+if run.returncode != 0:
+    problems.append(f"exit {run.returncode}")
+if "no CUDA device" in out or "failed" in out:
+    problems.append("the output reports a failure or touched a device")
+rows = {
+    "tensor-core attention backward row (1.3B)":
+        rf"^AttentionBackwardBf16 +B=4 T=2048 H=16 D=128 window=0 +{NUM} +{NUM} +bf16 TC +math +{NUM}$",
+    "lm head GEMM row (1.3B)":
+        rf"^GemmBf16 +NT M=8192 N=50304 K=2048 \(lm head fwd\) +{NUM} +{NUM} +bf16 TC +math +{NUM}$",
+    "cuBLAS-converted GEMM row":
+        rf"^GemmFp32Fast16bf +NT M=8192 N=50304 K=2048 \(lm head fwd\) +{NUM} +{NUM} +bf16 TC +\w+ +{NUM}$",
+}
+for what, pattern in rows.items():
+    if not re.search(pattern, out, re.MULTILINE):
+        problems.append(f"no {what}")
+for config in ("gpt2-small-gpu", "gpt-1.3b"):
+    at = out.find(f"PREDICTION, not a measurement: one step of {config} ")
+    if at < 0:
+        problems.append(f"no prediction for {config}")
+        continue
+    section = out[at:].split("\n\n")[0]
+    for variant in ("as built (", "as built with runtime.bf16_operands: cublas", "with issue #16's items done"):
+        v = section.find(variant)
+        if v < 0 or not re.search(rf"^    step +{NUM} ms -> {NUM} tokens/s, .*MFU {NUM}% of", section[v:],
+                                  re.MULTILINE):
+            problems.append(f"{config}: no '{variant}' prediction with a step time and an MFU")
+for p in problems:
+    print("FAIL", p)
+if problems:
+    print(out[-3000:])
+    sys.exit(1)
+print("ok: rows and the three predictions of both GPU configs")
