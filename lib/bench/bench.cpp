@@ -232,9 +232,17 @@ void Summarize(const std::string& run_dir, const std::string& log, int warmup, P
   p->step_s = Median(step);
   p->step_spread = (*std::max_element(step.begin(), step.end()) - *std::min_element(step.begin(), step.end())) /
                    std::max(1e-12, p->step_s);
-  p->tokens_per_s = Median(tps);
-  p->flops_per_device = Median(flops) / std::max(1, p->world);
-  p->mfu = Median(mfu);
+  // Rates at the median step: each step's rate times its time is its amount of work (tokens, FLOPs, peak
+  // fraction x seconds: the same every step), divided by the median step time. (Medians of the per-step rates
+  // would not match the median step: with 4 noisy steps they were 40 % apart.)
+  auto at_median_step = [&](const std::vector<double>& rate) {
+    std::vector<double> work(rate.size());
+    for (size_t i = 0; i < rate.size(); ++i) work[i] = rate[i] * step[i];
+    return Median(work) / std::max(1e-12, p->step_s);
+  };
+  p->tokens_per_s = at_median_step(tps);
+  p->flops_per_device = at_median_step(flops) / std::max(1, p->world);
+  p->mfu = at_median_step(mfu);
   p->compute_s = Median(compute);
   p->comm_exposed_s = Median(comm);
   p->bubble_s = Median(bubble);
