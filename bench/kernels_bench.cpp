@@ -253,13 +253,21 @@ std::vector<int32_t> RandomIds(size_t n, int64_t V, uint32_t seed) {
 
 // Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C (the conventions of ms::ops::Gemm and kernels::GemmBf16) is
 // column-major C^T (N, M) = op(B)^T @ op(A)^T: cuBLAS gets B first, with m = N and n = M.
+// Row-major C (M, N) = op(A) op(B) on cuBLAS (column-major: computes C^T = op(B)^T op(A)^T), A and B of type `in`,
+// C fp32, with `compute`.
+cublasStatus_t GemmRowMajorTyped(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                 const float* alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
+                                 const float* beta, float* C, int64_t ldc, cudaDataType_t in,
+                                 cublasComputeType_t compute) {
+  return cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                      static_cast<int>(M), static_cast<int>(K), alpha, B, in, static_cast<int>(ldb), A, in,
+                      static_cast<int>(lda), beta, C, CUDA_R_32F, static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT);
+}
+
 cublasStatus_t GemmRowMajor(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* alpha,
                             const bf16* A, int64_t lda, const bf16* B, int64_t ldb, const float* beta, float* C,
                             int64_t ldc) {
-  return cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
-                      static_cast<int>(M), static_cast<int>(K), alpha, B, CUDA_R_16BF, static_cast<int>(ldb), A,
-                      CUDA_R_16BF, static_cast<int>(lda), beta, C, CUDA_R_32F, static_cast<int>(ldc),
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return GemmRowMajorTyped(h, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
 }
 
 // The same GEMM on fp32 A and B with CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts the operands to bf16 itself
@@ -268,10 +276,8 @@ cublasStatus_t GemmRowMajor(cublasHandle_t h, bool ta, bool tb, int64_t M, int64
 cublasStatus_t GemmRowMajorFast16bf(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                     const float* alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                                     const float* beta, float* C, int64_t ldc) {
-  return cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
-                      static_cast<int>(M), static_cast<int>(K), alpha, B, CUDA_R_32F, static_cast<int>(ldb), A,
-                      CUDA_R_32F, static_cast<int>(lda), beta, C, CUDA_R_32F, static_cast<int>(ldc),
-                      CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+  return GemmRowMajorTyped(h, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, CUDA_R_32F,
+                           CUBLAS_COMPUTE_32F_FAST_16BF);
 }
 
 cublasStatus_t GemmBatchedRowMajor(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
@@ -1310,11 +1316,12 @@ void BenchGemm(Bench& b, const Shape& s) {
       return k::GemmBf16(g.ta, g.tb, g.M, g.N, g.K, 1.0f, a.get(), lda, bm.get(), ldb, 0.0f, c.get(), ldc, b.stream());
     });
     const float one = 1.0f, zero = 0.0f;
-    r.ref = b.timer().Time("cublasGemmEx " + shape, [&] {
+    auto cublas_bf16 = [&]() -> cudaError_t {
       BENCH_CUBLAS(
           GemmRowMajor(b.blas(), g.ta, g.tb, g.M, g.N, g.K, &one, a.get(), lda, bm.get(), ldb, &zero, c.get(), ldc));
       return cudaSuccess;
-    });
+    };
+    r.ref = b.timer().Time("cublasGemmEx " + shape, cublas_bf16);
     r.ref_flops = flops;
     r.ref_what = "cublasGemmEx, same shape";
     b.Emit(r);
@@ -1333,10 +1340,7 @@ void BenchGemm(Bench& b, const Shape& s) {
     f.ref = b.timer().Time("casts + cublasGemmEx " + shape, [&] {
       cudaError_t err = k::CastFloatToBf16(a.get(), a32.get(), g.M * g.K, b.stream());
       if (err == cudaSuccess) err = k::CastFloatToBf16(bm.get(), b32.get(), g.K * g.N, b.stream());
-      if (err != cudaSuccess) return err;
-      BENCH_CUBLAS(
-          GemmRowMajor(b.blas(), g.ta, g.tb, g.M, g.N, g.K, &one, a.get(), lda, bm.get(), ldb, &zero, c.get(), ldc));
-      return cudaSuccess;
+      return err != cudaSuccess ? err : cublas_bf16();
     });
     f.ref_flops = flops;
     f.ref_what = "CastFloatToBf16 of A and B, then cublasGemmEx (the backend's bf16 GEMM as built)";

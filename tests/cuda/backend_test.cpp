@@ -100,6 +100,19 @@ void Compare(Pair& p, const Inputs& in, const std::function<void(ops::Backend&, 
   for (auto [idx, n] : outs) ExpectClose(p.Get(*p.cpu, a[idx], n), p.Get(*p.gpu, b[idx], n), rtol, atol, what);
 }
 
+// Attention forward and backward (qkv random, dout random) on both backends, out, lse and dqkv compared.
+void CompareAttention(Pair& p, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, float rtol, float atol) {
+  Compare(
+      p,
+      {Random(B * T * 3 * H * D, 1), std::vector<float>(B * T * H * D), std::vector<float>(B * H * T),
+       Random(B * T * H * D, 2), std::vector<float>(B * T * 3 * H * D)},
+      [&](ops::Backend& be, std::vector<float*>& t) {
+        REQUIRE(be.AttentionForward(t[1], t[2], t[0], B, T, H, D, window).ok());
+        REQUIRE(be.AttentionBackward(t[4], t[3], t[0], t[1], t[2], B, T, H, D, window).ok());
+      },
+      {{1, B * T * H * D}, {2, B * H * T}, {4, B * T * 3 * H * D}}, rtol, atol, "attention");
+}
+
 TEST_CASE("cuda backend (emulated): linear layer forward/backward, fp32 GEMMs (rtol 1e-4) and bf16 (2e-2)") {
   for (bool bf16 : {false, true}) {
     Pair p(bf16);
@@ -147,18 +160,7 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cro
         REQUIRE(be.BiasGeluBackward(t[4], t[5], t[0], t[1], t[3], N, C).ok());
       },
       {{2, N * C}, {4, N * C}, {5, C}}, 1e-4f, 1e-6f, "bias + gelu");
-  for (int64_t window : {0, 5}) {
-    const int64_t B = 2, T = 19, H = 3, D = 8;
-    Compare(
-        p,
-        {Random(B * T * 3 * H * D, 1), std::vector<float>(B * T * H * D), std::vector<float>(B * H * T),
-         Random(B * T * H * D, 2), std::vector<float>(B * T * 3 * H * D)},
-        [&](ops::Backend& be, std::vector<float*>& t) {
-          REQUIRE(be.AttentionForward(t[1], t[2], t[0], B, T, H, D, window).ok());
-          REQUIRE(be.AttentionBackward(t[4], t[3], t[0], t[1], t[2], B, T, H, D, window).ok());
-        },
-        {{1, B * T * H * D}, {2, B * H * T}, {4, B * T * 3 * H * D}}, 1e-4f, 1e-5f, "attention");
-  }
+  for (int64_t window : {0, 5}) CompareAttention(p, 2, 19, 3, 8, window, 1e-4f, 1e-5f);
   // Cross-entropy and its vocab-parallel pieces (targets travel as floats' bit patterns: int32 buffers).
   const int64_t V = 29;
   std::vector<int32_t> targets(N);
@@ -228,18 +230,9 @@ TEST_CASE("cuda backend (emulated): bf16 GEMMs with cuBLAS converting the operan
 TEST_CASE("cuda backend (emulated): bf16 backend attention, tensor-core head dims (16, 64) and fp32 (24)") {
   Pair p(/*bf16=*/true);
   for (int64_t D : {16, 24, 64}) {
-    const int64_t B = 2, T = 70, H = 2, window = D == 64 ? 0 : 9;
-    const float tol = D % 16 == 0 ? 2e-2f : 1e-4f;
     CAPTURE(D);
-    Compare(
-        p,
-        {Random(B * T * 3 * H * D, 1), std::vector<float>(B * T * H * D), std::vector<float>(B * H * T),
-         Random(B * T * H * D, 2), std::vector<float>(B * T * 3 * H * D)},
-        [&](ops::Backend& be, std::vector<float*>& t) {
-          REQUIRE(be.AttentionForward(t[1], t[2], t[0], B, T, H, D, window).ok());
-          REQUIRE(be.AttentionBackward(t[4], t[3], t[0], t[1], t[2], B, T, H, D, window).ok());
-        },
-        {{1, B * T * H * D}, {2, B * H * T}, {4, B * T * 3 * H * D}}, tol, tol, "attention");
+    const float tol = D % 16 == 0 ? 2e-2f : 1e-4f;
+    CompareAttention(p, 2, 70, 2, D, D == 64 ? 0 : 9, tol, tol);
   }
 }
 
