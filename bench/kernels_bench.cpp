@@ -1359,17 +1359,20 @@ struct Launch {
 };
 
 // The kernels one training step of a GPT-2 (sequential block, fused bias/GeLU/residual kernels, tp = pp = dp = 1,
-// full causal attention) launches on the CUDA backend as built (lib/cuda/cuda_backend.cpp, lib/model/model.cpp):
-// every linear casts its fp32 input and weight to bf16 (forward), its output gradient, weight and input
-// (backward), then cublasGemmEx with fp32 output; attention runs on bf16 tensor cores with fp32 inputs and outputs
-// when D is a multiple of 16 (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products
-// (the forward's 2, then 5, with S and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16
-// activations and a bf16 weight copy written by the optimizer), bf16 GEMM outputs and activations (half the bytes
-// of every memory-bound kernel), attention on bf16 tensor cores with FlashAttention-2's 5-product backward.
-// The launch sequences PredictStep sums: as built (runtime.bf16_operands: cast), as built with cuBLAS converting
-// the fp32 operands (runtime.bf16_operands: cublas, assuming the conversion happens in cuBLAS's operand loads:
-// the GEMMs read 4 bytes per operand element, no cast kernels), and with issue #16's items done.
-enum class StepVariant { kAsBuilt, kCublasOperands, kAfter16 };
+// full causal attention) launches on the CUDA backend as built (lib/cuda/cuda_backend.cpp, lib/model/model.cpp)
+// with the default runtime.bf16_operands: keep: every linear's fp32 input is cast to bf16 by its forward GEMM and
+// the rounding kept for the backward's weight gradient, its output gradient cast in the backward, its weight cast
+// once per step (WeightCastLaunches); cublasGemmEx with fp32 output; attention runs on bf16 tensor cores with fp32
+// inputs and outputs when D is a multiple of 16 (kernels/attention_tc.cu), else on the fp32 kernels, its backward
+// forming 7 products (the forward's 2, then 5, with S and dP formed twice). `after16`: the target of issue #16
+// instead: no casts (bf16 activations and a bf16 weight copy written by the optimizer), bf16 GEMM outputs and
+// activations (half the bytes of every memory-bound kernel), attention on bf16 tensor cores with FlashAttention-2's
+// 5-product backward. The launch sequences PredictStep sums: as built (keep), as built with
+// runtime.bf16_operands: cast (every GEMM casts its input and weight, the backward its output gradient, weight and
+// input again), with cuBLAS converting the fp32 operands (runtime.bf16_operands: cublas, assuming the conversion
+// happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and with issue
+// #16's items done.
+enum class StepVariant { kAsBuilt, kCastEveryGemm, kCublasOperands, kAfter16 };
 
 std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const bool after16 = variant == StepVariant::kAfter16, cublas_converts = variant == StepVariant::kCublasOperands;
@@ -1383,9 +1386,12 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   };
   // A linear layer, IC -> OC, over N rows: forward (bias: a separate bias add) and backward (dinp, dW, dbias).
   auto linear = [&](double IC, double OC, bool bias_add, bool dbias, double count) {
-    if (variant == StepVariant::kAsBuilt) {
+    if (variant == StepVariant::kCastEveryGemm) {
       mem("casts fp32 -> bf16", 0, 1.5 * (N * IC + OC * IC), count);  // read 4 bytes, write 2 per element
       mem("casts fp32 -> bf16", 0, 1.5 * (N * OC + OC * IC + N * IC), count);
+    } else if (variant == StepVariant::kAsBuilt) {  // the input in forward (kept), the output gradient in backward
+      mem("casts fp32 -> bf16", 0, 1.5 * N * IC, count);
+      mem("casts fp32 -> bf16", 0, 1.5 * N * OC, count);
     }
     const double f = 2.0 * N * IC * OC, op = cublas_converts ? F : 2.0;  // bytes of a GEMM operand element
     out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + OC * IC) + act * N * OC, f, Unit::kTensorBf16, count});
@@ -1432,6 +1438,13 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   return out;
 }
 
+// runtime.bf16_operands: keep: each linear's weight is cast to bf16 once per step, at its first use.
+std::vector<Launch> WeightCastLaunches(const Shape& s) {
+  const double C = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab), L = static_cast<double>(s.layers);
+  const double weights = L * (3 * C * C + C * C + 4 * C * C + 4 * C * C) + V * C;
+  return {{"casts fp32 -> bf16", F * 1.5 * weights, 0.0, Unit::kMemory, 1}};
+}
+
 // The optimizer of one step: gradient norm (sum of squares) and AdamW over all parameters (fp32 master weights
 // and moments); after #16 also the bf16 weight copy.
 std::vector<Launch> OptimizerLaunches(const Shape& s, bool after16) {
@@ -1463,7 +1476,8 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       "full causal attention, one GPU, at the roofline of {}\n",
       s.name, micro_batches, s.tokens, s.tokens / s.seq, s.seq, r.name);
   const double model = ModelFlops(s) * static_cast<double>(micro_batches);
-  for (StepVariant variant : {StepVariant::kAsBuilt, StepVariant::kCublasOperands, StepVariant::kAfter16}) {
+  for (StepVariant variant :
+       {StepVariant::kAsBuilt, StepVariant::kCastEveryGemm, StepVariant::kCublasOperands, StepVariant::kAfter16}) {
     const bool after16 = variant == StepVariant::kAfter16;
     std::vector<std::pair<std::string, double>> groups;  // insertion order
     double total = 0;
@@ -1480,6 +1494,7 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       }
     };
     add(StepLaunches(s, variant), static_cast<double>(micro_batches));
+    if (variant == StepVariant::kAsBuilt) add(WeightCastLaunches(s), 1.0);
     add(OptimizerLaunches(s, after16), 1.0);
     fmt::print("  {}:\n",
                after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, 5-product "
@@ -1487,8 +1502,11 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                : variant == StepVariant::kCublasOperands
                    ? "as built with runtime.bf16_operands: cublas (no cast kernels; GEMMs read fp32 operands, "
                      "assuming cuBLAS converts them as it loads them)"
-                   : "as built (fp32 activations, casts before every GEMM, tensor-core attention with fp32 I/O "
-                     "and a 7-product backward)");
+               : variant == StepVariant::kCastEveryGemm
+                   ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
+                   : "as built (fp32 activations; bf16 weights cast once per step, each GEMM input once per "
+                     "micro-batch and kept for the backward; tensor-core attention with fp32 I/O and a 7-product "
+                     "backward)");
     for (const auto& [group, sec] : groups) {
       fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
     }

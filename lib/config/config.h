@@ -137,8 +137,10 @@ struct RuntimeSpec {
   std::string device_comm = "auto";    // tp/pp/dp communicators of a multi-rank CUDA job: auto | nccl | gloo
                                        // (auto: NCCL, on GPUs or the emulated NCCL of megascale-emu; gloo:
                                        // megascale-emu only, device memory being host memory there)
-  std::string bf16_operands = "cast";  // how bf16 GEMMs on the CUDA backend get bf16 operands: cast (cast
-                                       // kernels into workspaces) | cublas (fp32 operands, cuBLAS converts:
+  std::string bf16_operands = "keep";  // how bf16 GEMMs on the CUDA backend get bf16 operands: keep (cast
+                                       // kernels; the model keeps the bf16 weights for a step and each layer
+                                       // input for its backward) | cast (cast kernels at every GEMM, nothing
+                                       // kept) | cublas (fp32 operands, cuBLAS converts:
                                        // CUBLAS_COMPUTE_32F_FAST_16BF); no effect on fp32 GEMMs or the CPU
                                        // backend
   bool operator==(const RuntimeSpec&) const = default;

@@ -51,17 +51,20 @@ AllocatorStats GetAllocatorStats(device::Device& device);
 // Returns every cached block to cudaFree (blocks in use stay).
 void ReleaseCachedMemory(device::Device& device);
 
-// How bf16 GEMMs get their bf16 operands: kCast, the backend casts the fp32 operands into workspaces
-// (CastFloatToBf16) and cuBLAS multiplies bf16; kCublas, cuBLAS takes the fp32 operands and converts them itself
-// (CUBLAS_COMPUTE_32F_FAST_16BF): no cast kernels, no bf16 workspaces (config runtime.bf16_operands).
-enum class Bf16Operands { kCast, kCublas };
+// How bf16 GEMMs get their bf16 operands (config runtime.bf16_operands): kKeep, cast kernels (CastFloatToBf16)
+// round the fp32 operands and cuBLAS multiplies bf16, and the backend takes roundings the caller keeps
+// (keeps_bf16_copies(), ops::Bf16Copies: the model's weights once per step, layer inputs once per micro-batch);
+// kCast, the same casts into workspaces at every GEMM, nothing kept (least memory); kCublas, cuBLAS takes the
+// fp32 operands and converts them itself (CUBLAS_COMPUTE_32F_FAST_16BF): no cast kernels, no bf16 workspaces.
+// All three give the same bits under the emulator.
+enum class Bf16Operands { kKeep, kCast, kCublas };
 
 // The ops backend on `device` (made by MakeCudaDevice; not owned): every op enqueued on one stream of the
 // device, GEMMs by cuBLAS (cublasGemmEx; with bf16_gemm the operands are rounded to bf16 as `operands` says and
 // multiplied with fp32 accumulation into fp32 outputs, else fp32 throughout), everything else by the kernels
 // of kernels/. Parameters, gradients and optimizer state stay fp32 (the masters).
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm = true,
-                                                      Bf16Operands operands = Bf16Operands::kCast);
+                                                      Bf16Operands operands = Bf16Operands::kKeep);
 // The cudaStream_t a backend made by MakeCudaBackend enqueues on (as void*, so that callers need no CUDA
 // headers); nullptr for other backends. Communicators order their work after it (comm::NcclOptions).
 void* BackendStream(ops::Backend& backend);

@@ -85,6 +85,7 @@ class CudaBackend final : public ops::Backend {
     b->device_ = device;
     b->bf16_ = bf16;
     b->cublas_converts_ = bf16 && operands == Bf16Operands::kCublas;
+    b->keep_ = bf16 && operands == Bf16Operands::kKeep;
     b->stream_ = device->CreateStream();
     b->s_ = NativeStream(*b->stream_);
     // Test hook (docs/cuda.md): MEGASCALE_PLANT=staging_no_wait reuses a staging buffer without waiting for its
@@ -109,6 +110,7 @@ class CudaBackend final : public ops::Backend {
   const char* name() const override { return LinkedFlavor() == Flavor::kEmulated ? "cuda (emulated)" : "cuda"; }
   device::Device* device() override { return device_; }
   bool bf16_gemm() const override { return bf16_; }
+  bool keeps_bf16_copies() const override { return keep_; }
   cudaStream_t stream() const { return s_; }
 
   Status Zero(void* dst, size_t bytes) override {
@@ -157,26 +159,33 @@ class CudaBackend final : public ops::Backend {
   }
 
   // ---- GEMMs: row-major problems mapped onto column-major cuBLAS (a row-major X is a column-major X^T) ----
+  Status CastToBf16(void* dst, const float* src, int64_t n) override {
+    if (!keep_) return ops::Backend::CastToBf16(dst, src, n);
+    if (n == 0) return Status::Ok();
+    return Launch(kernels::CastFloatToBf16(static_cast<__nv_bfloat16*>(dst), src, n, s_), "fp32 -> bf16 cast");
+  }
+  using ops::Backend::MatmulBackward;
+  using ops::Backend::MatmulForward;
   Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
-                       int64_t OC) override {
+                       int64_t OC, const ops::Bf16Copies& kept) override {
     if (N == 0 || OC == 0) return Status::Ok();
-    MS_ASSIGN_OR_RETURN(auto* a, Bf16(0, inp, N * IC));
-    MS_ASSIGN_OR_RETURN(auto* b, Bf16(1, w, OC * IC));
+    MS_ASSIGN_OR_RETURN(auto* a, Input(inp, N * IC, kept));
+    MS_ASSIGN_OR_RETURN(auto* b, Weight(w, OC * IC, kept));
     // out^T (OC, N) = w (OC, IC) . inp^T (IC, N): A = w stored column-major (IC, OC) -> op T.
     MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, out, OC, "linear forward"));
     if (bias) MS_RETURN_IF_ERROR(Launch(kernels::AddRowBias(out, bias, N, OC, s_), "bias add"));
     return Status::Ok();
   }
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                        int64_t N, int64_t IC, int64_t OC) override {
+                        int64_t N, int64_t IC, int64_t OC, const ops::Bf16Copies& kept) override {
     if (N == 0 || OC == 0 || IC == 0) return Status::Ok();
     MS_ASSIGN_OR_RETURN(auto* g, Bf16(0, dout, N * OC));
     if (dinp) {
-      MS_ASSIGN_OR_RETURN(auto* wb, Bf16(1, w, OC * IC));
+      MS_ASSIGN_OR_RETURN(auto* wb, Weight(w, OC * IC, kept));
       // dinp^T (IC, N) += w^T (IC, OC) . dout^T (OC, N)
       MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, 1.0f, dinp, IC, "linear dinp"));
     }
-    MS_ASSIGN_OR_RETURN(auto* x, Bf16(2, inp, N * IC));
+    MS_ASSIGN_OR_RETURN(auto* x, Input(inp, N * IC, kept, 2));
     // dw^T (IC, OC) += inp^T (IC, N) . dout (N, OC)
     MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, x, IC, g, OC, 1.0f, dw, IC, "linear dweight"));
     if (dbias) MS_RETURN_IF_ERROR(BiasGrad(dbias, dout, N, OC));
@@ -370,6 +379,19 @@ class CudaBackend final : public ops::Backend {
     MS_RETURN_IF_ERROR(Launch(kernels::CastFloatToBf16(dst, src, n, s_), "fp32 -> bf16 cast"));
     return static_cast<const void*>(dst);
   }
+  // A GEMM's weight and input operands: the caller's kept roundings where it keeps them (keep_), else Bf16.
+  Result<const void*> Weight(const float* w, int64_t n, const ops::Bf16Copies& kept) {
+    if (keep_ && kept.w) return kept.w;
+    return Bf16(1, w, n);
+  }
+  Result<const void*> Input(const float* inp, int64_t n, const ops::Bf16Copies& kept, int slot = 0) {
+    if (!keep_ || !kept.inp) return Bf16(slot, inp, n);
+    if (!kept.inp_ready) {
+      MS_RETURN_IF_ERROR(
+          Launch(kernels::CastFloatToBf16(static_cast<__nv_bfloat16*>(kept.inp), inp, n, s_), "fp32 -> bf16 cast"));
+    }
+    return static_cast<const void*>(kept.inp);
+  }
   // Column-major C (m, n) = op(A) op(B) + beta C: A, B bf16 (or fp32: fp32 math, or converted to bf16 by cuBLAS
   // when cublas_converts_), C fp32, fp32 accumulation.
   Status Gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
@@ -390,6 +412,7 @@ class CudaBackend final : public ops::Backend {
   cublasHandle_t blas_ = nullptr;
   bool bf16_ = true;
   bool cublas_converts_ = false;  // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
+  bool keep_ = false;             // bf16 GEMMs take the caller's kept operand roundings (ops::Bf16Copies)
   Workspace ws_[kNumWorkspaces];
   Stage stage_[kStageSlots];
   int next_stage_ = 0;

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "ops/ops.h"
@@ -96,6 +97,17 @@ void ExtractShard(const float* global, float* local, const std::vector<int64_t>&
   }
 }
 
+namespace {
+// Element `at` of bf16 storage held in a float array (2 per float).
+void* Bf16At(const DeviceArray<float>& a, int64_t at) {
+  return static_cast<void*>(reinterpret_cast<uint16_t*>(a.data()) + at);
+}
+// Allocates n bf16 elements in a float array.
+Status AllocateBf16(DeviceArray<float>& a, ops::Backend* be, int64_t n) {
+  return a.Allocate(be, (n + 1) / 2);
+}
+}  // namespace
+
 // Activations of one micro-batch in one chunk (R = rows_, N = B*T).
 // All device memory (host memory on the CPU backend); only inputs_host / targets_host live on the host.
 struct Gpt::Acts {
@@ -105,9 +117,14 @@ struct Gpt::Acts {
   struct Layer {
     DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
+    // bf16 roundings of the GEMM inputs (all N rows), made by the forward GEMMs and read again by the weight
+    // gradients' (backends that keep bf16 operands; else unallocated): ln1 (qkv, and fc in the parallel block),
+    // ln2 (fc, sequential), atty (attn.proj), fch_gelu (mlp.proj).
+    DeviceArray<float> ln1_16, ln2_16, atty_16, fch_gelu_16;
   };
   std::vector<Layer> layers;
   DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;  // logits: dlogits after the loss
+  DeviceArray<float> lnf_16;                                                     // the head GEMM's input, bf16
   bool dlogits_ready = false;  // the fused classifier loss wrote dlogits over the logits, for weight dlogits_weight
   float dlogits_weight = 0.0f;
   DeviceArray<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
@@ -116,6 +133,23 @@ struct Gpt::Acts {
 
 struct Gpt::LayerW {
   const ParamInfo *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *mprojw, *mprojb;
+};
+
+// A layer's kept bf16 GEMM operands (KeptLayer): the weights' roundings and where its GEMM inputs' roundings live;
+// empty (every GEMM rounds its own operands) when the backend keeps none.
+struct Gpt::LayerBf16 {
+  const void* w[4] = {};  // qkv, attn.proj, mlp.fc, mlp.proj
+  const DeviceArray<float>*ln1 = nullptr, *fc_in = nullptr, *atty = nullptr, *fch_gelu = nullptr;
+  int64_t C = 0, HlD = 0, Fl = 0;
+  ops::Bf16Copies Make(int j, const DeviceArray<float>* in, int64_t at, bool ready) const {
+    if (!in) return {};
+    return {w[j], Bf16At(*in, at), ready};
+  }
+  // For the GEMM rows from row0 on; `ready`: the forward GEMM already rounded those input rows.
+  ops::Bf16Copies Qkv(int64_t row0, bool ready) const { return Make(0, ln1, row0 * C, ready); }
+  ops::Bf16Copies Proj(int64_t row0, bool ready) const { return Make(1, atty, row0 * HlD, ready); }
+  ops::Bf16Copies Fc(int64_t row0, bool ready) const { return Make(2, fc_in, row0 * C, ready); }
+  ops::Bf16Copies Mproj(int64_t row0, bool ready) const { return Make(3, fch_gelu, row0 * Fl, ready); }
 };
 
 Gpt::~Gpt() = default;
@@ -262,6 +296,15 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->masked_logits_ = true;
   }
   MS_RETURN_IF_ERROR(g->ZeroGrad());
+  if (g->be_->keeps_bf16_copies()) {
+    g->keep_bf16_ = true;
+    MS_RETURN_IF_ERROR(AllocateBf16(g->bf16_params_, g->be_, g->num_params_).WithContext("bf16 weight copies"));
+    g->bf16_made_in_.assign(g->params_.size(), 0);
+    // Test hook (docs/cuda.md): MEGASCALE_PLANT=kept_bf16_stale keeps the first step's bf16 weights for every
+    // later step — the planted bug tests/cuda/train_emulated_test.py must catch.
+    const char* plant = std::getenv("MEGASCALE_PLANT");
+    g->plant_stale_bf16_ = plant && std::strcmp(plant, "kept_bf16_stale") == 0;
+  }
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
   // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; vstats [N] x 4 (at the end: vocab-parallel loss). dlogits are
@@ -316,6 +359,45 @@ Status Gpt::ZeroGrad() {
   return be_->Zero(grad_data(), sizeof(float) * num_params_).WithContext("zeroing the gradients");
 }
 
+Result<const void*> Gpt::KeptWeight(const ParamInfo* p) {
+  if (!keep_bf16_) return static_cast<const void*>(nullptr);
+  const size_t i = static_cast<size_t>(p - params_.data());
+  void* dst = Bf16At(bf16_params_, p->offset);
+  if (!in_step_ || bf16_made_in_[i] != step_id_) {
+    MS_RETURN_IF_ERROR(be_->CastToBf16(dst, param_data() + p->offset, p->numel).WithContext("bf16 copy of " + p->name));
+    bf16_made_in_[i] = in_step_ ? step_id_ : 0;
+  }
+  return static_cast<const void*>(dst);
+}
+
+Result<Gpt::LayerBf16> Gpt::KeptLayer(const LayerW& w, const Acts& a, int i) {
+  LayerBf16 k;
+  const Acts::Layer& y = a.layers[static_cast<size_t>(i)];
+  if (!keep_bf16_) return k;
+  const int64_t C = spec_.hidden, HlD = Hl_ * (C / spec_.heads);
+  k.C = C;
+  k.HlD = HlD;
+  k.Fl = Fl_;
+  k.ln1 = &y.ln1_16;
+  k.fc_in = spec_.block == config::BlockKind::kSequential ? &y.ln2_16 : &y.ln1_16;
+  k.atty = &y.atty_16;
+  k.fch_gelu = &y.fch_gelu_16;
+  const ParamInfo* ps[4] = {w.qkvw, w.projw, w.fcw, w.mprojw};
+  for (int j = 0; j < 4; ++j) {
+    MS_ASSIGN_OR_RETURN(k.w[j], KeptWeight(ps[j]));
+  }
+  return k;
+}
+
+void Gpt::BeginStep() {
+  // The parameters may have changed since the last step: every kept bf16 weight is stale.
+  if (!(plant_stale_bf16_ && step_id_ > 0)) ++step_id_;
+  in_step_ = true;
+}
+void Gpt::EndStep() {
+  in_step_ = false;
+}
+
 Gpt::LayerW Gpt::Layer(int l) const {
   const std::string p = fmt::format("layers.{}.", l);
   const bool seq = spec_.block == config::BlockKind::kSequential;
@@ -360,6 +442,12 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(y.lse.Allocate(be, B_ * Hl_ * spec_.seq_len));
     MS_RETURN_IF_ERROR(y.fch.Allocate(be, N * Fl_));
     MS_RETURN_IF_ERROR(y.fch_gelu.Allocate(be, N * Fl_));
+    if (keep_bf16_) {
+      MS_RETURN_IF_ERROR(AllocateBf16(y.ln1_16, be, N * C));
+      MS_RETURN_IF_ERROR(AllocateBf16(y.atty_16, be, N * HlD));
+      MS_RETURN_IF_ERROR(AllocateBf16(y.fch_gelu_16, be, N * Fl_));
+      if (seq) MS_RETURN_IF_ERROR(AllocateBf16(y.ln2_16, be, N * C));
+    }
     if (seq) {
       MS_RETURN_IF_ERROR(y.mid.Allocate(be, R * C));
       MS_RETURN_IF_ERROR(y.ln2.Allocate(be, R * C));
@@ -374,6 +462,7 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(a.lnf_rstd.Allocate(be, R));
     if (sp) MS_RETURN_IF_ERROR(a.lnf_full.Allocate(be, N * C));
     MS_RETURN_IF_ERROR(a.logits.Allocate(be, N * Vl_));
+    if (keep_bf16_) MS_RETURN_IF_ERROR(AllocateBf16(a.lnf_16, be, N * C));
     MS_RETURN_IF_ERROR(a.ce_lse.Allocate(be, N));
     MS_RETURN_IF_ERROR(a.losses.Allocate(be, N));
   }
@@ -611,13 +700,18 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     auto& y = a.layers[i];
     const float* x = a.res.data() + i * R * C;
     float* out = a.res.data() + (i + 1) * R * C;
+    MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));
+    // Each GEMM input is rounded to bf16 once, by its forward GEMM (the parallel block's fc reads qkv's rounding
+    // of the same LayerNorm rows), and read again by the backward's weight-gradient GEMM.
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
-      return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), P(w.qkvb), rows, C, 3 * HlD);
+      return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), P(w.qkvb), rows, C, 3 * HlD,
+                                k16.Qkv(row0, false));
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
       // fch holds the GEMM output without its bias: the bias is fused into the GeLU (and its gradient into the
       // GeLU backward).
-      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), nullptr, rows, C, Fl));
+      MS_RETURN_IF_ERROR(
+          be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), nullptr, rows, C, Fl, k16.Fc(row0, !seq)));
       if (!shard_.fused_kernels) {  // ablation: the bias, then the GeLU, each a pass over memory (fch keeps the bias)
         MS_RETURN_IF_ERROR(be_->AddRowBias(y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl));
         return be_->GeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, rows * Fl);
@@ -625,10 +719,12 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       return be_->BiasGeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C);
+      return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C,
+                                k16.Proj(row0, false));
     };
     auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulForward(dst, y.fch_gelu.data() + row0 * Fl, P(w.mprojw), nullptr, rows, Fl, C);
+      return be_->MatmulForward(dst, y.fch_gelu.data() + row0 * Fl, P(w.mprojw), nullptr, rows, Fl, C,
+                                k16.Mproj(row0, false));
     };
     MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
                                              P(w.ln1b), R, C, spec_.norm_eps));
@@ -675,8 +771,11 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
                                            P("final_norm.weight"), P("final_norm.bias"), R, C, spec_.norm_eps));
   const float* head = P(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight");
   const float* mask = masked_logits_ ? logit_mask_.data() : nullptr;  // the vocabulary padding, as a bias
+  MS_ASSIGN_OR_RETURN(const void* head16,
+                      KeptWeight(FindParam(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight")));
   auto logit_rows = [&](int64_t row0, int64_t rows, const float* src) {
-    return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl);
+    return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl,
+                              {head16, keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr, false});
   };
   MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
   a.dlogits_ready = false;
@@ -786,8 +885,10 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   a.dlogits_ready = false;
   const char* head = spec_.tied_embeddings ? "embed.wte" : "lm_head.weight";
   const float* lnfin = sp ? a.lnf_full.data() : a.lnf.data();
+  MS_ASSIGN_OR_RETURN(const void* head16, KeptWeight(FindParam(head)));
   auto dlnf_rows = [&](int64_t row0, int64_t rows, float* dst) {
-    return be_->MatmulBackward(dst, G(head), nullptr, dlogits + row0 * Vl, lnfin + row0 * C, P(head), rows, C, Vl);
+    return be_->MatmulBackward(dst, G(head), nullptr, dlogits + row0 * Vl, lnfin + row0 * C, P(head), rows, C, Vl,
+                               {head16, keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr, true});
   };
   MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, true, tp ? dln_full : dln, dln));
   const Chunk& ch = chunks_[static_cast<size_t>(num_chunks() - 1)];
@@ -846,9 +947,11 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* x = a.res.data() + i * R * C;
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
     const float* ln2in = seq ? (sp ? y.ln2_full.data() : y.ln2.data()) : ln1in;
+    MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // inputs rounded by the forward GEMMs: ready
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
-                                             y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C));
+                                             y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C,
+                                             k16.Mproj(row0, true)));
       if (!shard_.fused_kernels) {
         MS_RETURN_IF_ERROR(
             be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl));
@@ -859,14 +962,15 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {
       return be_->MatmulBackward(datty + row0 * HlD, G(w.projw), nullptr, dy, y.atty.data() + row0 * HlD, P(w.projw),
-                                 rows, HlD, C);
+                                 rows, HlD, C, k16.Proj(row0, true));
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulBackward(dst, G(w.fcw), nullptr, dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl);
+      return be_->MatmulBackward(dst, G(w.fcw), nullptr, dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl,
+                                 k16.Fc(row0, true));
     };
     auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulBackward(dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, ln1in + row0 * C, P(w.qkvw), rows, C,
-                                 3 * HlD);
+                                 3 * HlD, k16.Qkv(row0, true));
     };
     float* dln1 = nullptr;
     if (seq) {

@@ -200,6 +200,13 @@ class Gpt {
   Status BeginDeferredLosses(int micro_batches, float dloss = 0.0f);
   Result<std::vector<float>> TakeDeferredLosses();
 
+  // A training step's micro-batches run between BeginStep() and EndStep(). In between, the parameters must not
+  // change except before a layer's first use in the step (its before_layer hook: ZeRO's gathers): on backends
+  // that keep bf16 GEMM operands (ops::Backend::keeps_bf16_copies()) each weight is rounded to bf16 once per
+  // step, at its first use, instead of at every GEMM. Forwards and backwards outside a step round at every GEMM.
+  void BeginStep();
+  void EndStep();
+
   // Single-chunk convenience (pp == 1): forward + loss of slot 0, and its backward.
   Result<float> Forward(const int32_t* inputs, const int32_t* targets) {
     return ForwardChunk(0, 0, inputs, targets, nullptr);
@@ -224,6 +231,7 @@ class Gpt {
   };
   struct Acts;
   struct LayerW;
+  struct LayerBf16;
 
   Gpt() = default;
   Status Init(uint64_t seed);
@@ -256,6 +264,11 @@ class Gpt {
                                      float* local);
   void GemmSpan(std::string_view what, int chunk, int chunks, double start);  // reports a GEMM step's span
   Result<float> HeadForward(Acts& a, const float* x);
+  // The bf16 rounding of GEMM weight `p` for the backend's kept operands (null when the backend keeps none): cast
+  // into the mirror bf16_params_ at its first use in a step (BeginStep .. EndStep) and reused for the rest of the
+  // step; outside a step cast at every call.
+  Result<const void*> KeptWeight(const ParamInfo* p);
+  Result<LayerBf16> KeptLayer(const LayerW& w, const Acts& a, int i);  // layer i of a chunk's activations a
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   Status HeadBackward(Acts& a, float dloss, float* dres);
 
@@ -276,6 +289,15 @@ class Gpt {
   ops::Backend* be_ = nullptr;
   std::unique_ptr<ops::Backend> own_be_;
   DeviceArray<float> scratch_;
+  // Kept bf16 GEMM operands (ops::Backend::keeps_bf16_copies()): the weights' roundings at the parameters' offsets
+  // (2 bytes each, num_params_) and the step each was made in (0: none, recast at the next use). The layer
+  // inputs' roundings live in the slots' activations.
+  bool keep_bf16_ = false;
+  DeviceArray<float> bf16_params_;
+  std::vector<uint64_t> bf16_made_in_;
+  uint64_t step_id_ = 0;
+  bool in_step_ = false;
+  bool plant_stale_bf16_ = false;          // test hook MEGASCALE_PLANT=kept_bf16_stale
   DeviceArray<float> logit_mask_;          // [Vl]: 0, or a very negative logit on vocabulary padding columns
   bool masked_logits_ = false;             // this rank's vocabulary slice holds padding (model.vocab_pad_to)
   float fused_dloss_ = 0.0f;               // BeginDeferredLosses' dloss: > 0 fuses the classifier loss

@@ -28,13 +28,15 @@ class CpuBackend final : public Backend {
   Status CopyToHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
   Status Synchronize() override { return Status::Ok(); }
 
+  using Backend::MatmulBackward;
+  using Backend::MatmulForward;
   Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
-                       int64_t OC) override {
+                       int64_t OC, const Bf16Copies&) override {  // fp32 GEMMs: no bf16 roundings
     ops::MatmulForward(out, inp, w, bias, N, IC, OC);
     return Status::Ok();
   }
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                        int64_t N, int64_t IC, int64_t OC) override {
+                        int64_t N, int64_t IC, int64_t OC, const Bf16Copies&) override {
     ops::MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
     return Status::Ok();
   }
@@ -231,6 +233,10 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+Status Backend::CastToBf16(void*, const float*, int64_t) {
+  return FailedPrecondition("the {} backend keeps no bf16 GEMM operands (CastToBf16)", name());
+}
 
 std::unique_ptr<Backend> MakeCpuBackend(device::Device* device) {
   return std::make_unique<CpuBackend>(device);

@@ -177,6 +177,15 @@ struct LambTensor {  // LambDirection arguments of one tensor (or shard)
   AdamParams hp;
 };
 
+// bf16 roundings of GEMM operands that a caller keeps between GEMMs, so each is made once rather than at every GEMM
+// that reads it (backends with keeps_bf16_copies()): a weight rounded once per optimizer step, a layer input
+// rounded by its forward GEMM and read again by the backward's weight-gradient GEMM. Both optional.
+struct Bf16Copies {
+  const void* w = nullptr;  // the weight rounded to bf16 (same layout, made by CastToBf16); null: rounded at the call
+  void* inp = nullptr;      // N x IC bf16 for the rounding of inp; null: rounded at the call into a workspace
+  bool inp_ready = false;   // `inp` already holds the rounding of this call's inp (else the call writes it first)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -192,10 +201,25 @@ class Backend {
   virtual Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;    // device -> host; waits
   virtual Status Synchronize() = 0;                                                // all work done
 
+  // True where the GEMMs round fp32 operands to bf16 with cast kernels and take kept roundings (Bf16Copies,
+  // CastToBf16); the results are the same bits with and without them. False: both are refused / ignored.
+  virtual bool keeps_bf16_copies() const { return false; }
+  // dst (n bf16, device memory) = src rounded to nearest even; only where keeps_bf16_copies().
+  virtual Status CastToBf16(void* dst, const float* src, int64_t n);
+
+  // The linear layers (ops::MatmulForward / MatmulBackward); `bf16` as above (ignored unless keeps_bf16_copies()).
   virtual Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
-                               int64_t OC) = 0;
+                               int64_t OC, const Bf16Copies& bf16) = 0;
   virtual Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                                const float* w, int64_t N, int64_t IC, int64_t OC) = 0;
+                                const float* w, int64_t N, int64_t IC, int64_t OC, const Bf16Copies& bf16) = 0;
+  Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
+                       int64_t OC) {
+    return MatmulForward(out, inp, w, bias, N, IC, OC, Bf16Copies{});
+  }
+  Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
+                        int64_t N, int64_t IC, int64_t OC) {
+    return MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC, Bf16Copies{});
+  }
   virtual Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                                   int64_t N, int64_t C, float eps) = 0;
   virtual Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,

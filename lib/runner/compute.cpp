@@ -47,14 +47,18 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
     if (!dev.ok()) return dev.status().WithContext("runtime.backend: cuda");
     c.device = std::move(dev).value();
   }
-  const bool cublas_converts = spec.runtime.bf16_operands == "cublas";
-  MS_ASSIGN_OR_RETURN(c.backend,
-                      cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16,
-                                            cublas_converts ? cuda::Bf16Operands::kCublas : cuda::Bf16Operands::kCast));
+  const std::string& operands = spec.runtime.bf16_operands;
+  const bool cublas_converts = operands == "cublas";
+  MS_ASSIGN_OR_RETURN(c.backend, cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16,
+                                                       cublas_converts      ? cuda::Bf16Operands::kCublas
+                                                       : operands == "cast" ? cuda::Bf16Operands::kCast
+                                                                            : cuda::Bf16Operands::kKeep));
   LogInfo("compute: {} on {} (GEMMs {})", c.backend->name(), c.device->name(),
           !c.backend->bf16_gemm() ? "fp32"
           : cublas_converts       ? "bf16 inputs converted by cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF), fp32 accumulation"
-                                  : "bf16 inputs, fp32 accumulation");
+          : c.backend->keeps_bf16_copies()
+              ? "bf16 inputs, fp32 accumulation; bf16 weights cast once per step, layer inputs once per micro-batch"
+              : "bf16 inputs cast at every GEMM, fp32 accumulation");
   if (nccl) {
     // Device buffers travel through NCCL, on streams ordered after the backend's (world_comm stays Gloo: it
     // carries host scalars).

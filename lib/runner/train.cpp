@@ -608,6 +608,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     dpe->ResetStats();
     MS_RETURN_IF_ERROR(dpe->BeginStep());
     MS_RETURN_IF_ERROR(pipe.BeginStep());
+    gpt->BeginStep();  // the parameters stay as they are until EndStep (bf16 weight copies are kept for the step)
     // The head's losses stay on the device until the step's micro-batches are done (no wait per micro-batch).
     const bool head_rank = gpt->has_head(gpt->num_chunks() - 1);
     if (head_rank) MS_RETURN_IF_ERROR(gpt->BeginDeferredLosses(n_micro, dloss));
@@ -689,6 +690,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       MS_RETURN_IF_ERROR(pipe.EndAction(ai));
     }
     MS_RETURN_IF_ERROR(pipe.WaitAll());
+    gpt->EndStep();
     if (head_rank) {
       // Each micro-batch's mean, in the order the head ran them (the sum of the undeferred losses, bit for bit).
       // A non-finite loss is handled once the ranks have agreed on it (fault.nan_policy).

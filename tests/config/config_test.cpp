@@ -371,7 +371,7 @@ TEST_CASE("out-of-range single values") {
       {"log:\n  interval: 0\n", "cfg/x.yaml:3:13: log.interval: expected a positive integer, found \"0\""},
       {"runtime:\n  threads: -4\n", "cfg/x.yaml:3:12: runtime.threads: expected a non-negative integer"},
       {"runtime:\n  bf16_operands: fast\n",
-       "cfg/x.yaml:3:18: runtime.bf16_operands: expected one of \"cast\", \"cublas\", found \"fast\""},
+       "cfg/x.yaml:3:18: runtime.bf16_operands: expected one of \"keep\", \"cast\", \"cublas\", found \"fast\""},
       {"name: \"\"\n", "cfg/x.yaml:2:7: name: expected a non-empty string, found \"\""},
   };
   for (const auto& c : cases) {

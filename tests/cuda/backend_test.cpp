@@ -225,6 +225,48 @@ TEST_CASE("cuda backend (emulated): bf16 GEMMs with cuBLAS converting the operan
   for (auto [idx, n] : outs) CHECK(cast.Get(*cast.gpu, a[idx], n) == conv.Get(*conv.gpu, b[idx], n));
 }
 
+// runtime.bf16_operands: keep: the caller keeps bf16 roundings (ops::Bf16Copies) — a weight cast once by
+// CastToBf16, an input rounded by the forward GEMM into the caller's buffer and read again by the backward. The
+// same bits as casting at every GEMM; the backward with `inp_ready` reads only the kept roundings (its fp32 input and
+// weight are zeroed here and the results do not change).
+TEST_CASE("cuda backend: kept bf16 GEMM operands give the bits of casting at every GEMM") {
+  Pair cast(true), keep(true, Bf16Operands::kKeep);
+  CHECK_FALSE(cast.gpu->keeps_bf16_copies());
+  CHECK(keep.gpu->keeps_bf16_copies());
+  CHECK_FALSE(cast.cpu->keeps_bf16_copies());
+  const int64_t N = 33, IC = 40, OC = 24;
+  const Inputs in = {Random(N * IC, 1), Random(OC * IC, 2), Random(OC, 3),      std::vector<float>(N * OC),
+                     Random(N * OC, 4), Random(N * IC, 5),  Random(OC * IC, 6), Random(OC, 7)};
+  std::vector<float*> a, b;
+  for (const auto& v : in) a.push_back(cast.On(*cast.gpu, v));
+  for (const auto& v : in) b.push_back(keep.On(*keep.gpu, v));
+  {
+    auto st = cast.gpu->CastToBf16(a[3], a[0], 4);
+    CHECK(st.code() == Code::kFailedPrecondition);
+    CHECK(cast.cpu->CastToBf16(a[3], a[0], 4).code() == Code::kFailedPrecondition);
+  }
+  // Forward + backward, casting at every GEMM.
+  REQUIRE(cast.gpu->MatmulForward(a[3], a[0], a[1], a[2], N, IC, OC).ok());
+  REQUIRE(cast.gpu->MatmulBackward(a[5], a[6], a[7], a[4], a[0], a[1], N, IC, OC).ok());
+  // Kept: the weight cast once, the input rounded by the forward into inp16.
+  uint16_t* w16 = keep.On(*keep.gpu, std::vector<uint16_t>(OC * IC));
+  uint16_t* inp16 = keep.On(*keep.gpu, std::vector<uint16_t>(N * IC, 0xFFFF));
+  uint16_t* want16 = keep.On(*keep.gpu, std::vector<uint16_t>(N * IC));
+  REQUIRE(keep.gpu->CastToBf16(w16, b[1], OC * IC).ok());
+  REQUIRE(keep.gpu->CastToBf16(want16, b[0], N * IC).ok());
+  REQUIRE(keep.gpu->MatmulForward(b[3], b[0], b[1], b[2], N, IC, OC, {w16, inp16, false}).ok());
+  CHECK(keep.Get(*keep.gpu, inp16, N * IC) == keep.Get(*keep.gpu, want16, N * IC));
+  REQUIRE(keep.gpu->Zero(b[0], sizeof(float) * N * IC).ok());  // only the kept roundings remain
+  REQUIRE(keep.gpu->Zero(b[1], sizeof(float) * OC * IC).ok());
+  REQUIRE(keep.gpu->MatmulBackward(b[5], b[6], b[7], b[4], b[0], b[1], N, IC, OC, {w16, inp16, true}).ok());
+  REQUIRE(cast.gpu->Synchronize().ok());
+  REQUIRE(keep.gpu->Synchronize().ok());
+  for (auto [idx, n] : std::vector<std::pair<int, size_t>>{{3, N * OC}, {5, N * IC}, {6, OC * IC}, {7, OC}}) {
+    CAPTURE(idx);
+    CHECK(cast.Get(*cast.gpu, a[idx], n) == keep.Get(*keep.gpu, b[idx], n));
+  }
+}
+
 // With bf16 GEMMs, a head dimension that is a multiple of 16 takes the tensor-core attention kernels (bf16
 // operands): within 2e-2 of the CPU backend's fp32 attention; D = 24 keeps the fp32 kernels (1e-4).
 TEST_CASE("cuda backend (emulated): bf16 backend attention, tensor-core head dims (16, 64) and fp32 (24)") {

@@ -7,6 +7,8 @@ the CPU backend's losses:
               gradient norm within 1e-4 relative of the one-process CPU run (fp32); pp 2, dp 2 ZeRO-2, tp 2 with
               sequence parallelism and chunked communication, and 2x2x2 ZeRO-1 once more with the deferred
               emulated streams (work runs only when waited for); pp 2 with runtime.device_comm: gloo;
+  bf16 kept   runtime.bf16_operands: keep gives the bits of cast (bf16 GEMMs) on tp 2 with sequence parallelism
+              and chunks, and on tp 2 x pp 2 x dp 2 ZeRO-1 (sequential block), with the deferred streams;
   deadlock    the pipeline's former order (receive of the next action posted before the current send:
               MEGASCALE_PP_P2P=ungrouped) deadlocks on NCCL semantics; the watchdog ends the job within the
               timeout, naming the group, the operation and the peer;
@@ -128,6 +130,31 @@ def compare(name, parallel, layers=2, env=None, sets=(), expect_differ=False):
     return None
 
 
+def same_bits(name, parallel, sets, env=None, layers=2):
+    """bf16 on the CUDA backend: runtime.bf16_operands keep (the default: bf16 weights cast once per step, each
+    layer input once per micro-batch and kept for the backward, through the layout's row chunks) must give the
+    bits of cast (every GEMM casts its own operands)."""
+    got = {}
+    for variant in ("keep", "cast"):
+        d = os.path.join(WORK, f"{name}-{variant}")
+        path = os.path.join(WORK, f"{name}-{variant}.yaml")
+        spec(path, d, parallel, layers)
+        args = ["train", path, "--set", "runtime.backend=cuda", "--set", "train.precision=bf16", "--set",
+                f"runtime.bf16_operands={variant}"]
+        for s in sets:
+            args += ["--set", s]
+        rc, _, err, wall = run(EMU, args, env)
+        if rc != 0:
+            return f"{variant} run failed: {err.strip()[-1200:]}"
+        got[variant] = (series(d, "loss"), series(d, "grad_norm"))
+        print(f"     {name} {variant}: {wall:.1f} s")
+    if not got["keep"][0]:
+        return "no train steps"
+    if got["keep"] != got["cast"]:
+        return f"keep {got['keep']} != cast {got['cast']}"
+    return None
+
+
 def must_fail(name, parallel, env, needles, timeout_s=3, layers=2):
     path = os.path.join(WORK, name + ".yaml")
     d = os.path.join(WORK, name)
@@ -184,6 +211,13 @@ if not QUICK:
             ("tp2-pp2-dp2-zero1-deferred", "{tp: 2, pp: 2, dp: 2, zero: 1, micro_batches: 2}", 2)]:
         report(name, compare(name, par, layers, env=DEFERRED))
     report("pp2-gloo", compare("pp2-gloo", "{pp: 2, micro_batches: 4}", sets=["runtime.device_comm=gloo"]))
+    # Kept bf16 operands across the layouts' row chunks, stages, micro-batches and ZeRO's parameter gathers.
+    report("bf16-keep-is-cast-tp2-sp-chunks",
+           same_bits("keep-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}", [],
+                     env=DEFERRED))
+    report("bf16-keep-is-cast-tp2-pp2-dp2-zero1",
+           same_bits("keep-2x2x2", "{tp: 2, pp: 2, dp: 2, zero: 1, micro_batches: 2}", ["model.block=sequential"],
+                     env=DEFERRED))
 DEADLOCK = ["no completion after 3.0 s", "nccl-pp[0]", "from peer", "runtime.collective_timeout_s"]
 UNGROUPED = {"MEGASCALE_PP_P2P": "ungrouped"}
 report("deadlock-of-the-former-order", must_fail("deadlock", "{pp: 2, micro_batches: 4}", UNGROUPED, DEADLOCK))

@@ -7,10 +7,13 @@ CUDA runtime on their CPU implementations), trains a tiny GPT and must match the
   bf16 GEMMs (train.precision bf16): within 5e-3 relative (operands rounded to bf16, fp32 accumulation);
   the gradient norms of every step within the same tolerances;
 
-on one rank (1.1.1, also with a padded vocabulary, and bf16 with runtime.bf16_operands: cublas) and on two data-parallel ranks (1.1.2, the emulated NCCL; bootstrap through the embedded Redis), with the parallel
-and the sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoint written by the emulated
-CUDA run (parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU
-checkpoint resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses.
+on one rank (1.1.1, also with a padded vocabulary, and bf16 with runtime.bf16_operands: cublas) and on two
+data-parallel ranks (1.1.2, the emulated NCCL; bootstrap through the embedded Redis), with the parallel and the
+sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoint written by the emulated CUDA run
+(parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU checkpoint
+resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses; and the kept bf16 GEMM
+operands (runtime.bf16_operands: keep, the default) give the bits of casting at every GEMM (`cast`), while a
+planted stale copy (MEGASCALE_PLANT=kept_bf16_stale) is caught.
 
 Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu] [--quick] [--sanitizer COMPUTE_SANITIZER]
   (--gpu: MEGASCALE_EMU is a megascale built with nvcc and the runs use the real GPU: the `gpu` ctest label; the
@@ -35,13 +38,14 @@ SANITIZER = sys.argv[sys.argv.index("--sanitizer") + 1] if "--sanitizer" in sys.
 EXPECT = "cuda on" if GPU else "cuda (emulated)"
 failures = []
 skipped = []
+passed = []
 
 
-def run(binary, *args):
+def run(binary, *args, env=None):
     cmd = [binary, *args]
     if SANITIZER and binary == EMU:
         cmd = [SANITIZER, "--tool", "memcheck", "--target-processes", "all", "--error-exitcode", "99", *cmd]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=dict(os.environ, **(env or {})))
     return p.returncode, p.stdout, p.stderr
 
 
@@ -90,7 +94,33 @@ def compare(name, extra, sets, rtol):
     return None
 
 
-def case(name, *a):
+def same_bits(name, extra, sets, a, b, env_b=None, expect_differ=False):
+    """Two runs of the CUDA backend that must give the same bits (`expect_differ`: a planted bug must not)."""
+    dirs = [os.path.join(WORK, f"{name}-{i}") for i in (0, 1)]
+    path = os.path.join(WORK, name + ".yaml")
+    spec(path, dirs[0], extra)
+    for d, variant, env in ((dirs[0], a, None), (dirs[1], b, env_b)):
+        args = ["train", path, "--set", f"log.run_dir={d}", "--set", "runtime.backend=cuda"]
+        for s in [*sets, *variant]:
+            args += ["--set", s]
+        rc, _, err = run(EMU, *args, env=env)
+        if rc != 0:
+            return f"run {' '.join(variant)} failed: {err.strip()[-800:]}"
+    differ = []
+    for key in ("loss", "grad_norm"):
+        x, y = series(dirs[0], key), series(dirs[1], key)
+        if sorted(x) != sorted(y) or not x:
+            return f"different steps: {sorted(x)} vs {sorted(y)}"
+        steps = [s for s in sorted(x) if x[s] != y[s]]
+        print(f"     {name}: {len(x)} steps, {key} {'identical' if not steps else f'differs at steps {steps}'}")
+        if steps:
+            differ.append(f"{key}: {' '.join(a)} {x} vs {' '.join(b)} {y}")
+    if expect_differ:
+        return None if differ else "the planted bug went unnoticed: losses and grad norms are the same bits"
+    return "; ".join(differ) or None
+
+
+def case(name, *a, check=compare):
     if QUICK and name not in ("fp32-111-parallel", "bf16-112-sequential-zero1"):
         skipped.append(name)
         return
@@ -99,10 +129,12 @@ def case(name, *a):
         print(f"skip {name}: two ranks need two GPUs, {gpu_count()} visible")
         skipped.append(name)
         return
-    err = compare(name, *a)
+    err = check(name, *a)
     print(("ok   " if err is None else "FAIL ") + name + ("" if err is None else ": " + err))
     if err is not None:
         failures.append(name)
+    else:
+        passed.append(name)
 
 
 shutil.rmtree(WORK, ignore_errors=True)
@@ -123,6 +155,15 @@ case("bf16-112-sequential-zero1", "parallel: {dp: 2, zero: 1}", ["train.precisio
 # A padded vocabulary (300 tokens held as 384 rows): the classifier's padding mask goes through the backend's
 # GEMM bias on the device.
 case("fp32-111-padded-vocab", "", ["train.precision=fp32", "model.vocab=300", "model.vocab_pad_to=128"], 1e-4)
+# runtime.bf16_operands: keep (the default: bf16 weights cast once per step, each layer input once per micro-batch,
+# kept for the backward) gives the bits of `cast` (every GEMM casts its operands), over 2 micro-batches a step; with
+# the kept weights never recast after the first step (a planted bug) the runs part.
+KEEP = ["runtime.bf16_operands=keep"]
+case("bf16-111-keep-is-cast", "parallel: {micro_batches: 2}", ["train.precision=bf16"], KEEP,
+     ["runtime.bf16_operands=cast"], check=same_bits)
+case("planted-stale-bf16-weights-caught", "parallel: {micro_batches: 2}",
+     ["train.precision=bf16", "model.block=sequential"], ["runtime.bf16_operands=cast"], KEEP,
+     {"MEGASCALE_PLANT": "kept_bf16_stale"}, True, check=same_bits)
 
 
 
@@ -167,10 +208,6 @@ def checkpoint_crossover():
 if not GPU:
     err = checkpoint_crossover()
     print(("ok   " if err is None else "FAIL ") + "checkpoint-crossover" + ("" if err is None else ": " + err))
-    if err is not None:
-        failures.append("checkpoint-crossover")
-    total = 6
-else:
-    total = 5
-print(f"{total - len(failures) - len(skipped)} passed, {len(failures)} failed, {len(skipped)} skipped")
+    (passed if err is None else failures).append("checkpoint-crossover")
+print(f"{len(passed)} passed, {len(failures)} failed, {len(skipped)} skipped")
 sys.exit(1 if failures else 0)
