@@ -38,12 +38,14 @@ __global__ void __launch_bounds__(kGeluBlock)
   }
 }
 
-// out, x: (N, C) flattened to n = N*C; bias: (C).
+// out, x: (N, C) flattened to n = N*C; bias: (C); out16: (N, C), out rounded to bf16, or null.
 __global__ void __launch_bounds__(kGeluBlock)
-    bias_gelu_forward_kernel(float* out, const float* x, const float* bias, long n, int C) {
+    bias_gelu_forward_kernel(float* out, __nv_bfloat16* out16, const float* x, const float* bias, long n, int C) {
   for (long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
-    out[i] = Gelu(x[i] + bias[i % C]);
+    const float v = Gelu(x[i] + bias[i % C]);
+    out[i] = v;
+    if (out16) out16[i] = __float2bfloat16_rn(v);
   }
 }
 
@@ -72,11 +74,12 @@ cudaError_t GeluBackward(float* dx, const float* x, const float* dout, long n, c
   return cudaGetLastError();
 }
 
-cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream) {
+cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream,
+                            __nv_bfloat16* out16) {
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int block = kGeluBlock;
   const long n = static_cast<long>(N * C);
-  MS_LAUNCH(bias_gelu_forward_kernel, GridFor(n, block), block, 0, stream, out, x, bias, n, static_cast<int>(C));
+  MS_LAUNCH(bias_gelu_forward_kernel, GridFor(n, block), block, 0, stream, out, out16, x, bias, n, static_cast<int>(C));
   return cudaGetLastError();
 }
 

@@ -27,8 +27,10 @@ namespace ms::kernels {
 cudaError_t GeluForward(float* out, const float* x, long n, cudaStream_t stream);
 // dx (n) = gelu'(x) * dout (WRITES; dx may equal dout).
 cudaError_t GeluBackward(float* dx, const float* x, const float* dout, long n, cudaStream_t stream);
-// out (N, C) = gelu(x (N, C) + bias (C)) (WRITES; out may equal x).
-cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream);
+// out (N, C) = gelu(x (N, C) + bias (C)) (WRITES; out may equal x); out16 (N, C), unless null, = out rounded to bf16
+// (nearest even, as CastFloatToBf16): the next GEMM's operand without a cast kernel.
+cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream,
+                            __nv_bfloat16* out16 = nullptr);
 // dx (N, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES; the
 // deterministic tree of BiasGrad, kernels/elementwise.h). scratch: BiasGradScratchFloats(N, C) floats of device
 // memory (overwritten; may be null when that is 0).
@@ -37,9 +39,10 @@ cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const floa
 
 // ---- LayerNorm ---- (kernels/layernorm.cu)
 
-// As ms::ops::LayerNormForward: out (N, C), mean (N), rstd (N) WRITTEN; w, b (C).
+// As ms::ops::LayerNormForward: out (N, C), mean (N), rstd (N) WRITTEN; w, b (C); out16 (N, C), unless null, = out
+// rounded to bf16 (nearest even, as CastFloatToBf16).
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                             int64_t N, int64_t C, float eps, cudaStream_t stream);
+                             int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
 // Floats of scratch LayerNormBackward needs: the per-block partial sums of dw and db, 2 * ceil(N / 16) * C.
 int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C);
 // As ms::ops::LayerNormBackward: dx (N, C), dw (C), db (C) ACCUMULATE. scratch: device memory of

@@ -21,11 +21,11 @@ constexpr int kLnParamThreads = kLnParamCols * kLnParamLanes;
 // ---- kernels ----
 
 // One block per row (blockDim.x a multiple of 32): mean and variance by two block reductions (warp
-// shuffles, then shared memory across warps), then the normalized row.
-// out, x: (N, C); w, b: (C); mean, rstd: (N).
+// shuffles, then shared memory across warps), then the normalized row (also rounded to bf16 into out16 unless null).
+// out, x: (N, C); w, b: (C); mean, rstd: (N); out16: (N, C) or null.
 __global__ void __launch_bounds__(kLnForwardMaxThreads)
-    layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                             int C, float eps) {
+    layernorm_forward_kernel(float* out, __nv_bfloat16* out16, float* mean, float* rstd, const float* x, const float* w,
+                             const float* b, int C, float eps) {
   MS_SHARED_ARRAY(float, scratch, 32);
   const long row = blockIdx.x;
   const float* xr = x + row * C;
@@ -39,7 +39,16 @@ __global__ void __launch_bounds__(kLnForwardMaxThreads)
   }
   const float s = rsqrtf(BlockSum(var, scratch) / C + eps);
   float* o = out + row * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (xr[c] - m) * s * w[c] + b[c];
+  if (out16) {
+    __nv_bfloat16* o16 = out16 + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const float v = (xr[c] - m) * s * w[c] + b[c];
+      o[c] = v;
+      o16[c] = __float2bfloat16_rn(v);
+    }
+  } else {
+    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (xr[c] - m) * s * w[c] + b[c];
+  }
   if (threadIdx.x == 0) {
     mean[row] = m;
     rstd[row] = s;
@@ -122,10 +131,10 @@ int64_t BackwardBlocks(int64_t N) {  // G
 }  // namespace
 
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                             int64_t N, int64_t C, float eps, cudaStream_t stream) {
+                             int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16) {
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
-  MS_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, out, mean, rstd, x, w, b,
+  MS_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, out, out16, mean, rstd, x, w, b,
             static_cast<int>(C), eps);
   return cudaGetLastError();
 }

@@ -192,9 +192,12 @@ class CudaBackend final : public ops::Backend {
     return Status::Ok();
   }
 
+  using ops::Backend::BiasGeluForward;
+  using ops::Backend::LayerNormForward;
   Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                          int64_t N, int64_t C, float eps) override {
-    return Launch(kernels::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, s_), "LayerNorm forward");
+                          int64_t N, int64_t C, float eps, void* out16) override {
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "LayerNormForward"));
+    return Launch(kernels::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, s_, o16), "LayerNorm forward");
   }
   Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
                            const float* mean, const float* rstd, int64_t N, int64_t C) override {
@@ -286,8 +289,9 @@ class CudaBackend final : public ops::Backend {
                      int64_t C) override {
     return Launch(kernels::ResidualAdd(out, x, part, bias, bias2, R, C, s_), "residual add");
   }
-  Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) override {
-    return Launch(kernels::BiasGeluForward(out, x, bias, R, C, s_), "bias + GeLU forward");
+  Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) override {
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward"));
+    return Launch(kernels::BiasGeluForward(out, x, bias, R, C, s_, o16), "bias + GeLU forward");
   }
   Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
                           int64_t C) override {
@@ -378,6 +382,13 @@ class CudaBackend final : public ops::Backend {
     auto* dst = static_cast<__nv_bfloat16*>(p);
     MS_RETURN_IF_ERROR(Launch(kernels::CastFloatToBf16(dst, src, n, s_), "fp32 -> bf16 cast"));
     return static_cast<const void*>(dst);
+  }
+  // A bf16 copy an op writes next to its fp32 output for the caller to keep (null: none); only when keep_.
+  Result<__nv_bfloat16*> KeptOutput(void* out16, const char* op) const {
+    if (out16 && !keep_) {
+      return FailedPrecondition("{}: a bf16 copy asked of a backend that keeps none (runtime.bf16_operands: keep)", op);
+    }
+    return static_cast<__nv_bfloat16*>(out16);
   }
   // A GEMM's weight and input operands: the caller's kept roundings where it keeps them (keep_), else Bf16.
   Result<const void*> Weight(const float* w, int64_t n, const ops::Bf16Copies& kept) {

@@ -145,6 +145,11 @@ struct Gpt::LayerBf16 {
     if (!in) return {};
     return {w[j], Bf16At(*in, at), ready};
   }
+  // Where a producer writes its output's rounding (from row0 on; null when nothing is kept): the LayerNorm
+  // feeding qkv (and fc in the parallel block), the one feeding fc (sequential block), the bias + GeLU.
+  void* Ln1Out() const { return ln1 ? Bf16At(*ln1, 0) : nullptr; }
+  void* FcInOut() const { return fc_in ? Bf16At(*fc_in, 0) : nullptr; }
+  void* GeluOut(int64_t row0) const { return fch_gelu ? Bf16At(*fch_gelu, row0 * Fl) : nullptr; }
   // For the GEMM rows from row0 on; `ready`: the forward GEMM already rounded those input rows.
   ops::Bf16Copies Qkv(int64_t row0, bool ready) const { return Make(0, ln1, row0 * C, ready); }
   ops::Bf16Copies Proj(int64_t row0, bool ready) const { return Make(1, atty, row0 * HlD, ready); }
@@ -701,22 +706,26 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     const float* x = a.res.data() + i * R * C;
     float* out = a.res.data() + (i + 1) * R * C;
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));
-    // Each GEMM input is rounded to bf16 once, by its forward GEMM (the parallel block's fc reads qkv's rounding
-    // of the same LayerNorm rows), and read again by the backward's weight-gradient GEMM.
+    // Each GEMM input is rounded to bf16 once and read again by the backward's weight-gradient GEMM: by its
+    // producer where that writes all the GEMM's rows (the LayerNorms without sequence parallelism, whose GEMMs
+    // read gathered rows; the fused bias + GeLU), else by the forward GEMM (the parallel block's fc then reads
+    // qkv's rounding of the same LayerNorm rows).
+    const bool ln_rounds = k16.ln1 && !sp, gelu_rounds = k16.fch_gelu && shard_.fused_kernels;
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
       return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), P(w.qkvb), rows, C, 3 * HlD,
-                                k16.Qkv(row0, false));
+                                k16.Qkv(row0, ln_rounds));
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
       // fch holds the GEMM output without its bias: the bias is fused into the GeLU (and its gradient into the
       // GeLU backward).
-      MS_RETURN_IF_ERROR(
-          be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), nullptr, rows, C, Fl, k16.Fc(row0, !seq)));
+      MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), nullptr, rows, C, Fl,
+                                            k16.Fc(row0, !seq || ln_rounds)));
       if (!shard_.fused_kernels) {  // ablation: the bias, then the GeLU, each a pass over memory (fch keeps the bias)
         MS_RETURN_IF_ERROR(be_->AddRowBias(y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl));
         return be_->GeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, rows * Fl);
       }
-      return be_->BiasGeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl);
+      return be_->BiasGeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl,
+                                  gelu_rounds ? k16.GeluOut(row0) : nullptr);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C,
@@ -724,17 +733,18 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     };
     auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulForward(dst, y.fch_gelu.data() + row0 * Fl, P(w.mprojw), nullptr, rows, Fl, C,
-                                k16.Mproj(row0, false));
+                                k16.Mproj(row0, gelu_rounds));
     };
     MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
-                                             P(w.ln1b), R, C, spec_.norm_eps));
+                                             P(w.ln1b), R, C, spec_.norm_eps, ln_rounds ? k16.Ln1Out() : nullptr));
     if (seq) {
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
       MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
       MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, false, part, partR));
       MS_RETURN_IF_ERROR(ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
       MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(),
-                                               P(w.ln2w), P(w.ln2b), R, C, spec_.norm_eps));
+                                               P(w.ln2w), P(w.ln2b), R, C, spec_.norm_eps,
+                                               ln_rounds ? k16.FcInOut() : nullptr));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
       MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_rows, false, part, partR));
       MS_RETURN_IF_ERROR(ResidualAdd(out, y.mid.data(), mlp_out, P(w.mprojb), nullptr, R, C));
@@ -767,15 +777,19 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   const int64_t C = spec_.hidden, N = N_, R = rows_, Vl = Vl_;
   const bool tp = shard_.tp_size > 1;
   auto P = [&](const char* name) { return param_data() + FindParam(name)->offset; };
+  // The classifier's input rounded to bf16 by the LayerNorm (all rows, without sequence parallelism) or by the
+  // GEMM, kept for the backward.
+  const bool ln_rounds = keep_bf16_ && !(shard_.sequence_parallel && tp);
   MS_RETURN_IF_ERROR(be_->LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
-                                           P("final_norm.weight"), P("final_norm.bias"), R, C, spec_.norm_eps));
+                                           P("final_norm.weight"), P("final_norm.bias"), R, C, spec_.norm_eps,
+                                           ln_rounds ? Bf16At(a.lnf_16, 0) : nullptr));
   const float* head = P(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight");
   const float* mask = masked_logits_ ? logit_mask_.data() : nullptr;  // the vocabulary padding, as a bias
   MS_ASSIGN_OR_RETURN(const void* head16,
                       KeptWeight(FindParam(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight")));
   auto logit_rows = [&](int64_t row0, int64_t rows, const float* src) {
     return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl,
-                              {head16, keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr, false});
+                              {head16, keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr, ln_rounds});
   };
   MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
   a.dlogits_ready = false;

@@ -26,6 +26,9 @@ class CpuBackend final : public Backend {
   }
   Status CopyFromHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
   Status CopyToHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
+  Status NoBf16Copies(const char* op) const {
+    return FailedPrecondition("{}: the cpu backend keeps no bf16 copies (keeps_bf16_copies() is false)", op);
+  }
   Status Synchronize() override { return Status::Ok(); }
 
   using Backend::MatmulBackward;
@@ -40,8 +43,11 @@ class CpuBackend final : public Backend {
     ops::MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
     return Status::Ok();
   }
+  using Backend::BiasGeluForward;
+  using Backend::LayerNormForward;
   Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                          int64_t N, int64_t C, float eps) override {
+                          int64_t N, int64_t C, float eps, void* out16) override {
+    if (out16) return NoBf16Copies("LayerNormForward");
     ops::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps);
     return Status::Ok();
   }
@@ -171,7 +177,8 @@ class CpuBackend final : public Backend {
     }
     return Status::Ok();
   }
-  Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) override {
+  Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) override {
+    if (out16) return NoBf16Copies("BiasGeluForward");
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < R; ++r) {
       float* o = out + r * C;

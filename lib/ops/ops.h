@@ -220,8 +220,14 @@ class Backend {
                         int64_t N, int64_t IC, int64_t OC) {
     return MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC, Bf16Copies{});
   }
+  // out16 (N x C bf16, device memory), unless null, = out rounded to bf16 as CastToBf16 does: the roundings a
+  // following GEMM takes as kept operands without a cast; only where keeps_bf16_copies() (else refused).
   virtual Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                                  int64_t N, int64_t C, float eps) = 0;
+                                  int64_t N, int64_t C, float eps, void* out16) = 0;
+  Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                          int64_t N, int64_t C, float eps) {
+    return LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, nullptr);
+  }
   virtual Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
                                    const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
   virtual Status GeluForward(float* out, const float* x, int64_t n) = 0;
@@ -266,8 +272,12 @@ class Backend {
   // biases (out may equal x or part).
   virtual Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2,
                              int64_t R, int64_t C) = 0;
-  // out (R, C) = gelu(x + bias[c]) (WRITES): the fc bias fused into the GeLU (x is the GEMM output without bias).
-  virtual Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) = 0;
+  // out (R, C) = gelu(x + bias[c]) (WRITES): the fc bias fused into the GeLU (x is the GEMM output without bias);
+  // out16 as LayerNormForward's.
+  virtual Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) = 0;
+  Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) {
+    return BiasGeluForward(out, x, bias, R, C, nullptr);
+  }
   // dx (R, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES).
   virtual Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout,
                                   int64_t R, int64_t C) = 0;

@@ -265,6 +265,21 @@ TEST_CASE("cuda backend: kept bf16 GEMM operands give the bits of casting at eve
     CAPTURE(idx);
     CHECK(cast.Get(*cast.gpu, a[idx], n) == keep.Get(*keep.gpu, b[idx], n));
   }
+  // The producers' roundings (LayerNorm, bias + GeLU): the cast kernel's bits of their fp32 outputs; refused by
+  // backends that keep nothing.
+  float* mean = keep.On(*keep.gpu, std::vector<float>(N));
+  float* rstd = keep.On(*keep.gpu, std::vector<float>(N));
+  uint16_t* out16 = keep.On(*keep.gpu, std::vector<uint16_t>(N * OC));
+  REQUIRE(keep.gpu->LayerNormForward(b[4], mean, rstd, b[3], b[2], b[7], N, OC, 1e-5f, out16).ok());
+  REQUIRE(keep.gpu->CastToBf16(want16, b[4], N * OC).ok());
+  CHECK(keep.Get(*keep.gpu, out16, N * OC) == keep.Get(*keep.gpu, want16, N * OC));
+  REQUIRE(keep.gpu->BiasGeluForward(b[4], b[3], b[2], N, OC, out16).ok());
+  REQUIRE(keep.gpu->CastToBf16(want16, b[4], N * OC).ok());
+  CHECK(keep.Get(*keep.gpu, out16, N * OC) == keep.Get(*keep.gpu, want16, N * OC));
+  CHECK(cast.gpu->BiasGeluForward(a[4], a[3], a[2], N, OC, a[5]).code() == Code::kFailedPrecondition);
+  CHECK(cast.gpu->LayerNormForward(a[4], a[5], a[5], a[3], a[2], a[7], N, OC, 1e-5f, a[6]).code() ==
+        Code::kFailedPrecondition);
+  CHECK(cast.cpu->BiasGeluForward(a[4], a[3], a[2], N, OC, a[5]).code() == Code::kFailedPrecondition);
 }
 
 // With bf16 GEMMs, a head dimension that is a multiple of 16 takes the tensor-core attention kernels (bf16

@@ -12,7 +12,8 @@ data-parallel ranks (1.1.2, the emulated NCCL; bootstrap through the embedded Re
 sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoint written by the emulated CUDA run
 (parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU checkpoint
 resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses; and the kept bf16 GEMM
-operands (runtime.bf16_operands: keep, the default) give the bits of casting at every GEMM (`cast`), while a
+operands (runtime.bf16_operands: keep, the default: roundings written by the LayerNorms and the bias + GeLU or by
+the GEMMs, weights once per step) give the bits of casting at every GEMM (`cast`), fused and unfused, while a
 planted stale copy (MEGASCALE_PLANT=kept_bf16_stale) is caught.
 
 Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu] [--quick] [--sanitizer COMPUTE_SANITIZER]
@@ -160,6 +161,10 @@ case("fp32-111-padded-vocab", "", ["train.precision=fp32", "model.vocab=300", "m
 # the kept weights never recast after the first step (a planted bug) the runs part.
 KEEP = ["runtime.bf16_operands=keep"]
 case("bf16-111-keep-is-cast", "parallel: {micro_batches: 2}", ["train.precision=bf16"], KEEP,
+     ["runtime.bf16_operands=cast"], check=same_bits)
+# The unfused ablation (runtime.fused_kernels: false): the GeLU writes no rounding, the fc-proj GEMM casts.
+case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
+     ["train.precision=bf16", "model.block=sequential", "runtime.fused_kernels=false"], KEEP,
      ["runtime.bf16_operands=cast"], check=same_bits)
 case("planted-stale-bf16-weights-caught", "parallel: {micro_batches: 2}",
      ["train.precision=bf16", "model.block=sequential"], ["runtime.bf16_operands=cast"], KEEP,

@@ -35,6 +35,16 @@ using testing::ExpectClose;
 using testing::ExpectNoPoisonedReads;
 using testing::Random;
 
+// A kernel's bf16 copy of its fp32 output (the out16 of LayerNormForward / BiasGeluForward) must hold the bits
+// CastFloatToBf16 makes of that output.
+void ExpectBf16CopyOf(Dev<__nv_bfloat16>& copy, Dev<float>& out, int64_t n, const char* what) {
+  Dev<__nv_bfloat16> want(n);
+  REQUIRE(CastFloatToBf16(want.get(), out.get(), n, nullptr) == cudaSuccess);
+  const auto got = copy.Get(), w = want.Get();
+  INFO(what);
+  CHECK(std::memcmp(got.data(), w.data(), sizeof(__nv_bfloat16) * static_cast<size_t>(n)) == 0);
+}
+
 TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rtol 1e-5, atol 1e-6)") {
   for (int64_t n : {1, 257, 1000}) {
     const auto x = Random(n, 1), dout = Random(n, 2);
@@ -73,6 +83,12 @@ TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rto
     }
     ExpectClose(dy.Get(), y, 1e-5f, 1e-6f, "bias_gelu out");
     ExpectClose(dgrad.Get(), g, 1e-5f, 1e-6f, "bias_gelu dx");
+    // With the bf16 copy: the same fp32 bits, and their rounding.
+    Dev<float> dy2(n);
+    Dev<__nv_bfloat16> dy16(n);
+    REQUIRE(BiasGeluForward(dy2.get(), dx_in.get(), dbias_in.get(), s.N, s.C, nullptr, dy16.get()) == cudaSuccess);
+    CHECK(dy2.Get() == dy.Get());
+    ExpectBf16CopyOf(dy16, dy2, n, "bias_gelu out16");
     ExpectClose(ddbias.Get(), db, 1e-5f, 1e-5f, "bias_gelu dbias (accumulated)");
   }
   ExpectNoPoisonedReads();
@@ -109,6 +125,15 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
     ExpectClose(d_out.Get(), out, 1e-5f, 1e-5f, "layernorm out");
     ExpectClose(d_mean.Get(), mean, 1e-5f, 1e-6f, "layernorm mean");
     ExpectClose(d_rstd.Get(), rstd, 1e-5f, 1e-6f, "layernorm rstd");
+    {  // With the bf16 copy: the same fp32 bits, and their rounding.
+      Dev<float> d_out2(n), d_mean2(s.N), d_rstd2(s.N);
+      Dev<__nv_bfloat16> d_out16(n);
+      REQUIRE(LayerNormForward(d_out2.get(), d_mean2.get(), d_rstd2.get(), d_x.get(), d_w.get(), d_b.get(), s.N, s.C,
+                               eps, nullptr, d_out16.get()) == cudaSuccess);
+      CHECK(d_out2.Get() == d_out.Get());
+      CHECK(d_rstd2.Get() == d_rstd.Get());
+      ExpectBf16CopyOf(d_out16, d_out2, n, "layernorm out16");
+    }
 
     // Grads at 1e-4 relative to |want| are too tight where a sum of 1001 terms of both signs nearly cancels, so
     // dw/db also get an absolute tolerance scaled by sqrt(N).
