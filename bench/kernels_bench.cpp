@@ -1363,7 +1363,9 @@ struct Launch {
 // with the default runtime.bf16_operands: keep: every linear's input is rounded to bf16 once — by its producer
 // where that is a LayerNorm or the fused bias + GeLU (2 more bytes written per element), else (the attention
 // output) by a cast before the forward GEMM — and the rounding kept for the backward's weight gradient; its output
-// gradient is cast in the backward, its weight once per step (WeightCastLaunches); cublasGemmEx with fp32 output;
+// gradient likewise by its producer (the LayerNorm backwards, the bias + GeLU backward, the cross-entropy), else
+// (qkv's, from the attention backward) by a cast; its weight once per step (WeightCastLaunches); cublasGemmEx
+// with fp32 output;
 // attention runs on bf16 tensor cores with fp32 inputs and outputs when D is a multiple of 16
 // (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products (the forward's 2, then 5, with S
 // and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16 activations and a bf16 weight copy
@@ -1387,14 +1389,16 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   };
   const bool keep = variant == StepVariant::kAsBuilt;
   // A linear layer, IC -> OC, over N rows: forward (bias: a separate bias add) and backward (dinp, dW, dbias).
-  // `rounded_input`: with keep, the input's producer writes its bf16 rounding (no cast kernel).
-  auto linear = [&](double IC, double OC, bool bias_add, bool dbias, double count, bool rounded_input) {
+  // `rounded_input`, `rounded_dout`: with keep, the input's / output gradient's producer writes its bf16 rounding
+  // (no cast kernel).
+  auto linear = [&](double IC, double OC, bool bias_add, bool dbias, double count, bool rounded_input,
+                    bool rounded_dout) {
     if (variant == StepVariant::kCastEveryGemm) {
       mem("casts fp32 -> bf16", 0, 1.5 * (N * IC + OC * IC), count);  // read 4 bytes, write 2 per element
       mem("casts fp32 -> bf16", 0, 1.5 * (N * OC + OC * IC + N * IC), count);
-    } else if (keep) {  // the input in forward unless its producer rounded it (kept), the output gradient in backward
+    } else if (keep) {  // the input in forward, the output gradient in backward, unless their producers rounded them
       if (!rounded_input) mem("casts fp32 -> bf16", 0, 1.5 * N * IC, count);
-      mem("casts fp32 -> bf16", 0, 1.5 * N * OC, count);
+      if (!rounded_dout) mem("casts fp32 -> bf16", 0, 1.5 * N * OC, count);
     }
     const double f = 2.0 * N * IC * OC, op = cublas_converts ? F : 2.0;  // bytes of a GEMM operand element
     out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + OC * IC) + act * N * OC, f, Unit::kTensorBf16, count});
@@ -1415,30 +1419,31 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const Unit attn_unit = tc_attention ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
   const char* attn = tc_attention ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
   const double attn_bwd = after16 ? 2.5 : 3.5;  // backward products / forward products
-  const double rounding = keep ? 0.5 : 0.0;     // keep: LayerNorm and bias + GeLU also write bf16 (2 bytes)
+  // keep: the LayerNorms, bias + GeLU (forward and backward) and the cross-entropy also write bf16 (2 bytes).
+  const double rounding = keep ? 0.5 : 0.0;
   // Per layer.
-  mem("LayerNorm", 2 * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);  // forward x2
-  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch, 2 * L);    // backward x2 (+ partial sums)
-  linear(C, 3 * C, true, true, L, true);                                 // qkv (input: ln1)
-  linear(C, C, false, false, L, false);                                  // attention projection (input: attention)
-  linear(C, F4, false, false, L, true);                                  // fc (input: ln2)
-  linear(F4, C, false, false, L, true);                                  // fc projection (input: bias + GeLU)
+  mem("LayerNorm", 2 * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);                   // forward x2
+  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
+  linear(C, 3 * C, true, true, L, true, false);  // qkv (input: ln1; output gradient: attention backward)
+  linear(C, C, false, false, L, false, true);    // attention projection (input: attention; dout: ln2 backward)
+  linear(C, F4, false, false, L, true, true);    // fc (input: ln2; dout: bias + GeLU backward)
+  linear(F4, C, false, false, L, true, true);    // fc projection (input: bias + GeLU; dout: ln1 backward)
   out.push_back({attn, act * (n_qkv + N * C) + F * n_lse, attn_fwd, attn_unit, L});
   out.push_back(
       {attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch), attn_bwd * attn_fwd, attn_unit, L});
-  mem("bias, GeLU, residual, bias grad", 2 * N * F4, F4 + rounding * N * F4, L);  // bias + GeLU forward
-  mem("bias, GeLU, residual, bias grad", 3 * N * F4, 3 * F4, L);                  // bias + GeLU backward
-  mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);                // residual adds (+ bias)
-  mem("bias, GeLU, residual, bias grad", N * C, 2 * C, 2 * L);                    // bias gradients of proj, fc proj
+  mem("bias, GeLU, residual, bias grad", 2 * N * F4, F4 + rounding * N * F4, L);      // bias + GeLU forward
+  mem("bias, GeLU, residual, bias grad", 3 * N * F4, 3 * F4 + rounding * N * F4, L);  // bias + GeLU backward
+  mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);                    // residual adds (+ bias)
+  mem("bias, GeLU, residual, bias grad", N * C, 2 * C, 2 * L);                        // bias gradients of proj, fc proj
   // Embedding, final LayerNorm, head, loss (once per micro-batch).
   mem("embedding, positions, loss", 2 * N * C, N, 1);                       // embedding forward
   mem("embedding, positions, loss", 2 * N * C, T * C, 1);                   // positions forward
   mem("embedding, positions, loss", N * C, 2 * T * C, 1);                   // positions backward
   mem("embedding, positions, loss", N * C, N + 2 * std::min(N, V) * C, 1);  // embedding backward
   mem("LayerNorm", 2 * N * C, 2 * C + 2 * N + rounding * N * C, 1);
-  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch, 1);
-  linear(C, V, false, false, 1, true);                     // classifier (input: final LayerNorm)
-  mem("embedding, positions, loss", 2 * N * V, 4 * N, 1);  // fused cross-entropy: dlogits over the logits
+  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 1);
+  linear(C, V, false, false, 1, true, true);  // classifier (input: final LayerNorm; dout: the cross-entropy)
+  mem("embedding, positions, loss", 2 * N * V, 4 * N + rounding * N * V, 1);  // fused cross-entropy over the logits
   return out;
 }
 
@@ -1508,9 +1513,9 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                      "assuming cuBLAS converts them as it loads them)"
                : variant == StepVariant::kCastEveryGemm
                    ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
-                   : "as built (fp32 activations; bf16 weights cast once per step, each GEMM input rounded once "
-                     "per micro-batch, by the LayerNorm or bias + GeLU that makes it or by a cast, and kept for the "
-                     "backward; tensor-core attention with fp32 I/O and a 7-product backward)");
+                   : "as built (fp32 activations; bf16 weights cast once per step, each GEMM input and output "
+                     "gradient rounded once per micro-batch, by the op that writes it or by a cast, inputs kept for "
+                     "the backward; tensor-core attention with fp32 I/O and a 7-product backward)");
     for (const auto& [group, sec] : groups) {
       fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
     }

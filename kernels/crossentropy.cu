@@ -38,17 +38,20 @@ __global__ void __launch_bounds__(kCeMaxBlock)
   }
 }
 
-// One block per row: dlogits (N, V) = (exp(l - lse) - onehot(target)) * dloss[row]; ignored rows get 0.
+// One block per row: dlogits (N, V) = (exp(l - lse) - onehot(target)) * dloss[row]; ignored rows get 0; d16 (N, V),
+// unless null, = dlogits rounded to bf16.
 __global__ void __launch_bounds__(kCeMaxBlock)
-    crossentropy_backward_kernel(float* dlogits, const float* logits, const float* lse, const int* targets,
-                                 const float* dloss, int V) {
+    crossentropy_backward_kernel(float* dlogits, __nv_bfloat16* d16, const float* logits, const float* lse,
+                                 const int* targets, const float* dloss, int V) {
   const long row = blockIdx.x;
   const int t = targets[row];
   const float z = lse[row], scale = dloss[row];
   const float* l = logits + row * V;
   float* d = dlogits + row * V;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    d[j] = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
+    const float v = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
+    d[j] = v;
+    if (d16) d16[row * V + j] = __float2bfloat16_rn(v);
   }
 }
 
@@ -57,7 +60,8 @@ __global__ void __launch_bounds__(kCeMaxBlock)
 // block reads its row three times, the last two normally from L2, and writes it once, where the pair of kernels
 // read it three times from HBM (the backward a whole pass later) and wrote a separate dlogits.
 __global__ void __launch_bounds__(kCeMaxBlock)
-    crossentropy_fused_kernel(float* losses, float* lse, float* logits, const int* targets, const float* dloss, int V) {
+    crossentropy_fused_kernel(float* losses, float* lse, float* logits, __nv_bfloat16* d16, const int* targets,
+                              const float* dloss, int V) {
   MS_SHARED_ARRAY(float, scratch, 32);
   const long row = blockIdx.x;
   float* l = logits + row * V;
@@ -70,7 +74,9 @@ __global__ void __launch_bounds__(kCeMaxBlock)
   __syncthreads();  // the target logit is read before any thread overwrites it
   const float scale = dloss[row];
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    l[j] = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
+    const float v = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
+    l[j] = v;
+    if (d16) d16[row * V + j] = __float2bfloat16_rn(v);
   }
 }
 
@@ -85,18 +91,18 @@ cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, 
 }
 
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                                 const float* dloss, int64_t N, int64_t V, cudaStream_t stream) {
+                                 const float* dloss, int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16) {
   if (N <= 0 || V <= 0) return cudaSuccess;
   MS_LAUNCH(crossentropy_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, dlogits,
-            logits, lse, targets, dloss, static_cast<int>(V));
+            d16, logits, lse, targets, dloss, static_cast<int>(V));
   return cudaGetLastError();
 }
 
 cudaError_t CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                              int64_t N, int64_t V, cudaStream_t stream) {
+                              int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16) {
   if (N <= 0 || V <= 0) return cudaSuccess;
   MS_LAUNCH(crossentropy_fused_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, losses,
-            lse, logits, targets, dloss, static_cast<int>(V));
+            lse, logits, d16, targets, dloss, static_cast<int>(V));
   return cudaGetLastError();
 }
 

@@ -316,8 +316,8 @@ __global__ void __launch_bounds__(kEwBlock)
 
 // One block per row: dlogits (N, V) = expf(l - lse) * dloss, minus dloss at the local target column.
 __global__ void __launch_bounds__(kVpMaxThreads)
-    ew_vp_backward_kernel(float* dlogits, const float* logits, const float* lse, const int32_t* targets, float dloss,
-                          int64_t vstart, int64_t V) {
+    ew_vp_backward_kernel(float* dlogits, __nv_bfloat16* d16, const float* logits, const float* lse,
+                          const int32_t* targets, float dloss, int64_t vstart, int64_t V) {
   const int64_t row = blockIdx.x;
   const int64_t t = targets[row];
   const int64_t local = t < 0 ? -1 : t - vstart;  // outside [0, V) when not this rank's column
@@ -331,6 +331,7 @@ __global__ void __launch_bounds__(kVpMaxThreads)
       if (j == local) v -= dloss;
     }
     d[j] = v;
+    if (d16) d16[row * V + j] = __float2bfloat16_rn(v);
   }
 }
 
@@ -516,9 +517,10 @@ cudaError_t VocabParallelFinish(float* losses, float* lse, const float* mx, cons
 }
 
 cudaError_t VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                                  float dloss, int64_t vstart, int64_t N, int64_t V, cudaStream_t stream) {
+                                  float dloss, int64_t vstart, int64_t N, int64_t V, cudaStream_t stream,
+                                  __nv_bfloat16* d16) {
   if (N <= 0 || V <= 0) return cudaSuccess;
-  MS_LAUNCH(ew_vp_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, dlogits,
+  MS_LAUNCH(ew_vp_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, dlogits, d16,
             logits, lse, targets, dloss, vstart, V);
   return cudaGetLastError();
 }

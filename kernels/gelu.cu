@@ -49,12 +49,15 @@ __global__ void __launch_bounds__(kGeluBlock)
   }
 }
 
-// dx, x, dout: (N, C) flattened to n; bias: (C).
+// dx, x, dout: (N, C) flattened to n; bias: (C); dx16: (N, C), dx rounded to bf16, or null.
 __global__ void __launch_bounds__(kGeluBlock)
-    bias_gelu_backward_kernel(float* dx, const float* x, const float* bias, const float* dout, long n, int C) {
+    bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, const float* x, const float* bias, const float* dout,
+                              long n, int C) {
   for (long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
-    dx[i] = dout[i] * GeluGrad(x[i] + bias[i % C]);
+    const float v = dout[i] * GeluGrad(x[i] + bias[i % C]);
+    dx[i] = v;
+    if (dx16) dx16[i] = __float2bfloat16_rn(v);
   }
 }
 
@@ -84,11 +87,12 @@ cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64
 }
 
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
-                             const float* dout, int64_t N, int64_t C, cudaStream_t stream) {
+                             const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int block = kGeluBlock;
   const long n = static_cast<long>(N * C);
-  MS_LAUNCH(bias_gelu_backward_kernel, GridFor(n, block), block, 0, stream, dx, x, bias, dout, n, static_cast<int>(C));
+  MS_LAUNCH(bias_gelu_backward_kernel, GridFor(n, block), block, 0, stream, dx, dx16, x, bias, dout, n,
+            static_cast<int>(C));
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return BiasGrad(dbias, scratch, dx, N, C, stream);  // the shared column-sum (kernels/elementwise.cu)

@@ -33,9 +33,11 @@ cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64
                             __nv_bfloat16* out16 = nullptr);
 // dx (N, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES; the
 // deterministic tree of BiasGrad, kernels/elementwise.h). scratch: BiasGradScratchFloats(N, C) floats of device
-// memory (overwritten; may be null when that is 0).
+// memory (overwritten; may be null when that is 0). dx16 (N, C), unless null, = dx rounded to bf16 (as
+// CastFloatToBf16: the fc GEMMs' output gradient without a cast).
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
-                             const float* dout, int64_t N, int64_t C, cudaStream_t stream);
+                             const float* dout, int64_t N, int64_t C, cudaStream_t stream,
+                             __nv_bfloat16* dx16 = nullptr);
 
 // ---- LayerNorm ---- (kernels/layernorm.cu)
 
@@ -49,22 +51,26 @@ int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C);
 // LayerNormBackwardScratchFloats(N, C) floats (overwritten). A block of 8 warps per 16 rows (dx: a warp per row;
 // dw/db: per-column sums over the block's rows in row order, written once per block), then the block partials
 // are added in a fixed order (32 lanes over the blocks, lane sums in lane order). Two launches.
+// dx16 (N, C), unless null, = the accumulated dx rounded to bf16 (as CastFloatToBf16).
 cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                              cudaStream_t stream);
+                              cudaStream_t stream, __nv_bfloat16* dx16 = nullptr);
 
 // ---- Softmax cross-entropy ---- (kernels/crossentropy.cu)
 
 // As ms::ops::CrossEntropyForward: losses (N), lse (N) WRITTEN from logits (N, V), targets (N) (< 0 ignored).
 cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                                 int64_t V, cudaStream_t stream);
-// As ms::ops::CrossEntropyBackward: dlogits (N, V) WRITTEN = (softmax - onehot) * dloss[i].
+// As ms::ops::CrossEntropyBackward: dlogits (N, V) WRITTEN = (softmax - onehot) * dloss[i]; d16 (N, V), unless
+// null, = dlogits rounded to bf16 (as CastFloatToBf16: the classifier GEMMs' operand without a cast).
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                                 const float* dloss, int64_t N, int64_t V, cudaStream_t stream);
+                                 const float* dloss, int64_t N, int64_t V, cudaStream_t stream,
+                                 __nv_bfloat16* d16 = nullptr);
 // As ms::ops::CrossEntropyFused: the two above in one launch, dlogits written over the logits (N, V); losses, lse
-// (N) WRITTEN. Bit-identical to CrossEntropyForward then CrossEntropyBackward(logits, logits, ...).
+// (N) WRITTEN; d16 as CrossEntropyBackward's. Bit-identical to CrossEntropyForward then
+// CrossEntropyBackward(logits, logits, ...).
 cudaError_t CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                              int64_t N, int64_t V, cudaStream_t stream);
+                              int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16 = nullptr);
 
 // ---- Embedding ---- (kernels/embedding.cu)
 

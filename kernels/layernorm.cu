@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kLnForwardMaxThreads)
 // registers, and writes them once: partial (G, 2, C) (WRITES). (2) reads only inputs (the rows (1) just read, so
 // mostly cache hits), so the two parts need no barrier between them.
 __global__ void __launch_bounds__(kLnBackwardThreads)
-    layernorm_backward_kernel(float* dx, float* partial, const float* dout, const float* x, const float* w,
-                              const float* mean, const float* rstd, int64_t N, int64_t C) {
+    layernorm_backward_kernel(float* dx, __nv_bfloat16* dx16, float* partial, const float* dout, const float* x,
+                              const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kLnBackwardRows;
   const int64_t r1 = r0 + kLnBackwardRows < N ? r0 + kLnBackwardRows : N;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(kLnBackwardThreads)
       const float xhat = (xr[c] - m) * s;
       const float dnorm = gr[c] * w[c];
       dxr[c] += s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat);
+      if (dx16) dx16[row * C + c] = __float2bfloat16_rn(dxr[c]);  // the accumulated value
     }
   }
   float* pdw = partial + static_cast<int64_t>(blockIdx.x) * 2 * C;
@@ -145,11 +146,11 @@ int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C) {
 
 cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, __nv_bfloat16* dx16) {
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int64_t G = BackwardBlocks(N);
-  MS_LAUNCH(layernorm_backward_kernel, static_cast<unsigned>(G), kLnBackwardThreads, 0, stream, dx, scratch, dout, x, w,
-            mean, rstd, N, C);
+  MS_LAUNCH(layernorm_backward_kernel, static_cast<unsigned>(G), kLnBackwardThreads, 0, stream, dx, dx16, scratch, dout,
+            x, w, mean, rstd, N, C);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((C + kLnParamCols - 1) / kLnParamCols), 2);

@@ -179,7 +179,10 @@ class CudaBackend final : public ops::Backend {
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t N, int64_t IC, int64_t OC, const ops::Bf16Copies& kept) override {
     if (N == 0 || OC == 0 || IC == 0) return Status::Ok();
-    MS_ASSIGN_OR_RETURN(auto* g, Bf16(0, dout, N * OC));
+    const void* g = keep_ ? kept.dout : nullptr;  // the output gradient's rounding, made by its producer
+    if (!g) {
+      MS_ASSIGN_OR_RETURN(g, Bf16(0, dout, N * OC));
+    }
     if (dinp) {
       MS_ASSIGN_OR_RETURN(auto* wb, Weight(w, OC * IC, kept));
       // dinp^T (IC, N) += w^T (IC, OC) . dout^T (OC, N)
@@ -199,12 +202,14 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "LayerNormForward"));
     return Launch(kernels::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, s_, o16), "LayerNorm forward");
   }
+  using ops::Backend::LayerNormBackward;
   Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+                           const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16) override {
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "LayerNormBackward"));
     MS_ASSIGN_OR_RETURN(void* scratch,
                         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::LayerNormBackwardScratchFloats(N, C)));
     return Launch(
-        kernels::LayerNormBackward(dx, dw, db, static_cast<float*>(scratch), dout, x, w, mean, rstd, N, C, s_),
+        kernels::LayerNormBackward(dx, dw, db, static_cast<float*>(scratch), dout, x, w, mean, rstd, N, C, s_, d16),
         "LayerNorm backward");
   }
   Status GeluForward(float* out, const float* x, int64_t n) override {
@@ -242,13 +247,19 @@ class CudaBackend final : public ops::Backend {
                              int64_t V) override {
     return Launch(kernels::CrossEntropyForward(losses, lse, logits, targets, N, V, s_), "cross-entropy forward");
   }
+  using ops::Backend::CrossEntropyBackward;
+  using ops::Backend::CrossEntropyFused;
+  using ops::Backend::VocabParallelBackward;
   Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                           int64_t N, int64_t V) override {
-    return Launch(kernels::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, s_), "fused cross-entropy");
+                           int64_t N, int64_t V, void* dlogits16) override {
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "CrossEntropyFused"));
+    return Launch(kernels::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, s_, d16),
+                  "fused cross-entropy");
   }
   Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                              const float* dloss, int64_t N, int64_t V) override {
-    return Launch(kernels::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, s_),
+                              const float* dloss, int64_t N, int64_t V, void* dlogits16) override {
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "CrossEntropyBackward"));
+    return Launch(kernels::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, s_, d16),
                   "cross-entropy backward");
   }
   Status VocabParallelRowStats(float* mx, float* se, float* tl, const float* logits, const int32_t* targets,
@@ -264,8 +275,9 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::VocabParallelFinish(losses, lse, mx, se, tl, targets, N, s_), "vocab-parallel loss");
   }
   Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                               float dloss, int64_t vstart, int64_t N, int64_t V) override {
-    return Launch(kernels::VocabParallelBackward(dlogits, logits, lse, targets, dloss, vstart, N, V, s_),
+                               float dloss, int64_t vstart, int64_t N, int64_t V, void* dlogits16) override {
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "VocabParallelBackward"));
+    return Launch(kernels::VocabParallelBackward(dlogits, logits, lse, targets, dloss, vstart, N, V, s_, d16),
                   "vocab-parallel cross-entropy backward");
   }
   Status EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) override {
@@ -293,11 +305,13 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward"));
     return Launch(kernels::BiasGeluForward(out, x, bias, R, C, s_, o16), "bias + GeLU forward");
   }
+  using ops::Backend::BiasGeluBackward;
   Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
-                          int64_t C) override {
+                          int64_t C, void* dx16) override {
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "BiasGeluBackward"));
     MS_ASSIGN_OR_RETURN(void* scratch,
                         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
-    return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_),
+    return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_, d16),
                   "bias + GeLU backward");
   }
   Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {

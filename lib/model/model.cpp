@@ -125,7 +125,8 @@ struct Gpt::Acts {
   std::vector<Layer> layers;
   DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;  // logits: dlogits after the loss
   DeviceArray<float> lnf_16;                                                     // the head GEMM's input, bf16
-  bool dlogits_ready = false;  // the fused classifier loss wrote dlogits over the logits, for weight dlogits_weight
+  DeviceArray<float> dlogits_16;  // dlogits rounded to bf16 by the cross-entropy that writes them
+  bool dlogits_ready = false;     // the fused classifier loss wrote dlogits over the logits, for weight dlogits_weight
   float dlogits_weight = 0.0f;
   DeviceArray<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
   bool forward_done = false;
@@ -305,6 +306,8 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->keep_bf16_ = true;
     MS_RETURN_IF_ERROR(AllocateBf16(g->bf16_params_, g->be_, g->num_params_).WithContext("bf16 weight copies"));
     g->bf16_made_in_.assign(g->params_.size(), 0);
+    MS_RETURN_IF_ERROR(AllocateBf16(g->dres_16_, g->be_, g->rows_ * C));
+    MS_RETURN_IF_ERROR(AllocateBf16(g->dfch_16_, g->be_, N * g->Fl_));
     // Test hook (docs/cuda.md): MEGASCALE_PLANT=kept_bf16_stale keeps the first step's bf16 weights for every
     // later step — the planted bug tests/cuda/train_emulated_test.py must catch.
     const char* plant = std::getenv("MEGASCALE_PLANT");
@@ -467,7 +470,10 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(a.lnf_rstd.Allocate(be, R));
     if (sp) MS_RETURN_IF_ERROR(a.lnf_full.Allocate(be, N * C));
     MS_RETURN_IF_ERROR(a.logits.Allocate(be, N * Vl_));
-    if (keep_bf16_) MS_RETURN_IF_ERROR(AllocateBf16(a.lnf_16, be, N * C));
+    if (keep_bf16_) {
+      MS_RETURN_IF_ERROR(AllocateBf16(a.lnf_16, be, N * C));
+      MS_RETURN_IF_ERROR(AllocateBf16(a.dlogits_16, be, N * Vl_));
+    }
     MS_RETURN_IF_ERROR(a.ce_lse.Allocate(be, N));
     MS_RETURN_IF_ERROR(a.losses.Allocate(be, N));
   }
@@ -797,8 +803,8 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
     // Training with the backward's loss weight known: the fused classifier loss writes dlogits over the logits
     // in the same pass over each row; HeadBackward starts from them.
     MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(fused_dloss_));
-    MS_RETURN_IF_ERROR(
-        be_->CrossEntropyFused(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), dl, N, Vl));
+    MS_RETURN_IF_ERROR(be_->CrossEntropyFused(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), dl,
+                                              N, Vl, keep_bf16_ ? Bf16At(a.dlogits_16, 0) : nullptr));
     a.dlogits_ready = true;
     a.dlogits_weight = fused_dloss_;
   } else if (!tp) {
@@ -890,27 +896,38 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
     }
   } else if (!tp) {
     MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(dloss));
-    MS_RETURN_IF_ERROR(
-        be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl));
+    MS_RETURN_IF_ERROR(be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl,
+                                                 keep_bf16_ ? Bf16At(a.dlogits_16, 0) : nullptr));
   } else {
     MS_RETURN_IF_ERROR(be_->VocabParallelBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dloss,
-                                                  shard_.tp_rank * Vl, N, Vl));
+                                                  shard_.tp_rank * Vl, N, Vl,
+                                                  keep_bf16_ ? Bf16At(a.dlogits_16, 0) : nullptr));
   }
   a.dlogits_ready = false;
   const char* head = spec_.tied_embeddings ? "embed.wte" : "lm_head.weight";
   const float* lnfin = sp ? a.lnf_full.data() : a.lnf.data();
   MS_ASSIGN_OR_RETURN(const void* head16, KeptWeight(FindParam(head)));
+  // With kept bf16 operands every cross-entropy path above also wrote the rounding of dlogits.
   auto dlnf_rows = [&](int64_t row0, int64_t rows, float* dst) {
     return be_->MatmulBackward(dst, G(head), nullptr, dlogits + row0 * Vl, lnfin + row0 * C, P(head), rows, C, Vl,
-                               {head16, keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr, true});
+                               {.w = head16,
+                                .inp = keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr,
+                                .inp_ready = true,
+                                .dout = keep_bf16_ ? Bf16At(a.dlogits_16, row0 * Vl) : nullptr});
   };
   MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, true, tp ? dln_full : dln, dln));
   const Chunk& ch = chunks_[static_cast<size_t>(num_chunks() - 1)];
   const float* x = a.res.data() + ch.num_layers * R * C;
   MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
   MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x,
-                                            P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C));
+                                            P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C,
+                                            Dres16()));
   return Status::Ok();
+}
+
+void* Gpt::Dres16() const {
+  // Under sequence parallelism dres holds this rank's rows while the GEMMs read gathered rows: nothing to keep.
+  return keep_bf16_ && !(shard_.sequence_parallel && shard_.tp_size > 1) ? Bf16At(dres_16_, 0) : nullptr;
 }
 
 Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
@@ -942,13 +959,27 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     if (on_layer_done) on_layer_done(layer);
   };
 
+  // Kept bf16 operands: the output gradients' roundings, written by the ops that make them — dres's by the
+  // LayerNorm backwards (dres16: null under SP), the fc output gradient's by the bias + GeLU backward — and read by
+  // the GEMMs that take them as dout. `dres_rounded`: dres16 holds dres's rounding now.
+  void* const dres16 = Dres16();
+  void* const dfch16 = keep_bf16_ && shard_.fused_kernels ? Bf16At(dfch_16_, 0) : nullptr;
+  bool dres_rounded = false;
+  auto with_dout = [](ops::Bf16Copies c, const void* d) {
+    c.dout = d;
+    return c;
+  };
   if (ch.head) {
-    MS_RETURN_IF_ERROR(HeadBackward(a, dloss, dres));
+    MS_RETURN_IF_ERROR(HeadBackward(a, dloss, dres));  // its final LayerNorm backward writes dres16
+    dres_rounded = dres16 != nullptr;
     done(spec_.layers);
   } else {
     if (!dout) return InvalidArgument("chunk {} needs the gradient of its output", ch.global);
     MS_RETURN_IF_ERROR(be_->Copy(dres, dout, sizeof(float) * R * C));
   }
+  auto dres_at = [&](int64_t row0) -> const void* {
+    return dres_rounded ? static_cast<const void*>(static_cast<uint16_t*>(dres16) + row0 * C) : nullptr;
+  };
   // dres [R,C] (all N rows without SP) is gathered to the row-parallel backward GEMMs (attn.proj, mlp.proj:
   // identity conjugate of their forward reduction); the column-parallel GEMMs produce partial LayerNorm-input
   // gradients reduced across tp into dln [R,C] (SP) or dln_full (the conjugate of the forward gather). Both
@@ -965,22 +996,24 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C,
-                                             k16.Mproj(row0, true)));
+                                             with_dout(k16.Mproj(row0, true), dres_at(row0))));
       if (!shard_.fused_kernels) {
         MS_RETURN_IF_ERROR(
             be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl));
         return be_->BiasGrad(G(w.fcb), dfch + row0 * Fl, rows, Fl);
       }
       return be_->BiasGeluBackward(dfch + row0 * Fl, G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
-                                   dfch_gelu + row0 * Fl, rows, Fl);
+                                   dfch_gelu + row0 * Fl, rows, Fl,
+                                   dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {
       return be_->MatmulBackward(datty + row0 * HlD, G(w.projw), nullptr, dy, y.atty.data() + row0 * HlD, P(w.projw),
-                                 rows, HlD, C, k16.Proj(row0, true));
+                                 rows, HlD, C, with_dout(k16.Proj(row0, true), dres_at(row0)));
     };
-    auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulBackward(dst, G(w.fcw), nullptr, dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl,
-                                 k16.Fc(row0, true));
+    auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {  // dfch16: written by the bias + GeLU backward
+      return be_->MatmulBackward(
+          dst, G(w.fcw), nullptr, dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl,
+          with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr));
     };
     auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulBackward(dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, ln1in + row0 * C, P(w.qkvw), rows, C,
@@ -993,7 +1026,9 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows));
       MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_rows, true, dln_full, dln));
       MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w),
-                                                y.ln2_mean.data(), y.ln2_rstd.data(), R, C));  // dres is now dL/d(mid)
+                                                y.ln2_mean.data(), y.ln2_rstd.data(), R, C,
+                                                dres16));  // dres is now dL/d(mid)
+      dres_rounded = dres16 != nullptr;
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
@@ -1025,7 +1060,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     // lr-sized random steps, different for every layout; keep it at its exact value.
     MS_RETURN_IF_ERROR(be_->Zero(G(w.qkvb) + HlD, sizeof(float) * HlD));
     MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(),
-                                              y.ln1_rstd.data(), R, C));
+                                              y.ln1_rstd.data(), R, C, dres16));
+    dres_rounded = dres16 != nullptr;
     done(l);
   }
   if (ch.embedding) {

@@ -269,6 +269,7 @@ class Gpt {
   // step; outside a step cast at every call.
   Result<const void*> KeptWeight(const ParamInfo* p);
   Result<LayerBf16> KeptLayer(const LayerW& w, const Acts& a, int i);  // layer i of a chunk's activations a
+  void* Dres16() const;  // where the LayerNorm backwards round dres for the GEMMs (null: nothing kept, or SP)
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   Status HeadBackward(Acts& a, float dloss, float* dres);
 
@@ -294,6 +295,7 @@ class Gpt {
   // inputs' roundings live in the slots' activations.
   bool keep_bf16_ = false;
   DeviceArray<float> bf16_params_;
+  DeviceArray<float> dres_16_, dfch_16_;  // bf16 roundings of the residual [R, C] and fc [N, Fl] output gradients
   std::vector<uint64_t> bf16_made_in_;
   uint64_t step_id_ = 0;
   bool in_step_ = false;

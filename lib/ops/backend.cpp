@@ -51,8 +51,10 @@ class CpuBackend final : public Backend {
     ops::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps);
     return Status::Ok();
   }
+  using Backend::LayerNormBackward;
   Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                           const float* mean, const float* rstd, int64_t N, int64_t C) override {
+                           const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16) override {
+    if (dx16) return NoBf16Copies("LayerNormBackward");
     ops::LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, N, C);
     return Status::Ok();
   }
@@ -79,13 +81,18 @@ class CpuBackend final : public Backend {
     ops::CrossEntropyForward(losses, lse, logits, targets, N, V);
     return Status::Ok();
   }
+  using Backend::CrossEntropyBackward;
+  using Backend::CrossEntropyFused;
+  using Backend::VocabParallelBackward;
   Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                              const float* dloss, int64_t N, int64_t V) override {
+                              const float* dloss, int64_t N, int64_t V, void* dlogits16) override {
+    if (dlogits16) return NoBf16Copies("CrossEntropyBackward");
     ops::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V);
     return Status::Ok();
   }
   Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                           int64_t N, int64_t V) override {
+                           int64_t N, int64_t V, void* dlogits16) override {
+    if (dlogits16) return NoBf16Copies("CrossEntropyFused");
     ops::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V);
     return Status::Ok();
   }
@@ -121,7 +128,8 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                               float dloss, int64_t vstart, int64_t N, int64_t V) override {
+                               float dloss, int64_t vstart, int64_t N, int64_t V, void* dlogits16) override {
+    if (dlogits16) return NoBf16Copies("VocabParallelBackward");
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       float* d = dlogits + i * V;
@@ -187,8 +195,10 @@ class CpuBackend final : public Backend {
     }
     return Status::Ok();
   }
+  using Backend::BiasGeluBackward;
   Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
-                          int64_t C) override {
+                          int64_t C, void* dx16) override {
+    if (dx16) return NoBf16Copies("BiasGeluBackward");
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < R; ++r) {
       std::vector<float> t(static_cast<size_t>(C));

@@ -179,11 +179,13 @@ struct LambTensor {  // LambDirection arguments of one tensor (or shard)
 
 // bf16 roundings of GEMM operands that a caller keeps between GEMMs, so each is made once rather than at every GEMM
 // that reads it (backends with keeps_bf16_copies()): a weight rounded once per optimizer step, a layer input
-// rounded by its forward GEMM and read again by the backward's weight-gradient GEMM. Both optional.
+// rounded by its producer or its forward GEMM and read again by the backward's weight-gradient GEMM, an output
+// gradient rounded by the op that wrote it (the out16 / dx16 / dlogits16 arguments below). All optional.
 struct Bf16Copies {
   const void* w = nullptr;  // the weight rounded to bf16 (same layout, made by CastToBf16); null: rounded at the call
   void* inp = nullptr;      // N x IC bf16 for the rounding of inp; null: rounded at the call into a workspace
   bool inp_ready = false;   // `inp` already holds the rounding of this call's inp (else the call writes it first)
+  const void* dout = nullptr;  // MatmulBackward: dout (N x OC) rounded to bf16; null: rounded at the call
 };
 
 class Backend {
@@ -228,8 +230,13 @@ class Backend {
                           int64_t N, int64_t C, float eps) {
     return LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, nullptr);
   }
+  // dx16 (N x C bf16), unless null, = the accumulated dx rounded to bf16 (as out16 above).
   virtual Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                                   const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+                                   const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16) = 0;
+  Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                           const float* mean, const float* rstd, int64_t N, int64_t C) {
+    return LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, N, C, nullptr);
+  }
   virtual Status GeluForward(float* out, const float* x, int64_t n) = 0;
   virtual Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) = 0;
   virtual Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
@@ -238,11 +245,21 @@ class Backend {
                                    int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) = 0;
   virtual Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                                      int64_t V) = 0;
+  // dlogits16 (N x V bf16) here and in CrossEntropyFused / VocabParallelBackward, unless null, = dlogits rounded
+  // to bf16 (as out16 above).
   virtual Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                                      const float* dloss, int64_t N, int64_t V) = 0;
+                                      const float* dloss, int64_t N, int64_t V, void* dlogits16) = 0;
+  Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                              const float* dloss, int64_t N, int64_t V) {
+    return CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, nullptr);
+  }
   // Forward and backward in one pass over each row, dlogits written over the logits (ops::CrossEntropyFused).
   virtual Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                                   int64_t N, int64_t V) = 0;
+                                   int64_t N, int64_t V, void* dlogits16) = 0;
+  Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
+                           int64_t N, int64_t V) {
+    return CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, nullptr);
+  }
   // Vocab-parallel cross-entropy pieces; logits (N, V) are this rank's vocab columns [vstart, vstart + V).
   //   RowStats:     one pass over the rows (V >= 1): mx (N) WRITES the local row maxima, se (N) sum_j
   //                 exp(logits - mx) with the local max, tl (N) the target logit when the target is in this rank's
@@ -259,7 +276,11 @@ class Backend {
   virtual Status VocabParallelFinish(float* losses, float* lse, const float* mx, const float* se, const float* tl,
                                      const int32_t* targets, int64_t N) = 0;
   virtual Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
-                                       float dloss, int64_t vstart, int64_t N, int64_t V) = 0;
+                                       float dloss, int64_t vstart, int64_t N, int64_t V, void* dlogits16) = 0;
+  Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
+                               float dloss, int64_t vstart, int64_t N, int64_t V) {
+    return VocabParallelBackward(dlogits, logits, lse, targets, dloss, vstart, N, V, nullptr);
+  }
   virtual Status EmbeddingForward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) = 0;
   virtual Status EmbeddingBackward(float* dtable, const int32_t* ids, const float* dout, int64_t N, int64_t C) = 0;
 
@@ -278,9 +299,14 @@ class Backend {
   Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C) {
     return BiasGeluForward(out, x, bias, R, C, nullptr);
   }
-  // dx (R, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES).
+  // dx (R, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES);
+  // dx16 as LayerNormForward's out16.
   virtual Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout,
-                                  int64_t R, int64_t C) = 0;
+                                  int64_t R, int64_t C, void* dx16) = 0;
+  Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
+                          int64_t C) {
+    return BiasGeluBackward(dx, dbias, x, bias, dout, R, C, nullptr);
+  }
   // db (C) += column sums of dy (R, C), rows in order.
   virtual Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) = 0;
   // x (R, C) += wpe[((row0 + r) % T)] for each row r: learned positions.

@@ -226,9 +226,10 @@ TEST_CASE("cuda backend (emulated): bf16 GEMMs with cuBLAS converting the operan
 }
 
 // runtime.bf16_operands: keep: the caller keeps bf16 roundings (ops::Bf16Copies) — a weight cast once by
-// CastToBf16, an input rounded by the forward GEMM into the caller's buffer and read again by the backward. The
-// same bits as casting at every GEMM; the backward with `inp_ready` reads only the kept roundings (its fp32 input and
-// weight are zeroed here and the results do not change).
+// CastToBf16, an input rounded by the forward GEMM into the caller's buffer and read again by the backward, an
+// output gradient rounded by its producer. The same bits as casting at every GEMM; the backward with `inp_ready`
+// (and `dout`) reads only the kept roundings (its fp32 input, weight and output gradient are zeroed here and the
+// results do not change).
 TEST_CASE("cuda backend: kept bf16 GEMM operands give the bits of casting at every GEMM") {
   Pair cast(true), keep(true, Bf16Operands::kKeep);
   CHECK_FALSE(cast.gpu->keeps_bf16_copies());
@@ -264,6 +265,22 @@ TEST_CASE("cuda backend: kept bf16 GEMM operands give the bits of casting at eve
   for (auto [idx, n] : std::vector<std::pair<int, size_t>>{{3, N * OC}, {5, N * IC}, {6, OC * IC}, {7, OC}}) {
     CAPTURE(idx);
     CHECK(cast.Get(*cast.gpu, a[idx], n) == keep.Get(*keep.gpu, b[idx], n));
+  }
+  // The output gradient's rounding made by its producer (Bf16Copies::dout): read instead of the fp32 dout, which is
+  // zeroed here (no bias gradient: that sums the fp32 dout).
+  {
+    float* dinp = keep.On(*keep.gpu, in[5]);
+    float* dw = keep.On(*keep.gpu, in[6]);
+    float* dinp_want = cast.On(*cast.gpu, in[5]);
+    float* dw_want = cast.On(*cast.gpu, in[6]);
+    REQUIRE(cast.gpu->MatmulBackward(dinp_want, dw_want, nullptr, a[4], a[0], a[1], N, IC, OC).ok());
+    uint16_t* dout16 = keep.On(*keep.gpu, std::vector<uint16_t>(N * OC));
+    REQUIRE(keep.gpu->CastToBf16(dout16, b[4], N * OC).ok());
+    REQUIRE(keep.gpu->Zero(b[4], sizeof(float) * N * OC).ok());
+    ops::Bf16Copies kept{.w = w16, .inp = inp16, .inp_ready = true, .dout = dout16};
+    REQUIRE(keep.gpu->MatmulBackward(dinp, dw, nullptr, b[4], b[0], b[1], N, IC, OC, kept).ok());
+    CHECK(keep.Get(*keep.gpu, dinp, N * IC) == cast.Get(*cast.gpu, dinp_want, N * IC));
+    CHECK(keep.Get(*keep.gpu, dw, OC * IC) == cast.Get(*cast.gpu, dw_want, OC * IC));
   }
   // The producers' roundings (LayerNorm, bias + GeLU): the cast kernel's bits of their fp32 outputs; refused by
   // backends that keep nothing.

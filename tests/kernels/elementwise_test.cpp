@@ -335,6 +335,12 @@ TEST_CASE(
         for (int64_t j = 0; j < vlen[k]; ++j) want.push_back(dlogits[i * s.V + vstart[k] + j]);
       }
       ExpectClose(d_dlogits.Get(), want, 1e-5f, 1e-6f, "vocab-parallel dlogits");
+      Dev<float> d_dlogits2(s.N * vlen[k]);  // with the bf16 copy: the same bits, and their rounding
+      Dev<__nv_bfloat16> d16(s.N * vlen[k]);
+      REQUIRE(VocabParallelBackward(d_dlogits2.get(), d_shard[k]->get(), d_ref_lse.get(), d_targets.get(), dloss,
+                                    vstart[k], s.N, vlen[k], nullptr, d16.get()) == cudaSuccess);
+      CHECK(d_dlogits2.Get() == d_dlogits.Get());
+      testing::ExpectBf16CopyOf(d16, d_dlogits2, s.N * vlen[k], "vocab-parallel dlogits16");
     }
   }
   ExpectNoPoisonedReads();

@@ -31,19 +31,10 @@ namespace ms::kernels {
 namespace {
 
 using testing::Dev;
+using testing::ExpectBf16CopyOf;
 using testing::ExpectClose;
 using testing::ExpectNoPoisonedReads;
 using testing::Random;
-
-// A kernel's bf16 copy of its fp32 output (the out16 of LayerNormForward / BiasGeluForward) must hold the bits
-// CastFloatToBf16 makes of that output.
-void ExpectBf16CopyOf(Dev<__nv_bfloat16>& copy, Dev<float>& out, int64_t n, const char* what) {
-  Dev<__nv_bfloat16> want(n);
-  REQUIRE(CastFloatToBf16(want.get(), out.get(), n, nullptr) == cudaSuccess);
-  const auto got = copy.Get(), w = want.Get();
-  INFO(what);
-  CHECK(std::memcmp(got.data(), w.data(), sizeof(__nv_bfloat16) * static_cast<size_t>(n)) == 0);
-}
 
 TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rtol 1e-5, atol 1e-6)") {
   for (int64_t n : {1, 257, 1000}) {
@@ -89,6 +80,12 @@ TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rto
     REQUIRE(BiasGeluForward(dy2.get(), dx_in.get(), dbias_in.get(), s.N, s.C, nullptr, dy16.get()) == cudaSuccess);
     CHECK(dy2.Get() == dy.Get());
     ExpectBf16CopyOf(dy16, dy2, n, "bias_gelu out16");
+    Dev<float> dgrad2(n), ddbias2(dbias0);
+    Dev<__nv_bfloat16> dgrad16(n);
+    REQUIRE(BiasGeluBackward(dgrad2.get(), ddbias2.get(), scratch.get(), dx_in.get(), dbias_in.get(), ddout.get(), s.N,
+                             s.C, nullptr, dgrad16.get()) == cudaSuccess);
+    CHECK(dgrad2.Get() == dgrad.Get());
+    ExpectBf16CopyOf(dgrad16, dgrad2, n, "bias_gelu dx16");
     ExpectClose(ddbias.Get(), db, 1e-5f, 1e-5f, "bias_gelu dbias (accumulated)");
   }
   ExpectNoPoisonedReads();
@@ -155,6 +152,13 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
     CHECK(d_dx.Get() == got_dx);
     CHECK(d_dw.Get() == got_dw);
     CHECK(d_db.Get() == got_db);
+    // With the bf16 copy of the accumulated dx: the same bits, and their rounding.
+    d_dx.Set(dx0);
+    Dev<__nv_bfloat16> d_dx16(n);
+    REQUIRE(LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(), d_x.get(), d_w.get(),
+                              d_mean.get(), d_rstd.get(), s.N, s.C, nullptr, d_dx16.get()) == cudaSuccess);
+    CHECK(d_dx.Get() == got_dx);
+    ExpectBf16CopyOf(d_dx16, d_dx, n, "layernorm dx16");
   }
   ExpectNoPoisonedReads();
 }
@@ -191,6 +195,17 @@ TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (
     CHECK(d_losses2.Get() == d_losses.Get());
     CHECK(d_lse2.Get() == d_lse.Get());
     CHECK(d_inout.Get() == d_dlogits.Get());
+    // With the bf16 copy of dlogits (both kernels): the same bits, and their rounding.
+    Dev<float> d_inout2(logits), d_dlogits2(s.N * s.V);
+    Dev<__nv_bfloat16> d16(s.N * s.V), d16b(s.N * s.V);
+    REQUIRE(CrossEntropyFused(d_losses2.get(), d_lse2.get(), d_inout2.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                              nullptr, d16.get()) == cudaSuccess);
+    CHECK(d_inout2.Get() == d_dlogits.Get());
+    ExpectBf16CopyOf(d16, d_inout2, s.N * s.V, "crossentropy fused dlogits16");
+    REQUIRE(CrossEntropyBackward(d_dlogits2.get(), d_logits.get(), d_lse.get(), d_targets.get(), d_dloss.get(), s.N,
+                                 s.V, nullptr, d16b.get()) == cudaSuccess);
+    CHECK(d_dlogits2.Get() == d_dlogits.Get());
+    ExpectBf16CopyOf(d16b, d_dlogits2, s.N * s.V, "crossentropy backward dlogits16");
   }
   ExpectNoPoisonedReads();
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -14,6 +15,8 @@
 #include "sim/simt.h"
 #endif
 #include <cuda_runtime_api.h>
+
+#include "kernels.h"
 
 namespace ms::kernels::testing {
 
@@ -72,6 +75,16 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
   INFO(what << ": worst element " << worst << " got " << got[worst] << " want " << want[worst] << " (rtol " << rtol
             << ", atol " << atol << ")");
   CHECK_FALSE(bad);
+}
+
+// A kernel's bf16 copy of its fp32 output (out16 / dx16 / d16 of the kernels that write one for the next GEMM)
+// must hold the bits CastFloatToBf16 makes of that output.
+inline void ExpectBf16CopyOf(Dev<__nv_bfloat16>& copy, Dev<float>& out, int64_t n, const char* what) {
+  Dev<__nv_bfloat16> want(static_cast<size_t>(n));
+  REQUIRE(CastFloatToBf16(want.get(), out.get(), n, nullptr) == cudaSuccess);
+  const auto got = copy.Get(), w = want.Get();
+  INFO(what);
+  CHECK(std::memcmp(got.data(), w.data(), sizeof(__nv_bfloat16) * static_cast<size_t>(n)) == 0);
 }
 
 // After each op: the kernels launch whole warps, so no shuffle may read a nonexistent lane.
