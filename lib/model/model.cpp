@@ -117,9 +117,9 @@ struct Gpt::Acts {
   struct Layer {
     DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
-    // bf16 roundings of the GEMM inputs (all N rows), made by the forward GEMMs and read again by the weight
-    // gradients' (backends that keep bf16 operands; else unallocated): ln1 (qkv, and fc in the parallel block),
-    // ln2 (fc, sequential), atty (attn.proj), fch_gelu (mlp.proj).
+    // bf16 roundings of the GEMM inputs (all N rows), made in the forward (by the LayerNorms, the bias + GeLU or
+    // the GEMMs) and read again by the weight gradients' (backends that keep bf16 operands; else unallocated): ln1
+    // (qkv, and fc in the parallel block), ln2 (fc, sequential), atty (attn.proj), fch_gelu (mlp.proj).
     DeviceArray<float> ln1_16, ln2_16, atty_16, fch_gelu_16;
   };
   std::vector<Layer> layers;
@@ -151,7 +151,8 @@ struct Gpt::LayerBf16 {
   void* Ln1Out() const { return ln1 ? Bf16At(*ln1, 0) : nullptr; }
   void* FcInOut() const { return fc_in ? Bf16At(*fc_in, 0) : nullptr; }
   void* GeluOut(int64_t row0) const { return fch_gelu ? Bf16At(*fch_gelu, row0 * Fl) : nullptr; }
-  // For the GEMM rows from row0 on; `ready`: the forward GEMM already rounded those input rows.
+  // For the GEMM rows from row0 on; `ready`: those input rows are already rounded (by their producer or an earlier
+  // GEMM).
   ops::Bf16Copies Qkv(int64_t row0, bool ready) const { return Make(0, ln1, row0 * C, ready); }
   ops::Bf16Copies Proj(int64_t row0, bool ready) const { return Make(1, atty, row0 * HlD, ready); }
   ops::Bf16Copies Fc(int64_t row0, bool ready) const { return Make(2, fc_in, row0 * C, ready); }
@@ -992,7 +993,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* x = a.res.data() + i * R * C;
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
     const float* ln2in = seq ? (sp ? y.ln2_full.data() : y.ln2.data()) : ln1in;
-    MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // inputs rounded by the forward GEMMs: ready
+    MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C,
