@@ -1364,8 +1364,10 @@ struct Launch {
 // where that is a LayerNorm or the fused bias + GeLU (2 more bytes written per element), else (the attention
 // output) by a cast before the forward GEMM — and the rounding kept for the backward's weight gradient; its output
 // gradient likewise by its producer (the LayerNorm backwards, the bias + GeLU backward, the cross-entropy), else
-// (qkv's, from the attention backward) by a cast; its weight once per step (WeightCastLaunches); cublasGemmEx
-// with fp32 output;
+// (qkv's, from the attention backward) by a cast; its weight once per step (WeightCastLaunches); an fp32 output
+// that nothing but GEMMs reads (the LayerNorm and bias + GeLU outputs, the fc output gradient, dlogits) is not
+// written at all, only its rounding; the bias + GeLU backward sums the bias gradient as it goes (every variant);
+// cublasGemmEx with fp32 output;
 // attention runs on bf16 tensor cores with fp32 inputs and outputs when D is a multiple of 16
 // (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products (the forward's 2, then 5, with S
 // and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16 activations and a bf16 weight copy
@@ -1419,10 +1421,12 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const Unit attn_unit = tc_attention ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
   const char* attn = tc_attention ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
   const double attn_bwd = after16 ? 2.5 : 3.5;  // backward products / forward products
-  // keep: the LayerNorms, bias + GeLU (forward and backward) and the cross-entropy also write bf16 (2 bytes).
-  const double rounding = keep ? 0.5 : 0.0;
+  // keep: the LayerNorms, bias + GeLU (forward and backward) and the cross-entropy write bf16 (2 bytes); where
+  // nothing but a GEMM reads the output (the LayerNorm and bias + GeLU forwards, the bias + GeLU backward, dlogits)
+  // only the rounding, not the fp32 value (`fp32_out`: 0 with keep, 1 else).
+  const double rounding = keep ? 0.5 : 0.0, fp32_out = keep ? 0.0 : 1.0;
   // Per layer.
-  mem("LayerNorm", 2 * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);                   // forward x2
+  mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);      // forward x2
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
   linear(C, 3 * C, true, true, L, true, false);  // qkv (input: ln1; output gradient: attention backward)
   linear(C, C, false, false, L, false, true);    // attention projection (input: attention; dout: ln2 backward)
@@ -1431,19 +1435,21 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   out.push_back({attn, act * (n_qkv + N * C) + F * n_lse, attn_fwd, attn_unit, L});
   out.push_back(
       {attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch), attn_bwd * attn_fwd, attn_unit, L});
-  mem("bias, GeLU, residual, bias grad", 2 * N * F4, F4 + rounding * N * F4, L);      // bias + GeLU forward
-  mem("bias, GeLU, residual, bias grad", 3 * N * F4, 3 * F4 + rounding * N * F4, L);  // bias + GeLU backward
-  mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);                    // residual adds (+ bias)
-  mem("bias, GeLU, residual, bias grad", N * C, 2 * C, 2 * L);                        // bias gradients of proj, fc proj
+  mem("bias, GeLU, residual, bias grad", (1 + fp32_out) * N * F4, F4 + rounding * N * F4, L);  // bias + GeLU fwd
+  // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored)
+  mem("bias, GeLU, residual, bias grad", (2 + fp32_out) * N * F4, 3 * F4 + rounding * N * F4, L);
+  mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
+  mem("bias, GeLU, residual, bias grad", N * C, 2 * C, 2 * L);      // bias gradients of proj, fc proj
   // Embedding, final LayerNorm, head, loss (once per micro-batch).
   mem("embedding, positions, loss", 2 * N * C, N, 1);                       // embedding forward
   mem("embedding, positions, loss", 2 * N * C, T * C, 1);                   // positions forward
   mem("embedding, positions, loss", N * C, 2 * T * C, 1);                   // positions backward
   mem("embedding, positions, loss", N * C, N + 2 * std::min(N, V) * C, 1);  // embedding backward
-  mem("LayerNorm", 2 * N * C, 2 * C + 2 * N + rounding * N * C, 1);
+  mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 1);
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 1);
   linear(C, V, false, false, 1, true, true);  // classifier (input: final LayerNorm; dout: the cross-entropy)
-  mem("embedding, positions, loss", 2 * N * V, 4 * N + rounding * N * V, 1);  // fused cross-entropy over the logits
+  // fused cross-entropy over the logits
+  mem("embedding, positions, loss", (1 + fp32_out) * N * V, 4 * N + rounding * N * V, 1);
   return out;
 }
 
@@ -1513,9 +1519,10 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                      "assuming cuBLAS converts them as it loads them)"
                : variant == StepVariant::kCastEveryGemm
                    ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
-                   : "as built (fp32 activations; bf16 weights cast once per step, each GEMM input and output "
-                     "gradient rounded once per micro-batch, by the op that writes it or by a cast, inputs kept for "
-                     "the backward; tensor-core attention with fp32 I/O and a 7-product backward)");
+                   : "as built (bf16 weights cast once per step, each GEMM input and output gradient rounded "
+                     "once per micro-batch, by the op that writes it or by a cast, inputs kept for the backward; "
+                     "activations fp32 except those only GEMMs read, kept as bf16 alone; tensor-core attention with "
+                     "fp32 I/O and a 7-product backward)");
     for (const auto& [group, sec] : groups) {
       fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
     }

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kCeMaxBlock)
 }
 
 // One block per row: dlogits (N, V) = (exp(l - lse) - onehot(target)) * dloss[row]; ignored rows get 0; d16 (N, V),
-// unless null, = dlogits rounded to bf16.
+// unless null, = dlogits rounded to bf16; dlogits may be null when d16 is not.
 __global__ void __launch_bounds__(kCeMaxBlock)
     crossentropy_backward_kernel(float* dlogits, __nv_bfloat16* d16, const float* logits, const float* lse,
                                  const int* targets, const float* dloss, int V) {
@@ -47,21 +47,22 @@ __global__ void __launch_bounds__(kCeMaxBlock)
   const int t = targets[row];
   const float z = lse[row], scale = dloss[row];
   const float* l = logits + row * V;
-  float* d = dlogits + row * V;
+  float* d = dlogits ? dlogits + row * V : nullptr;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     const float v = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
-    d[j] = v;
+    if (d) d[j] = v;
     if (d16) d16[row * V + j] = __float2bfloat16_rn(v);
   }
 }
 
 // One block per row: the forward above, then the backward written over the row (dlogits in place of the logits):
-// losses, lse (N) WRITTEN; logits (N, V) OVERWRITTEN. The same arithmetic as the two kernels (bit-identical); the
-// block reads its row three times, the last two normally from L2, and writes it once, where the pair of kernels
-// read it three times from HBM (the backward a whole pass later) and wrote a separate dlogits.
+// losses, lse (N) WRITTEN; logits (N, V) OVERWRITTEN (left as they are when !fp32: then only d16 is written). The
+// same arithmetic as the two kernels (bit-identical); the block reads its row three times, the last two normally
+// from L2, and writes it once, where the pair of kernels read it three times from HBM (the backward a whole pass
+// later) and wrote a separate dlogits.
 __global__ void __launch_bounds__(kCeMaxBlock)
     crossentropy_fused_kernel(float* losses, float* lse, float* logits, __nv_bfloat16* d16, const int* targets,
-                              const float* dloss, int V) {
+                              const float* dloss, int V, bool fp32) {
   MS_SHARED_ARRAY(float, scratch, 32);
   const long row = blockIdx.x;
   float* l = logits + row * V;
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kCeMaxBlock)
   const float scale = dloss[row];
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     const float v = t < 0 ? 0.0f : (expf(l[j] - z) - (j == t ? 1.0f : 0.0f)) * scale;
-    l[j] = v;
+    if (fp32) l[j] = v;
     if (d16) d16[row * V + j] = __float2bfloat16_rn(v);
   }
 }
@@ -92,6 +93,7 @@ cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, 
 
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                  const float* dloss, int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16) {
+  if (dlogits == nullptr && d16 == nullptr) return cudaErrorInvalidValue;  // the gradient would be written nowhere
   if (N <= 0 || V <= 0) return cudaSuccess;
   MS_LAUNCH(crossentropy_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, dlogits,
             d16, logits, lse, targets, dloss, static_cast<int>(V));
@@ -99,10 +101,11 @@ cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const floa
 }
 
 cudaError_t CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                              int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16) {
+                              int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16, bool fp32_dlogits) {
+  if (!fp32_dlogits && d16 == nullptr) return cudaErrorInvalidValue;  // the gradient would be written nowhere
   if (N <= 0 || V <= 0) return cudaSuccess;
   MS_LAUNCH(crossentropy_fused_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kCeMaxBlock), 0, stream, losses,
-            lse, logits, d16, targets, dloss, static_cast<int>(V));
+            lse, logits, d16, targets, dloss, static_cast<int>(V), fp32_dlogits);
   return cudaGetLastError();
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "column_sums.cuh"
 #include "common.cuh"
 #include "kernels.h"
 
@@ -16,14 +17,7 @@ namespace ms::kernels {
 
 constexpr int kEwBlock = 256;  // threads per block of the elementwise kernels (grid-stride loops)
 
-// Bias gradient (column sums), two stages: blocks of kBiasGradCols columns x kBiasGradLanes row lanes, one per
-// (row chunk, column tile), write per-chunk column sums; a finishing kernel adds them in chunk order.
-constexpr int kBiasGradCols = 32;                                 // columns per block (threadIdx.x): one warp row
-constexpr int kBiasGradLanes = 8;                                 // row lanes per block (threadIdx.y)
-constexpr int kBiasGradThreads = kBiasGradCols * kBiasGradLanes;  // 256
-constexpr int64_t kBiasGradMinChunkRows = 64;                     // a chunk has at least this many rows (8 per lane)...
-constexpr int64_t kBiasGradTargetBlocks = 1024;  // ...and chunks x column tiles aims at ~8 blocks per SM (H100: 132)
-constexpr int kBiasGradFinishThreads = 256;      // finishing kernel: one column per thread
+constexpr int kBiasGradFinishThreads = 256;  // finishing kernel: one column per thread (column_sums.cuh)
 
 constexpr int kVpMaxThreads = 512;            // vocab-parallel row kernels: BlockThreadsFor(V, kVpMaxThreads)
 constexpr int kSumSquaresFinishThreads = 32;  // one warp per vector
@@ -177,31 +171,11 @@ __global__ void __launch_bounds__(kEwBlock)
   }
 }
 
-// Stage 1 of the bias gradient: block (blockIdx.x = row chunk, blockIdx.y = column tile) of (32, 8) threads;
-// column c = blockIdx.y * 32 + threadIdx.x; row lane y sums rows r0 + y, r0 + y + 8, ... < r1 of the chunk in
-// order, then thread (x, 0) adds the 8 lane sums in lane order. With partial != null the chunk sum goes to
-// partial[chunk * C + c] (WRITES); with a single chunk (partial == null) it is added to db[c] directly.
-__global__ void __launch_bounds__(kBiasGradThreads)
+// Stage 1 of the bias gradient: ColumnSumChunk (column_sums.cuh) over dy.
+__global__ void __launch_bounds__(kColSumThreads)
     ew_bias_grad_chunks_kernel(float* db, float* partial, const float* dy, int64_t R, int64_t C, int64_t chunk_rows) {
-  MS_SHARED_ARRAY2D(float, lanes, kBiasGradLanes, kBiasGradCols + 1);
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * kBiasGradCols + threadIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * chunk_rows;
-  const int64_t r1 = r0 + chunk_rows < R ? r0 + chunk_rows : R;
-  float acc = 0.0f;
-  if (c < C) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kBiasGradLanes) acc += dy[r * C + c];
-  }
-  lanes[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float sum = 0.0f;
-    for (int k = 0; k < kBiasGradLanes; ++k) sum += lanes[k][threadIdx.x];
-    if (partial != nullptr) {
-      partial[static_cast<int64_t>(blockIdx.x) * C + c] = sum;
-    } else {
-      db[c] += sum;
-    }
-  }
+  MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
+  ColumnSumChunk(lanes, db, partial, R, C, chunk_rows, [dy, C](int64_t r, int64_t c) { return dy[r * C + c]; });
 }
 
 // Stage 2: db[c] += sum of partial[k * C + c] over the chunks k in order (one thread per column).
@@ -323,14 +297,14 @@ __global__ void __launch_bounds__(kVpMaxThreads)
   const int64_t local = t < 0 ? -1 : t - vstart;  // outside [0, V) when not this rank's column
   const float z = lse[row];
   const float* l = logits + row * V;
-  float* d = dlogits + row * V;
+  float* d = dlogits ? dlogits + row * V : nullptr;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
     float v = 0.0f;
     if (t >= 0) {
       v = expf(l[j] - z) * dloss;
       if (j == local) v -= dloss;
     }
-    d[j] = v;
+    if (d) d[j] = v;
     if (d16) d16[row * V + j] = __float2bfloat16_rn(v);
   }
 }
@@ -402,37 +376,29 @@ cudaError_t ResidualAdd(float* out, const float* x, const float* part, const flo
 
 namespace {
 // Row chunks of the bias gradient: fixed by (R, C) only (never by the GPU), so the sums are deterministic.
-struct BiasGradPlan {
-  int64_t chunk_rows, chunks, tiles;
-};
-BiasGradPlan PlanBiasGrad(int64_t R, int64_t C) {
-  const int64_t tiles = (C + kBiasGradCols - 1) / kBiasGradCols;
-  const int64_t want = (kBiasGradTargetBlocks + tiles - 1) / tiles;              // chunks to fill the GPU
-  const int64_t most = (R + kBiasGradMinChunkRows - 1) / kBiasGradMinChunkRows;  // chunks of >= 64 rows
-  const int64_t chunks = want < most ? want : most;
-  const int64_t chunk_rows = (R + chunks - 1) / chunks;
-  return {chunk_rows, (R + chunk_rows - 1) / chunk_rows, tiles};
-}
 }  // namespace
 
 int64_t BiasGradScratchFloats(int64_t R, int64_t C) {
   if (R <= 0 || C <= 0) return 0;
-  const BiasGradPlan plan = PlanBiasGrad(R, C);
+  const ColumnSumPlan plan = PlanColumnSums(R, C);
   return plan.chunks > 1 ? plan.chunks * C : 0;
 }
 
 cudaError_t BiasGrad(float* db, float* scratch, const float* dy, int64_t R, int64_t C, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
-  const BiasGradPlan plan = PlanBiasGrad(R, C);
+  const ColumnSumPlan plan = PlanColumnSums(R, C);
   float* partial = plan.chunks > 1 ? scratch : nullptr;
   const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.tiles));
-  MS_LAUNCH(ew_bias_grad_chunks_kernel, grid, dim3(kBiasGradCols, kBiasGradLanes), 0, stream, db, partial, dy, R, C,
+  MS_LAUNCH(ew_bias_grad_chunks_kernel, grid, dim3(kColSumCols, kColSumLanes), 0, stream, db, partial, dy, R, C,
             plan.chunk_rows);
-  if (partial == nullptr) return cudaGetLastError();
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || partial == nullptr) return err;
+  return FinishColumnSums(db, partial, plan.chunks, C, stream);
+}
+
+cudaError_t FinishColumnSums(float* db, const float* partial, int64_t chunks, int64_t C, cudaStream_t stream) {
   MS_LAUNCH(ew_bias_grad_finish_kernel, GridFor(C, kBiasGradFinishThreads), kBiasGradFinishThreads, 0, stream, db,
-            static_cast<const float*>(partial), plan.chunks, C);
+            partial, chunks, C);
   return cudaGetLastError();
 }
 
@@ -519,6 +485,7 @@ cudaError_t VocabParallelFinish(float* losses, float* lse, const float* mx, cons
 cudaError_t VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                   float dloss, int64_t vstart, int64_t N, int64_t V, cudaStream_t stream,
                                   __nv_bfloat16* d16) {
+  if (dlogits == nullptr && d16 == nullptr) return cudaErrorInvalidValue;  // the gradient would be written nowhere
   if (N <= 0 || V <= 0) return cudaSuccess;
   MS_LAUNCH(ew_vp_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, dlogits, d16,
             logits, lse, targets, dloss, vstart, V);

@@ -92,7 +92,8 @@ cudaError_t VocabParallelFinish(float* losses, float* lse, const float* mx, cons
                                 const int32_t* targets, int64_t N, cudaStream_t stream);
 // dlogits (N, V) WRITES expf(logits - lse[i]) * dloss, minus dloss at the target's column when it is in this
 // rank's range; rows with targets < 0 are 0. dloss is a scalar (e.g. 1 / number of valid targets). d16 (N, V),
-// unless null, = dlogits rounded to bf16 (as CastFloatToBf16).
+// unless null, = dlogits rounded to bf16 (as CastFloatToBf16); dlogits may be null when d16 is not (only the
+// rounding is written; cudaErrorInvalidValue when both are).
 cudaError_t VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                   float dloss, int64_t vstart, int64_t N, int64_t V, cudaStream_t stream,
                                   __nv_bfloat16* d16 = nullptr);

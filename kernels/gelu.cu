@@ -1,7 +1,8 @@
 // defines: gelu_forward_kernel, gelu_backward_kernel, bias_gelu_forward_kernel, bias_gelu_backward_kernel and
-//          their launchers (GeluForward, GeluBackward, BiasGeluForward, BiasGeluBackward; the dbias column sums of
-//          BiasGeluBackward are BiasGrad's, kernels/elementwise.cu).
+//          their launchers (GeluForward, GeluBackward, BiasGeluForward, BiasGeluBackward; the bias + GeLU backward
+//          adds up dbias as it computes dx, in BiasGrad's order: kernels/column_sums.cuh).
 // GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as ms::ops::GeluForward.
+#include "column_sums.cuh"
 #include "common.cuh"
 #include "kernels.h"
 
@@ -38,27 +39,34 @@ __global__ void __launch_bounds__(kGeluBlock)
   }
 }
 
-// out, x: (N, C) flattened to n = N*C; bias: (C); out16: (N, C), out rounded to bf16, or null.
+// out, x: (N, C) flattened to n = N*C; bias: (C); out16: (N, C), out rounded to bf16, or null; out may be null
+// when out16 is not (only the rounding is written).
 __global__ void __launch_bounds__(kGeluBlock)
     bias_gelu_forward_kernel(float* out, __nv_bfloat16* out16, const float* x, const float* bias, long n, int C) {
   for (long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
     const float v = Gelu(x[i] + bias[i % C]);
-    out[i] = v;
+    if (out) out[i] = v;
     if (out16) out16[i] = __float2bfloat16_rn(v);
   }
 }
 
-// dx, x, dout: (N, C) flattened to n; bias: (C); dx16: (N, C), dx rounded to bf16, or null.
-__global__ void __launch_bounds__(kGeluBlock)
-    bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, const float* x, const float* bias, const float* dout,
-                              long n, int C) {
-  for (long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<long>(gridDim.x) * blockDim.x) {
-    const float v = dout[i] * GeluGrad(x[i] + bias[i % C]);
-    dx[i] = v;
+// ColumnSumChunk (column_sums.cuh) over dx (N, C) = gelu'(x + bias) * dout, each element computed once, stored to dx
+// and / or dx16 (bf16) where not null, and added into the bias gradient: the dbias of BiasGrad over the stored dx,
+// bit for bit, without reading dx again.
+__global__ void __launch_bounds__(kColSumThreads)
+    bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, float* dbias, float* partial, const float* x,
+                              const float* bias, const float* dout, int64_t N, int64_t C, int64_t chunk_rows) {
+  MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
+  ColumnSumChunk(lanes, dbias, partial, N, C, chunk_rows, [=](int64_t r, int64_t c) {
+    const int64_t i = r * C + c;
+    // __fmul_rn: the product is rounded before the sum adds it (never contracted into an FMA with the sum), so
+    // dbias adds exactly the stored values.
+    const float v = __fmul_rn(dout[i], GeluGrad(x[i] + bias[c]));
+    if (dx) dx[i] = v;
     if (dx16) dx16[i] = __float2bfloat16_rn(v);
-  }
+    return v;
+  });
 }
 
 // ---- launchers: return the CUDA error of the launch (cudaSuccess when fine) ----
@@ -79,6 +87,7 @@ cudaError_t GeluBackward(float* dx, const float* x, const float* dout, long n, c
 
 cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream,
                             __nv_bfloat16* out16) {
+  if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int block = kGeluBlock;
   const long n = static_cast<long>(N * C);
@@ -89,13 +98,14 @@ cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
                              const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
   if (N <= 0 || C <= 0) return cudaSuccess;
-  const int block = kGeluBlock;
-  const long n = static_cast<long>(N * C);
-  MS_LAUNCH(bias_gelu_backward_kernel, GridFor(n, block), block, 0, stream, dx, dx16, x, bias, dout, n,
-            static_cast<int>(C));
+  const ColumnSumPlan plan = PlanColumnSums(N, C);  // BiasGrad's tree (BiasGradScratchFloats)
+  float* partial = plan.chunks > 1 ? scratch : nullptr;
+  const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.tiles));
+  MS_LAUNCH(bias_gelu_backward_kernel, grid, dim3(kColSumCols, kColSumLanes), 0, stream, dx, dx16, dbias, partial, x,
+            bias, dout, N, C, plan.chunk_rows);
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  return BiasGrad(dbias, scratch, dx, N, C, stream);  // the shared column-sum (kernels/elementwise.cu)
+  if (err != cudaSuccess || partial == nullptr) return err;
+  return FinishColumnSums(dbias, partial, plan.chunks, C, stream);
 }
 
 }  // namespace ms::kernels

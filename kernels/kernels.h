@@ -28,13 +28,15 @@ cudaError_t GeluForward(float* out, const float* x, long n, cudaStream_t stream)
 // dx (n) = gelu'(x) * dout (WRITES; dx may equal dout).
 cudaError_t GeluBackward(float* dx, const float* x, const float* dout, long n, cudaStream_t stream);
 // out (N, C) = gelu(x (N, C) + bias (C)) (WRITES; out may equal x); out16 (N, C), unless null, = out rounded to bf16
-// (nearest even, as CastFloatToBf16): the next GEMM's operand without a cast kernel.
+// (nearest even, as CastFloatToBf16): the next GEMM's operand without a cast kernel. out may be null when out16 is
+// not (only the rounding is written; cudaErrorInvalidValue when both are).
 cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream,
                             __nv_bfloat16* out16 = nullptr);
 // dx (N, C) = gelu'(x + bias) * dout (WRITES; dx may equal dout), dbias (C) += column sums of dx (ACCUMULATES; the
-// deterministic tree of BiasGrad, kernels/elementwise.h). scratch: BiasGradScratchFloats(N, C) floats of device
-// memory (overwritten; may be null when that is 0). dx16 (N, C), unless null, = dx rounded to bf16 (as
-// CastFloatToBf16: the fc GEMMs' output gradient without a cast).
+// deterministic tree of BiasGrad, kernels/elementwise.h, bit for bit, summed as dx is computed: one pass, dx not
+// read again). scratch: BiasGradScratchFloats(N, C) floats of device memory (overwritten; may be null when that is
+// 0). dx16 (N, C), unless null, = dx rounded to bf16 (as CastFloatToBf16: the fc GEMMs' output gradient without a
+// cast). dx may be null (then dx is not stored: only dx16, where given, and dbias). Launches 1 kernel or 2.
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
                              const float* dout, int64_t N, int64_t C, cudaStream_t stream,
                              __nv_bfloat16* dx16 = nullptr);
@@ -42,7 +44,8 @@ cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const floa
 // ---- LayerNorm ---- (kernels/layernorm.cu)
 
 // As ms::ops::LayerNormForward: out (N, C), mean (N), rstd (N) WRITTEN; w, b (C); out16 (N, C), unless null, = out
-// rounded to bf16 (nearest even, as CastFloatToBf16).
+// rounded to bf16 (nearest even, as CastFloatToBf16). out may be null when out16 is not (only the rounding is
+// written; cudaErrorInvalidValue when both are).
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                              int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
 // Floats of scratch LayerNormBackward needs: the per-block partial sums of dw and db, 2 * ceil(N / 16) * C.
@@ -62,15 +65,18 @@ cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, c
 cudaError_t CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                                 int64_t V, cudaStream_t stream);
 // As ms::ops::CrossEntropyBackward: dlogits (N, V) WRITTEN = (softmax - onehot) * dloss[i]; d16 (N, V), unless
-// null, = dlogits rounded to bf16 (as CastFloatToBf16: the classifier GEMMs' operand without a cast).
+// null, = dlogits rounded to bf16 (as CastFloatToBf16: the classifier GEMMs' operand without a cast). dlogits may
+// be null when d16 is not (only the rounding is written; cudaErrorInvalidValue when both are).
 cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                  const float* dloss, int64_t N, int64_t V, cudaStream_t stream,
                                  __nv_bfloat16* d16 = nullptr);
 // As ms::ops::CrossEntropyFused: the two above in one launch, dlogits written over the logits (N, V); losses, lse
 // (N) WRITTEN; d16 as CrossEntropyBackward's. Bit-identical to CrossEntropyForward then
-// CrossEntropyBackward(logits, logits, ...).
+// CrossEntropyBackward(logits, logits, ...). !fp32_dlogits (needs d16): only d16 is written, the logits are left
+// as they are (cudaErrorInvalidValue without d16).
 cudaError_t CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                              int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16 = nullptr);
+                              int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16 = nullptr,
+                              bool fp32_dlogits = true);
 
 // ---- Embedding ---- (kernels/embedding.cu)
 

@@ -22,7 +22,7 @@ constexpr int kLnParamThreads = kLnParamCols * kLnParamLanes;
 
 // One block per row (blockDim.x a multiple of 32): mean and variance by two block reductions (warp
 // shuffles, then shared memory across warps), then the normalized row (also rounded to bf16 into out16 unless null).
-// out, x: (N, C); w, b: (C); mean, rstd: (N); out16: (N, C) or null.
+// out, x: (N, C); w, b: (C); mean, rstd: (N); out16: (N, C) or null; out may be null when out16 is not.
 __global__ void __launch_bounds__(kLnForwardMaxThreads)
     layernorm_forward_kernel(float* out, __nv_bfloat16* out16, float* mean, float* rstd, const float* x, const float* w,
                              const float* b, int C, float eps) {
@@ -38,13 +38,17 @@ __global__ void __launch_bounds__(kLnForwardMaxThreads)
     var += d * d;
   }
   const float s = rsqrtf(BlockSum(var, scratch) / C + eps);
-  float* o = out + row * C;
+  float* o = out ? out + row * C : nullptr;
   if (out16) {
     __nv_bfloat16* o16 = out16 + row * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      const float v = (xr[c] - m) * s * w[c] + b[c];
-      o[c] = v;
-      o16[c] = __float2bfloat16_rn(v);
+    if (out) {
+      for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float v = (xr[c] - m) * s * w[c] + b[c];
+        o[c] = v;
+        o16[c] = __float2bfloat16_rn(v);
+      }
+    } else {  // only the rounding: the fp32 output feeds nothing but the bf16 GEMMs
+      for (int c = threadIdx.x; c < C; c += blockDim.x) o16[c] = __float2bfloat16_rn((xr[c] - m) * s * w[c] + b[c]);
     }
   } else {
     for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (xr[c] - m) * s * w[c] + b[c];
@@ -133,6 +137,7 @@ int64_t BackwardBlocks(int64_t N) {  // G
 
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                              int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16) {
+  if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
   MS_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, out, out16, mean, rstd, x, w, b,

@@ -199,13 +199,14 @@ class CudaBackend final : public ops::Backend {
   using ops::Backend::LayerNormForward;
   Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                           int64_t N, int64_t C, float eps, void* out16) override {
-    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "LayerNormForward"));
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "LayerNormForward", out));
     return Launch(kernels::LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, s_, o16), "LayerNorm forward");
   }
   using ops::Backend::LayerNormBackward;
   Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
                            const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16) override {
-    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "LayerNormBackward"));
+    if (!dx) return InvalidArgument("LayerNormBackward: dx (accumulated) is needed");
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "LayerNormBackward", dx));
     MS_ASSIGN_OR_RETURN(void* scratch,
                         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::LayerNormBackwardScratchFloats(N, C)));
     return Launch(
@@ -251,14 +252,14 @@ class CudaBackend final : public ops::Backend {
   using ops::Backend::CrossEntropyFused;
   using ops::Backend::VocabParallelBackward;
   Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                           int64_t N, int64_t V, void* dlogits16) override {
-    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "CrossEntropyFused"));
-    return Launch(kernels::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, s_, d16),
+                           int64_t N, int64_t V, void* dlogits16, bool fp32_dlogits) override {
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "CrossEntropyFused", fp32_dlogits ? logits : nullptr));
+    return Launch(kernels::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, s_, d16, fp32_dlogits),
                   "fused cross-entropy");
   }
   Status CrossEntropyBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                               const float* dloss, int64_t N, int64_t V, void* dlogits16) override {
-    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "CrossEntropyBackward"));
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "CrossEntropyBackward", dlogits));
     return Launch(kernels::CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, s_, d16),
                   "cross-entropy backward");
   }
@@ -276,7 +277,7 @@ class CudaBackend final : public ops::Backend {
   }
   Status VocabParallelBackward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                float dloss, int64_t vstart, int64_t N, int64_t V, void* dlogits16) override {
-    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "VocabParallelBackward"));
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dlogits16, "VocabParallelBackward", dlogits));
     return Launch(kernels::VocabParallelBackward(dlogits, logits, lse, targets, dloss, vstart, N, V, s_, d16),
                   "vocab-parallel cross-entropy backward");
   }
@@ -302,13 +303,13 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::ResidualAdd(out, x, part, bias, bias2, R, C, s_), "residual add");
   }
   Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) override {
-    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward"));
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward", out));
     return Launch(kernels::BiasGeluForward(out, x, bias, R, C, s_, o16), "bias + GeLU forward");
   }
   using ops::Backend::BiasGeluBackward;
   Status BiasGeluBackward(float* dx, float* dbias, const float* x, const float* bias, const float* dout, int64_t R,
                           int64_t C, void* dx16) override {
-    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "BiasGeluBackward"));
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "BiasGeluBackward", dx));
     MS_ASSIGN_OR_RETURN(void* scratch,
                         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
     return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_, d16),
@@ -397,11 +398,13 @@ class CudaBackend final : public ops::Backend {
     MS_RETURN_IF_ERROR(Launch(kernels::CastFloatToBf16(dst, src, n, s_), "fp32 -> bf16 cast"));
     return static_cast<const void*>(dst);
   }
-  // A bf16 copy an op writes next to its fp32 output for the caller to keep (null: none); only when keep_.
-  Result<__nv_bfloat16*> KeptOutput(void* out16, const char* op) const {
+  // A bf16 copy an op writes next to its fp32 output for the caller to keep (null: none); only when keep_. The
+  // fp32 output (`out`) may be null when the copy is asked for: then only the rounding is written.
+  Result<__nv_bfloat16*> KeptOutput(void* out16, const char* op, const void* out) const {
     if (out16 && !keep_) {
       return FailedPrecondition("{}: a bf16 copy asked of a backend that keeps none (runtime.bf16_operands: keep)", op);
     }
+    if (!out16 && !out) return InvalidArgument("{}: neither an fp32 output nor its bf16 rounding to write", op);
     return static_cast<__nv_bfloat16*>(out16);
   }
   // A GEMM's weight and input operands: the caller's kept roundings where it keeps them (keep_), else Bf16.

@@ -102,6 +102,11 @@ namespace {
 void* Bf16At(const DeviceArray<float>& a, int64_t at) {
   return static_cast<void*>(reinterpret_cast<uint16_t*>(a.data()) + at);
 }
+// p + off, or null for a buffer that is not there (an fp32 activation kept only as its bf16 rounding).
+template <typename T>
+T* Off(T* p, int64_t off) {
+  return p ? p + off : nullptr;
+}
 // Allocates n bf16 elements in a float array.
 Status AllocateBf16(DeviceArray<float>& a, ops::Backend* be, int64_t n) {
   return a.Allocate(be, (n + 1) / 2);
@@ -119,13 +124,15 @@ struct Gpt::Acts {
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
     // bf16 roundings of the GEMM inputs (all N rows), made in the forward (by the LayerNorms, the bias + GeLU or
     // the GEMMs) and read again by the weight gradients' (backends that keep bf16 operands; else unallocated): ln1
-    // (qkv, and fc in the parallel block), ln2 (fc, sequential), atty (attn.proj), fch_gelu (mlp.proj).
+    // (qkv, and fc in the parallel block), ln2 (fc, sequential), atty (attn.proj), fch_gelu (mlp.proj). Where the
+    // producer writes the rounding (RoundedLn / RoundedGelu) nothing else reads the fp32 output: ln1, ln2 and
+    // fch_gelu are then not allocated (null) and not written.
     DeviceArray<float> ln1_16, ln2_16, atty_16, fch_gelu_16;
   };
   std::vector<Layer> layers;
   DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;  // logits: dlogits after the loss
-  DeviceArray<float> lnf_16;                                                     // the head GEMM's input, bf16
-  DeviceArray<float> dlogits_16;  // dlogits rounded to bf16 by the cross-entropy that writes them
+  DeviceArray<float> lnf_16;      // the head GEMM's input, bf16 (lnf then unallocated: RoundedLn)
+  DeviceArray<float> dlogits_16;  // dlogits rounded to bf16 by the cross-entropy: then no fp32 dlogits are written
   bool dlogits_ready = false;     // the fused classifier loss wrote dlogits over the logits, for weight dlogits_weight
   float dlogits_weight = 0.0f;
   DeviceArray<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
@@ -441,8 +448,9 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
   MS_RETURN_IF_ERROR(a.targets.Allocate(be, N));
   MS_RETURN_IF_ERROR(a.res.Allocate(be, (ch.num_layers + 1) * R * C));
   a.layers.resize(ch.num_layers);
+  const bool ln_fp32 = !RoundedLn(), gelu_fp32 = !RoundedGelu();  // else only their bf16 roundings are kept
   for (auto& y : a.layers) {
-    MS_RETURN_IF_ERROR(y.ln1.Allocate(be, R * C));
+    if (ln_fp32) MS_RETURN_IF_ERROR(y.ln1.Allocate(be, R * C));
     MS_RETURN_IF_ERROR(y.ln1_mean.Allocate(be, R));
     MS_RETURN_IF_ERROR(y.ln1_rstd.Allocate(be, R));
     if (sp) MS_RETURN_IF_ERROR(y.ln1_full.Allocate(be, N * C));
@@ -450,7 +458,7 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(y.atty.Allocate(be, N * HlD));
     MS_RETURN_IF_ERROR(y.lse.Allocate(be, B_ * Hl_ * spec_.seq_len));
     MS_RETURN_IF_ERROR(y.fch.Allocate(be, N * Fl_));
-    MS_RETURN_IF_ERROR(y.fch_gelu.Allocate(be, N * Fl_));
+    if (gelu_fp32) MS_RETURN_IF_ERROR(y.fch_gelu.Allocate(be, N * Fl_));
     if (keep_bf16_) {
       MS_RETURN_IF_ERROR(AllocateBf16(y.ln1_16, be, N * C));
       MS_RETURN_IF_ERROR(AllocateBf16(y.atty_16, be, N * HlD));
@@ -459,14 +467,14 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     }
     if (seq) {
       MS_RETURN_IF_ERROR(y.mid.Allocate(be, R * C));
-      MS_RETURN_IF_ERROR(y.ln2.Allocate(be, R * C));
+      if (ln_fp32) MS_RETURN_IF_ERROR(y.ln2.Allocate(be, R * C));
       MS_RETURN_IF_ERROR(y.ln2_mean.Allocate(be, R));
       MS_RETURN_IF_ERROR(y.ln2_rstd.Allocate(be, R));
       if (sp) MS_RETURN_IF_ERROR(y.ln2_full.Allocate(be, N * C));
     }
   }
   if (ch.head) {
-    MS_RETURN_IF_ERROR(a.lnf.Allocate(be, R * C));
+    if (ln_fp32) MS_RETURN_IF_ERROR(a.lnf.Allocate(be, R * C));
     MS_RETURN_IF_ERROR(a.lnf_mean.Allocate(be, R));
     MS_RETURN_IF_ERROR(a.lnf_rstd.Allocate(be, R));
     if (sp) MS_RETURN_IF_ERROR(a.lnf_full.Allocate(be, N * C));
@@ -717,7 +725,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     // producer where that writes all the GEMM's rows (the LayerNorms without sequence parallelism, whose GEMMs
     // read gathered rows; the fused bias + GeLU), else by the forward GEMM (the parallel block's fc then reads
     // qkv's rounding of the same LayerNorm rows).
-    const bool ln_rounds = k16.ln1 && !sp, gelu_rounds = k16.fch_gelu && shard_.fused_kernels;
+    const bool ln_rounds = RoundedLn(), gelu_rounds = RoundedGelu();  // fp32 outputs then null (not written)
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
       return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), P(w.qkvb), rows, C, 3 * HlD,
                                 k16.Qkv(row0, ln_rounds));
@@ -731,7 +739,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         MS_RETURN_IF_ERROR(be_->AddRowBias(y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl));
         return be_->GeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, rows * Fl);
       }
-      return be_->BiasGeluForward(y.fch_gelu.data() + row0 * Fl, y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl,
+      return be_->BiasGeluForward(Off(y.fch_gelu.data(), row0 * Fl), y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl,
                                   gelu_rounds ? k16.GeluOut(row0) : nullptr);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {
@@ -739,7 +747,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
                                 k16.Proj(row0, false));
     };
     auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulForward(dst, y.fch_gelu.data() + row0 * Fl, P(w.mprojw), nullptr, rows, Fl, C,
+      return be_->MatmulForward(dst, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), nullptr, rows, Fl, C,
                                 k16.Mproj(row0, gelu_rounds));
     };
     MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
@@ -786,7 +794,7 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   auto P = [&](const char* name) { return param_data() + FindParam(name)->offset; };
   // The classifier's input rounded to bf16 by the LayerNorm (all rows, without sequence parallelism) or by the
   // GEMM, kept for the backward.
-  const bool ln_rounds = keep_bf16_ && !(shard_.sequence_parallel && tp);
+  const bool ln_rounds = RoundedLn();  // then lnf is not allocated: only its rounding is written
   MS_RETURN_IF_ERROR(be_->LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
                                            P("final_norm.weight"), P("final_norm.bias"), R, C, spec_.norm_eps,
                                            ln_rounds ? Bf16At(a.lnf_16, 0) : nullptr));
@@ -802,10 +810,11 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   a.dlogits_ready = false;
   if (!tp && deferred_cap_ > 0 && fused_dloss_ > 0) {
     // Training with the backward's loss weight known: the fused classifier loss writes dlogits over the logits
-    // in the same pass over each row; HeadBackward starts from them.
+    // in the same pass over each row (with kept bf16 operands only their rounding, which is all the classifier's
+    // backward GEMMs read); HeadBackward starts from them.
     MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(fused_dloss_));
     MS_RETURN_IF_ERROR(be_->CrossEntropyFused(a.losses.data(), a.ce_lse.data(), a.logits.data(), a.targets.data(), dl,
-                                              N, Vl, keep_bf16_ ? Bf16At(a.dlogits_16, 0) : nullptr));
+                                              N, Vl, keep_bf16_ ? Bf16At(a.dlogits_16, 0) : nullptr, !keep_bf16_));
     a.dlogits_ready = true;
     a.dlogits_weight = fused_dloss_;
   } else if (!tp) {
@@ -888,8 +897,9 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   float* s = scratch_.data();
   float* dln = s + 2 * R * C;
   float* dln_full = s + 3 * R * C + 3 * N * C;
-  // dlogits are written over the logits (the logits are not needed again): no second [N, Vl] buffer.
-  float* dlogits = a.logits.data();
+  // dlogits are written over the logits (the logits are not needed again): no second [N, Vl] buffer. With kept
+  // bf16 operands only their rounding (dlogits_16) is written: the GEMMs below read nothing else.
+  float* dlogits = keep_bf16_ ? nullptr : a.logits.data();
   if (a.dlogits_ready) {  // the fused classifier loss of the forward already wrote them
     if (std::memcmp(&a.dlogits_weight, &dloss, sizeof dloss) != 0) {
       return Status(Code::kInternal, fmt::format("head backward with loss weight {} after a fused forward for {}",
@@ -910,7 +920,8 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   MS_ASSIGN_OR_RETURN(const void* head16, KeptWeight(FindParam(head)));
   // With kept bf16 operands every cross-entropy path above also wrote the rounding of dlogits.
   auto dlnf_rows = [&](int64_t row0, int64_t rows, float* dst) {
-    return be_->MatmulBackward(dst, G(head), nullptr, dlogits + row0 * Vl, lnfin + row0 * C, P(head), rows, C, Vl,
+    return be_->MatmulBackward(dst, G(head), nullptr, Off(dlogits, row0 * Vl), Off(lnfin, row0 * C), P(head), rows, C,
+                               Vl,
                                {.w = head16,
                                 .inp = keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr,
                                 .inp_ready = true,
@@ -996,14 +1007,15 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
-                                             y.fch_gelu.data() + row0 * Fl, P(w.mprojw), rows, Fl, C,
+                                             Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), rows, Fl, C,
                                              with_dout(k16.Mproj(row0, true), dres_at(row0))));
       if (!shard_.fused_kernels) {
         MS_RETURN_IF_ERROR(
             be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl));
         return be_->BiasGrad(G(w.fcb), dfch + row0 * Fl, rows, Fl);
       }
-      return be_->BiasGeluBackward(dfch + row0 * Fl, G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
+      // With dfch16 the fc GEMMs read only the rounding: the fp32 fc gradient is not written.
+      return be_->BiasGeluBackward(dfch16 ? nullptr : dfch + row0 * Fl, G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
                                    dfch_gelu + row0 * Fl, rows, Fl,
                                    dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
     };
@@ -1013,12 +1025,12 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {  // dfch16: written by the bias + GeLU backward
       return be_->MatmulBackward(
-          dst, G(w.fcw), nullptr, dfch + row0 * Fl, ln2in + row0 * C, P(w.fcw), rows, C, Fl,
+          dst, G(w.fcw), nullptr, dfch16 ? nullptr : dfch + row0 * Fl, Off(ln2in, row0 * C), P(w.fcw), rows, C, Fl,
           with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr));
     };
     auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulBackward(dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, ln1in + row0 * C, P(w.qkvw), rows, C,
-                                 3 * HlD, k16.Qkv(row0, true));
+      return be_->MatmulBackward(dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, Off(ln1in, row0 * C), P(w.qkvw),
+                                 rows, C, 3 * HlD, k16.Qkv(row0, true));
     };
     float* dln1 = nullptr;
     if (seq) {

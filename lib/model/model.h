@@ -270,6 +270,11 @@ class Gpt {
   Result<const void*> KeptWeight(const ParamInfo* p);
   Result<LayerBf16> KeptLayer(const LayerW& w, const Acts& a, int i);  // layer i of a chunk's activations a
   void* Dres16() const;  // where the LayerNorm backwards round dres for the GEMMs (null: nothing kept, or SP)
+  // Kept bf16 operands (keep_bf16_) whose producers write the rounding of every row the GEMMs read: the LayerNorms
+  // (not under sequence parallelism, where the GEMMs read gathered fp32 rows) and the fused bias + GeLU. Their fp32
+  // outputs then feed nothing and are neither allocated nor written.
+  bool RoundedLn() const { return keep_bf16_ && !(shard_.sequence_parallel && shard_.tp_size > 1); }
+  bool RoundedGelu() const { return keep_bf16_ && shard_.fused_kernels; }
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   Status HeadBackward(Acts& a, float dloss, float* dres);
 

@@ -91,8 +91,8 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                           int64_t N, int64_t V, void* dlogits16) override {
-    if (dlogits16) return NoBf16Copies("CrossEntropyFused");
+                           int64_t N, int64_t V, void* dlogits16, bool fp32_dlogits) override {
+    if (dlogits16 || !fp32_dlogits) return NoBf16Copies("CrossEntropyFused");
     ops::CrossEntropyFused(losses, lse, logits, targets, dloss, N, V);
     return Status::Ok();
   }

@@ -223,7 +223,10 @@ class Backend {
     return MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC, Bf16Copies{});
   }
   // out16 (N x C bf16, device memory), unless null, = out rounded to bf16 as CastToBf16 does: the roundings a
-  // following GEMM takes as kept operands without a cast; only where keeps_bf16_copies() (else refused).
+  // following GEMM takes as kept operands without a cast; only where keeps_bf16_copies() (else refused). With
+  // out16, out may be null: only the rounding is written (an output that feeds nothing but bf16 GEMMs). The same
+  // holds for BiasGeluForward's out, BiasGeluBackward's dx, CrossEntropyBackward's and VocabParallelBackward's
+  // dlogits, and CrossEntropyFused with fp32_dlogits false.
   virtual Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                                   int64_t N, int64_t C, float eps, void* out16) = 0;
   Status LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
@@ -253,12 +256,13 @@ class Backend {
                               const float* dloss, int64_t N, int64_t V) {
     return CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, nullptr);
   }
-  // Forward and backward in one pass over each row, dlogits written over the logits (ops::CrossEntropyFused).
+  // Forward and backward in one pass over each row, dlogits written over the logits (ops::CrossEntropyFused);
+  // with dlogits16 and !fp32_dlogits only the rounding is written and the logits are left as they are.
   virtual Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
-                                   int64_t N, int64_t V, void* dlogits16) = 0;
+                                   int64_t N, int64_t V, void* dlogits16, bool fp32_dlogits) = 0;
   Status CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
                            int64_t N, int64_t V) {
-    return CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, nullptr);
+    return CrossEntropyFused(losses, lse, logits, targets, dloss, N, V, nullptr, true);
   }
   // Vocab-parallel cross-entropy pieces; logits (N, V) are this rank's vocab columns [vstart, vstart + V).
   //   RowStats:     one pass over the rows (V >= 1): mx (N) WRITES the local row maxima, se (N) sum_j

@@ -287,12 +287,25 @@ TEST_CASE("cuda backend: kept bf16 GEMM operands give the bits of casting at eve
   float* mean = keep.On(*keep.gpu, std::vector<float>(N));
   float* rstd = keep.On(*keep.gpu, std::vector<float>(N));
   uint16_t* out16 = keep.On(*keep.gpu, std::vector<uint16_t>(N * OC));
+  // Each also writes only the rounding when its fp32 output is null (what the model does where nothing else reads
+  // the fp32 output): the same bits.
+  uint16_t* only16 = keep.On(*keep.gpu, std::vector<uint16_t>(N * OC));
   REQUIRE(keep.gpu->LayerNormForward(b[4], mean, rstd, b[3], b[2], b[7], N, OC, 1e-5f, out16).ok());
   REQUIRE(keep.gpu->CastToBf16(want16, b[4], N * OC).ok());
   CHECK(keep.Get(*keep.gpu, out16, N * OC) == keep.Get(*keep.gpu, want16, N * OC));
+  REQUIRE(keep.gpu->LayerNormForward(nullptr, mean, rstd, b[3], b[2], b[7], N, OC, 1e-5f, only16).ok());
+  CHECK(keep.Get(*keep.gpu, only16, N * OC) == keep.Get(*keep.gpu, want16, N * OC));
   REQUIRE(keep.gpu->BiasGeluForward(b[4], b[3], b[2], N, OC, out16).ok());
   REQUIRE(keep.gpu->CastToBf16(want16, b[4], N * OC).ok());
   CHECK(keep.Get(*keep.gpu, out16, N * OC) == keep.Get(*keep.gpu, want16, N * OC));
+  REQUIRE(keep.gpu->BiasGeluForward(nullptr, b[3], b[2], N, OC, only16).ok());
+  CHECK(keep.Get(*keep.gpu, only16, N * OC) == keep.Get(*keep.gpu, want16, N * OC));
+  // Neither an fp32 output nor a rounding: refused (nothing would be written).
+  CHECK(keep.gpu->BiasGeluForward(nullptr, b[3], b[2], N, OC, nullptr).code() == Code::kInvalidArgument);
+  CHECK(keep.gpu->LayerNormForward(nullptr, mean, rstd, b[3], b[2], b[7], N, OC, 1e-5f, nullptr).code() ==
+        Code::kInvalidArgument);
+  CHECK(cast.cpu->CrossEntropyFused(a[4], a[5], a[3], nullptr, a[5], N, OC, nullptr, false).code() ==
+        Code::kFailedPrecondition);
   CHECK(cast.gpu->BiasGeluForward(a[4], a[3], a[2], N, OC, a[5]).code() == Code::kFailedPrecondition);
   CHECK(cast.gpu->LayerNormForward(a[4], a[5], a[5], a[3], a[2], a[7], N, OC, 1e-5f, a[6]).code() ==
         Code::kFailedPrecondition);

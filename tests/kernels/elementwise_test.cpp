@@ -341,6 +341,12 @@ TEST_CASE(
                                     vstart[k], s.N, vlen[k], nullptr, d16.get()) == cudaSuccess);
       CHECK(d_dlogits2.Get() == d_dlogits.Get());
       testing::ExpectBf16CopyOf(d16, d_dlogits2, s.N * vlen[k], "vocab-parallel dlogits16");
+      Dev<__nv_bfloat16> d16_only(s.N * vlen[k]);  // only the rounding (dlogits null): the same bf16 bits
+      REQUIRE(VocabParallelBackward(nullptr, d_shard[k]->get(), d_ref_lse.get(), d_targets.get(), dloss, vstart[k], s.N,
+                                    vlen[k], nullptr, d16_only.get()) == cudaSuccess);
+      testing::ExpectBf16CopyOf(d16_only, d_dlogits, s.N * vlen[k], "vocab-parallel dlogits16 without dlogits");
+      CHECK(VocabParallelBackward(nullptr, d_shard[k]->get(), d_ref_lse.get(), d_targets.get(), dloss, vstart[k], s.N,
+                                  vlen[k], nullptr, nullptr) == cudaErrorInvalidValue);
     }
   }
   ExpectNoPoisonedReads();

@@ -87,6 +87,21 @@ TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rto
     CHECK(dgrad2.Get() == dgrad.Get());
     ExpectBf16CopyOf(dgrad16, dgrad2, n, "bias_gelu dx16");
     ExpectClose(ddbias.Get(), db, 1e-5f, 1e-5f, "bias_gelu dbias (accumulated)");
+    // dbias is summed as dx is computed, in BiasGrad's tree: the bits of BiasGrad over the stored dx.
+    Dev<float> ddbias3(dbias0);
+    REQUIRE(BiasGrad(ddbias3.get(), scratch.get(), dgrad.get(), s.N, s.C, nullptr) == cudaSuccess);
+    CHECK(ddbias.Get() == ddbias3.Get());
+    CHECK(ddbias2.Get() == ddbias3.Get());
+    // Only the roundings (the fp32 outputs null): the same bf16 bits and dbias, nothing else written.
+    Dev<__nv_bfloat16> dy16_only(n), dgrad16_only(n);
+    REQUIRE(BiasGeluForward(nullptr, dx_in.get(), dbias_in.get(), s.N, s.C, nullptr, dy16_only.get()) == cudaSuccess);
+    ExpectBf16CopyOf(dy16_only, dy, n, "bias_gelu out16 without out");
+    Dev<float> ddbias4(dbias0);
+    REQUIRE(BiasGeluBackward(nullptr, ddbias4.get(), scratch.get(), dx_in.get(), dbias_in.get(), ddout.get(), s.N, s.C,
+                             nullptr, dgrad16_only.get()) == cudaSuccess);
+    ExpectBf16CopyOf(dgrad16_only, dgrad, n, "bias_gelu dx16 without dx");
+    CHECK(ddbias4.Get() == ddbias3.Get());
+    CHECK(BiasGeluForward(nullptr, dx_in.get(), dbias_in.get(), s.N, s.C, nullptr, nullptr) == cudaErrorInvalidValue);
   }
   ExpectNoPoisonedReads();
 }
@@ -130,6 +145,16 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
       CHECK(d_out2.Get() == d_out.Get());
       CHECK(d_rstd2.Get() == d_rstd.Get());
       ExpectBf16CopyOf(d_out16, d_out2, n, "layernorm out16");
+      // Only the rounding (out null): the same bf16 bits, mean and rstd.
+      Dev<float> d_mean3(s.N), d_rstd3(s.N);
+      Dev<__nv_bfloat16> d_out16_only(n);
+      REQUIRE(LayerNormForward(nullptr, d_mean3.get(), d_rstd3.get(), d_x.get(), d_w.get(), d_b.get(), s.N, s.C, eps,
+                               nullptr, d_out16_only.get()) == cudaSuccess);
+      ExpectBf16CopyOf(d_out16_only, d_out, n, "layernorm out16 without out");
+      CHECK(d_mean3.Get() == d_mean.Get());
+      CHECK(d_rstd3.Get() == d_rstd.Get());
+      CHECK(LayerNormForward(nullptr, d_mean3.get(), d_rstd3.get(), d_x.get(), d_w.get(), d_b.get(), s.N, s.C, eps,
+                             nullptr, nullptr) == cudaErrorInvalidValue);
     }
 
     // Grads at 1e-4 relative to |want| are too tight where a sum of 1001 terms of both signs nearly cancels, so
@@ -206,6 +231,23 @@ TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (
                                  s.V, nullptr, d16b.get()) == cudaSuccess);
     CHECK(d_dlogits2.Get() == d_dlogits.Get());
     ExpectBf16CopyOf(d16b, d_dlogits2, s.N * s.V, "crossentropy backward dlogits16");
+    // Only the roundings: the backward with dlogits null; the fused kernel with fp32_dlogits false leaves the
+    // logits as they were.
+    Dev<__nv_bfloat16> d16c(s.N * s.V), d16d(s.N * s.V);
+    REQUIRE(CrossEntropyBackward(nullptr, d_logits.get(), d_lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                                 nullptr, d16c.get()) == cudaSuccess);
+    ExpectBf16CopyOf(d16c, d_dlogits, s.N * s.V, "crossentropy backward dlogits16 without dlogits");
+    Dev<float> d_inout3(logits), d_losses3(s.N), d_lse3(s.N);
+    REQUIRE(CrossEntropyFused(d_losses3.get(), d_lse3.get(), d_inout3.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                              nullptr, d16d.get(), false) == cudaSuccess);
+    CHECK(d_inout3.Get() == logits);
+    CHECK(d_losses3.Get() == d_losses.Get());
+    CHECK(d_lse3.Get() == d_lse.Get());
+    ExpectBf16CopyOf(d16d, d_dlogits, s.N * s.V, "crossentropy fused dlogits16 without fp32 dlogits");
+    CHECK(CrossEntropyFused(d_losses3.get(), d_lse3.get(), d_inout3.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                            nullptr, nullptr, false) == cudaErrorInvalidValue);
+    CHECK(CrossEntropyBackward(nullptr, d_logits.get(), d_lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V, nullptr,
+                               nullptr) == cudaErrorInvalidValue);
   }
   ExpectNoPoisonedReads();
 }
