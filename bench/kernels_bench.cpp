@@ -1360,11 +1360,10 @@ struct Launch {
 
 // The kernels one training step of a GPT-2 (sequential block, fused bias/GeLU/residual kernels, tp = pp = dp = 1,
 // full causal attention) launches on the CUDA backend as built (lib/cuda/cuda_backend.cpp, lib/model/model.cpp)
-// with the default runtime.bf16_operands: keep: every linear's input is rounded to bf16 once — by its producer
-// where that is a LayerNorm or the fused bias + GeLU (2 more bytes written per element), else (the attention
-// output) by a cast before the forward GEMM — and the rounding kept for the backward's weight gradient; its output
-// gradient likewise by its producer (the LayerNorm backwards, the bias + GeLU backward, the cross-entropy), else
-// (qkv's, from the attention backward) by a cast; its weight once per step (WeightCastLaunches); an fp32 output
+// with the default runtime.bf16_operands: keep: every linear's input is rounded to bf16 once, by its producer (a
+// LayerNorm, the fused bias + GeLU, the attention: 2 more bytes written per element), and the rounding kept for the
+// backward's weight gradient; its output gradient likewise by its producer (the LayerNorm backwards, the bias + GeLU
+// backward, the attention backward, the cross-entropy); its weight once per step (WeightCastLaunches); an fp32 output
 // that nothing but GEMMs reads (the LayerNorm and bias + GeLU outputs, the fc output gradient, dlogits) is not
 // written at all, only its rounding; the bias + GeLU backward sums the bias gradient as it goes (every variant);
 // cublasGemmEx with fp32 output;
@@ -1428,13 +1427,14 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // Per layer.
   mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);      // forward x2
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
-  linear(C, 3 * C, true, true, L, true, false);  // qkv (input: ln1; output gradient: attention backward)
-  linear(C, C, false, false, L, false, true);    // attention projection (input: attention; dout: ln2 backward)
-  linear(C, F4, false, false, L, true, true);    // fc (input: ln2; dout: bias + GeLU backward)
-  linear(F4, C, false, false, L, true, true);    // fc projection (input: bias + GeLU; dout: ln1 backward)
-  out.push_back({attn, act * (n_qkv + N * C) + F * n_lse, attn_fwd, attn_unit, L});
-  out.push_back(
-      {attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch), attn_bwd * attn_fwd, attn_unit, L});
+  linear(C, 3 * C, true, true, L, true, true);  // qkv (input: ln1; output gradient: attention backward)
+  linear(C, C, false, false, L, true, true);    // attention projection (input: attention; dout: ln2 backward)
+  linear(C, F4, false, false, L, true, true);   // fc (input: ln2; dout: bias + GeLU backward)
+  linear(F4, C, false, false, L, true, true);   // fc projection (input: bias + GeLU; dout: ln1 backward)
+  // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
+  out.push_back({attn, act * (n_qkv + N * C) + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
+  out.push_back({attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch + rounding * n_qkv),
+                 attn_bwd * attn_fwd, attn_unit, L});
   mem("bias, GeLU, residual, bias grad", (1 + fp32_out) * N * F4, F4 + rounding * N * F4, L);  // bias + GeLU fwd
   // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored)
   mem("bias, GeLU, residual, bias grad", (2 + fp32_out) * N * F4, 3 * F4 + rounding * N * F4, L);
@@ -1520,7 +1520,7 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                : variant == StepVariant::kCastEveryGemm
                    ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
                    : "as built (bf16 weights cast once per step, each GEMM input and output gradient rounded "
-                     "once per micro-batch, by the op that writes it or by a cast, inputs kept for the backward; "
+                     "once per micro-batch by the op that writes it, inputs kept for the backward; "
                      "activations fp32 except those only GEMMs read, kept as bf16 alone; tensor-core attention with "
                      "fp32 I/O and a 7-product backward)");
     for (const auto& [group, sec] : groups) {

@@ -50,11 +50,13 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
 // fp32 kernels, a NaN or Inf in a token that shares a 64-row tile with a query's window reaches that query
 // (0 * NaN in the product); finite inputs give the same masking. Dynamic shared memory per block: at
 // D = 64, 44 KiB (forward), 60 KiB (dQ), 70 KiB (dK/dV); at D = 128, 76, 76 and 120 KiB (the dK/dV kernel
-// keeps its K and V operands in shared memory there).
+// keeps its K and V operands in shared memory there). out16 (B, T, H, D) / dqkv16 (B, T, 3, H, D) bf16, unless
+// null: the outputs also rounded to bf16 (nearest even, as CastFloatToBf16) — the GEMMs' operands that read them
+// (attn.proj's input, qkv's output gradient) without a cast kernel.
 cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                 int64_t window, cudaStream_t stream);
+                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr);
 
 }  // namespace ms::kernels

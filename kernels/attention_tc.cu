@@ -143,25 +143,31 @@ __device__ __forceinline__ void PTimesTile(FragC (&acc)[kMaxD / kF], const __nv_
 }
 
 // Writes the warp's 16 x D fp32 rows (at c, leading dimension ldc) to dst row r at dst + (t0 + r) * stride,
-// rows t0 + r < T only; the warp's lanes run along d (coalesced).
-__device__ __forceinline__ void StoreRows(float* dst, long stride, const float* c, int ldc, int t0, int T, int D) {
+// rows t0 + r < T only, and their bf16 roundings (nearest even, as CastFloatToBf16) to dst16 at the same element
+// offsets unless dst16 is null; the warp's lanes run along d (coalesced).
+__device__ __forceinline__ void StoreRows(float* dst, __nv_bfloat16* dst16, long stride, const float* c, int ldc,
+                                          int t0, int T, int D) {
   const int lane = threadIdx.x % 32;
   for (int i = lane; i < kWarpRows * D; i += 32) {
     const int r = i / D, d = i - r * D;
-    if (t0 + r < T) dst[static_cast<long>(t0 + r) * stride + d] = c[r * ldc + d];
+    if (t0 + r >= T) continue;
+    const long at = static_cast<long>(t0 + r) * stride + d;
+    const float v = c[r * ldc + d];
+    dst[at] = v;
+    if (dst16) dst16[at] = __float2bfloat16_rn(v);
   }
 }
 
 // Stores the fragments acc (16 x D) to the warp's fp32 area c, then writes its rows as StoreRows.
 template <int kMaxD>
-__device__ __forceinline__ void StoreFragRows(float* dst, long stride, float* c, int ldc,
+__device__ __forceinline__ void StoreFragRows(float* dst, __nv_bfloat16* dst16, long stride, float* c, int ldc,
                                               const FragC (&acc)[kMaxD / kF], int t0, int T, int D) {
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) {
     if (n * kF < D) wmma::store_matrix_sync(c + n * kF, acc[n], ldc, wmma::mem_row_major);
   }
   __syncwarp();
-  StoreRows(dst, stride, c, ldc, t0, T, D);
+  StoreRows(dst, dst16, stride, c, ldc, t0, T, D);
   __syncwarp();
 }
 
@@ -192,13 +198,14 @@ size_t DkDvTcSharedBytes(int D) {
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile): the longest causal
 // rows start first. Two lanes per row (r = lane / 2) keep the running max m and sum l (identical in both) and
 // the row's outputs d = 2 j + lane % 2.
-// out (B, T, H, D), lse (B, H, T), qkv (B, T, 3, H, D); D a multiple of 16, D <= kMaxD.
+// out (B, T, H, D), lse (B, H, T), qkv (B, T, 3, H, D); D a multiple of 16, D <= kMaxD; out16 (B, T, H, D) bf16, out
+// rounded, or null.
 // (kThreads, 2): with (kThreads) alone ptxas gave the D <= 128 instance 168 registers on sm_80 and spilled
 // (scripts/check_ptxas.py); 2 blocks per SM allow up to 255.
 template <int kMaxD>
 __global__ void __launch_bounds__(kThreads, 2)
-    attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int H, int D, int window, int ntiles,
-                                float scale) {
+    attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int T, int H, int D,
+                                int window, int ntiles, float scale) {
   constexpr int kLdF = LdForward(kMaxD);
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
@@ -302,7 +309,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if (half == 0 && t <= rb) lse[static_cast<long>(bh) * T + t] = m + logf(l);
   __syncwarp();
-  StoreRows(out + (static_cast<long>(b) * T * H + h) * D, static_cast<long>(H) * D, Fw, kLdF, ra, T, D);
+  const long obase = (static_cast<long>(b) * T * H + h) * D;
+  StoreRows(out + obase, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, kLdF, ra, T, D);
 }
 
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile). Loops over the key
@@ -310,8 +318,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // dQ_t = sum_s dS_ts k_s.
 template <int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow, int T,
-                           int H, int D, int window, int ntiles, float scale) {
+    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv, const float* lse,
+                           const float* drow, int T, int H, int D, int window, int ntiles, float scale) {
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
   __nv_bfloat16* const Ks = smem;
@@ -374,7 +382,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (rb < ra) return;
-  StoreFragRows<kMaxD>(dqkv + static_cast<long>(b) * T * row + static_cast<long>(h) * D, row, Fw, kLdSdP, dq, ra, T, D);
+  const long qbase = static_cast<long>(b) * T * row + static_cast<long>(h) * D;
+  StoreFragRows<kMaxD>(dqkv + qbase, dqkv16 ? dqkv16 + qbase : nullptr, row, Fw, kLdSdP, dq, ra, T, D);
 }
 
 // One block per (b, h, key tile of 64); blockIdx.x = bh * ntiles + tile. Loops over the query tiles that can
@@ -382,8 +391,8 @@ __global__ void __launch_bounds__(kThreads)
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
 template <int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkdv_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* drow,
-                             int T, int H, int D, int window, int ntiles, float scale) {
+    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv, const float* lse,
+                             const float* drow, int T, int H, int D, int window, int ntiles, float scale) {
   constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
@@ -469,9 +478,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (jb < ja) return;
-  float* const kbase = dqkv + static_cast<long>(b) * T * row + static_cast<long>(H + h) * D;
-  StoreFragRows<kMaxD>(kbase, row, Fw, kLdSdP, dk, ja, T, D);
-  StoreFragRows<kMaxD>(kbase + static_cast<long>(H) * D, row, Fw, kLdSdP, dv, ja, T, D);
+  const long kbase = static_cast<long>(b) * T * row + static_cast<long>(H + h) * D,
+             vbase = kbase + static_cast<long>(H) * D;
+  StoreFragRows<kMaxD>(dqkv + kbase, dqkv16 ? dqkv16 + kbase : nullptr, row, Fw, kLdSdP, dk, ja, T, D);
+  StoreFragRows<kMaxD>(dqkv + vbase, dqkv16 ? dqkv16 + vbase : nullptr, row, Fw, kLdSdP, dv, ja, T, D);
 }
 
 // ---- launchers ----
@@ -484,51 +494,52 @@ cudaError_t CheckShapeTc(int64_t B, int64_t T, int64_t H, int64_t D, int64_t win
 }
 
 template <int kMaxD>
-cudaError_t LaunchForward(float* out, float* lse, const float* qkv, const attention_detail::AttentionShape& s,
-                          cudaStream_t stream) {
+cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv,
+                          const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t smem = ForwardTcSharedBytes<kMaxD>(s.D);
   cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD>, smem);
   if (err != cudaSuccess) return err;
-  MS_LAUNCH((attention_forward_tc_kernel<kMaxD>), s.blocks, kThreads, smem, stream, out, lse, qkv, s.T, s.H, s.D,
+  MS_LAUNCH((attention_forward_tc_kernel<kMaxD>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv, s.T, s.H, s.D,
             s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 
 template <int kMaxD>
-cudaError_t LaunchBackward(float* dqkv, const float* drow, const float* dout, const float* qkv, const float* lse,
-                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
+cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* drow, const float* dout, const float* qkv,
+                           const float* lse, const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
   cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD>, dkdv_smem);
   if (err != cudaSuccess) return err;
   if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD>, dq_smem)) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dout, qkv, lse, drow, s.T,
-            s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dout, qkv, lse,
+            drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dout, qkv, lse, drow, s.T, s.H,
-            s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dout, qkv, lse, drow,
+            s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 }  // namespace
 
 cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                 int64_t window, cudaStream_t stream) {
+                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16) {
   bool empty = false;
   attention_detail::AttentionShape s{};
   const cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
-  return s.D <= 64 ? LaunchForward<64>(out, lse, qkv, s, stream) : LaunchForward<128>(out, lse, qkv, s, stream);
+  return s.D <= 64 ? LaunchForward<64>(out, out16, lse, qkv, s, stream)
+                   : LaunchForward<128>(out, out16, lse, qkv, s, stream);
 }
 
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16) {
   bool empty = false;
   attention_detail::AttentionShape s{};
   cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
   if ((err = attention_detail::AttentionRowTerms(scratch, dout, out, s, stream)) != cudaSuccess) return err;
-  return s.D <= 64 ? LaunchBackward<64>(dqkv, scratch, dout, qkv, lse, s, stream)
-                   : LaunchBackward<128>(dqkv, scratch, dout, qkv, lse, s, stream);
+  return s.D <= 64 ? LaunchBackward<64>(dqkv, dqkv16, scratch, dout, qkv, lse, s, stream)
+                   : LaunchBackward<128>(dqkv, dqkv16, scratch, dout, qkv, lse, s, stream);
 }
 
 }  // namespace ms::kernels

@@ -154,10 +154,12 @@ struct Gpt::LayerBf16 {
     return {w[j], Bf16At(*in, at), ready};
   }
   // Where a producer writes its output's rounding (from row0 on; null when nothing is kept): the LayerNorm
-  // feeding qkv (and fc in the parallel block), the one feeding fc (sequential block), the bias + GeLU.
+  // feeding qkv (and fc in the parallel block), the one feeding fc (sequential block), the bias + GeLU, the
+  // attention (all N rows of the local heads, with or without sequence parallelism).
   void* Ln1Out() const { return ln1 ? Bf16At(*ln1, 0) : nullptr; }
   void* FcInOut() const { return fc_in ? Bf16At(*fc_in, 0) : nullptr; }
   void* GeluOut(int64_t row0) const { return fch_gelu ? Bf16At(*fch_gelu, row0 * Fl) : nullptr; }
+  void* AttyOut() const { return atty ? Bf16At(*atty, 0) : nullptr; }  // the attention forward's rounding
   // For the GEMM rows from row0 on; `ready`: those input rows are already rounded (by their producer or an earlier
   // GEMM).
   ops::Bf16Copies Qkv(int64_t row0, bool ready) const { return Make(0, ln1, row0 * C, ready); }
@@ -316,6 +318,7 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->bf16_made_in_.assign(g->params_.size(), 0);
     MS_RETURN_IF_ERROR(AllocateBf16(g->dres_16_, g->be_, g->rows_ * C));
     MS_RETURN_IF_ERROR(AllocateBf16(g->dfch_16_, g->be_, N * g->Fl_));
+    MS_RETURN_IF_ERROR(AllocateBf16(g->dqkv_16_, g->be_, N * 3 * g->Hl_ * (C / spec.heads)));
     // Test hook (docs/cuda.md): MEGASCALE_PLANT=kept_bf16_stale keeps the first step's bf16 weights for every
     // later step — the planted bug tests/cuda/train_emulated_test.py must catch.
     const char* plant = std::getenv("MEGASCALE_PLANT");
@@ -742,9 +745,9 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       return be_->BiasGeluForward(Off(y.fch_gelu.data(), row0 * Fl), y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl,
                                   gelu_rounds ? k16.GeluOut(row0) : nullptr);
     };
-    auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {
+    auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {  // the input rounded by the attention
       return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C,
-                                k16.Proj(row0, false));
+                                k16.Proj(row0, true));
     };
     auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulForward(dst, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), nullptr, rows, Fl, C,
@@ -754,7 +757,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
                                              P(w.ln1b), R, C, spec_.norm_eps, ln_rounds ? k16.Ln1Out() : nullptr));
     if (seq) {
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
+      MS_RETURN_IF_ERROR(
+          be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window, k16.AttyOut()));
       MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, false, part, partR));
       MS_RETURN_IF_ERROR(ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
       MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(),
@@ -770,7 +774,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         return fc_rows(row0, rows, src);
       };
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv+fc", y.ln1.data(), y.ln1_full.data(), true, qkv_fc_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window));
+      MS_RETURN_IF_ERROR(
+          be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window, k16.AttyOut()));
       // Attention + MLP partial sums: ONE reduction.
       auto both_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(proj_rows(row0, rows, dst));
@@ -972,10 +977,12 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   };
 
   // Kept bf16 operands: the output gradients' roundings, written by the ops that make them — dres's by the
-  // LayerNorm backwards (dres16: null under SP), the fc output gradient's by the bias + GeLU backward — and read by
-  // the GEMMs that take them as dout. `dres_rounded`: dres16 holds dres's rounding now.
+  // LayerNorm backwards (dres16: null under SP), the fc output gradient's by the bias + GeLU backward, qkv's by the
+  // attention backward — and read by the GEMMs that take them as dout. `dres_rounded`: dres16 holds dres's rounding
+  // now.
   void* const dres16 = Dres16();
   void* const dfch16 = keep_bf16_ && shard_.fused_kernels ? Bf16At(dfch_16_, 0) : nullptr;
+  void* const dqkv16 = keep_bf16_ ? Bf16At(dqkv_16_, 0) : nullptr;  // written by the attention backward
   bool dres_rounded = false;
   auto with_dout = [](ops::Bf16Copies c, const void* d) {
     c.dout = d;
@@ -1029,8 +1036,9 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
           with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr));
     };
     auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulBackward(dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, Off(ln1in, row0 * C), P(w.qkvw),
-                                 rows, C, 3 * HlD, k16.Qkv(row0, true));
+      return be_->MatmulBackward(
+          dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, Off(ln1in, row0 * C), P(w.qkvw), rows, C, 3 * HlD,
+          with_dout(k16.Qkv(row0, true), dqkv16 ? static_cast<uint16_t*>(dqkv16) + row0 * 3 * HlD : nullptr));
     };
     float* dln1 = nullptr;
     if (seq) {
@@ -1045,8 +1053,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
-      MS_RETURN_IF_ERROR(
-          be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
+      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D,
+                                                spec_.window, dqkv16));
       MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_rows, true, dln_full, dln));
     } else {
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
@@ -1059,8 +1067,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
         return proj_rows(row0, rows, dy);
       };
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj+attn.proj", dres, dy_full_buf, false, both_dy_rows));
-      MS_RETURN_IF_ERROR(
-          be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D, spec_.window));
+      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D,
+                                                spec_.window, dqkv16));
       // Both branches' LayerNorm-input gradients add up per row: ONE reduction.
       auto both_dln_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(fc_rows(row0, rows, dst));

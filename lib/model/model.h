@@ -300,7 +300,8 @@ class Gpt {
   // inputs' roundings live in the slots' activations.
   bool keep_bf16_ = false;
   DeviceArray<float> bf16_params_;
-  DeviceArray<float> dres_16_, dfch_16_;  // bf16 roundings of the residual [R, C] and fc [N, Fl] output gradients
+  // bf16 roundings of the residual [R, C], fc [N, Fl] and qkv [N, 3 HlD] output gradients (keep_bf16_)
+  DeviceArray<float> dres_16_, dfch_16_, dqkv_16_;
   std::vector<uint64_t> bf16_made_in_;
   uint64_t step_id_ = 0;
   bool in_step_ = false;

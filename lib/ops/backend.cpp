@@ -66,13 +66,17 @@ class CpuBackend final : public Backend {
     ops::GeluBackward(dx, x, dout, n);
     return Status::Ok();
   }
+  using Backend::AttentionBackward;
+  using Backend::AttentionForward;
   Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                          int64_t window) override {
+                          int64_t window, void* out16) override {
+    if (out16) return NoBf16Copies("AttentionForward");
     ops::AttentionForward(out, lse, qkv, B, T, H, D, window);
     return Status::Ok();
   }
   Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) override {
+                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16) override {
+    if (dqkv16) return NoBf16Copies("AttentionBackward");
     ops::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, H, D, window);
     return Status::Ok();
   }

@@ -242,10 +242,20 @@ class Backend {
   }
   virtual Status GeluForward(float* out, const float* x, int64_t n) = 0;
   virtual Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) = 0;
+  // out16 (B, T, H, D bf16) / dqkv16 (B, T, 3, H, D bf16), unless null, = out / dqkv rounded to bf16 (as out16
+  // above; only where keeps_bf16_copies(), else refused): attn.proj's input and qkv's output gradient.
   virtual Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                  int64_t window) = 0;
+                                  int64_t window, void* out16) = 0;
   virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                                   int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) = 0;
+                                   int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16) = 0;
+  Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                          int64_t window) {
+    return AttentionForward(out, lse, qkv, B, T, H, D, window, nullptr);
+  }
+  Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) {
+    return AttentionBackward(dqkv, dout, qkv, out, lse, B, T, H, D, window, nullptr);
+  }
   virtual Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                                      int64_t V) = 0;
   // dlogits16 (N x V bf16) here and in CrossEntropyFused / VocabParallelBackward, unless null, = dlogits rounded

@@ -323,6 +323,46 @@ TEST_CASE("cuda backend (emulated): bf16 backend attention, tensor-core head dim
   }
 }
 
+// Kept operands: the attention writes the bf16 roundings of out and dqkv (the tensor-core kernels as they store,
+// D = 16; after the fp32 kernels, D = 24, a cast): the cast kernel's bits of the fp32 outputs, which stay the same
+// bits as without. Refused by backends that keep nothing.
+TEST_CASE("cuda backend: attention's kept roundings of out and dqkv") {
+  Pair keep(true, Bf16Operands::kKeep);
+  for (int64_t D : {16, 24}) {
+    CAPTURE(D);
+    const int64_t B = 1, T = 37, H = 2, window = 5, n_out = B * T * H * D, n_qkv = 3 * n_out;
+    float* qkv = keep.On(*keep.gpu, Random(n_qkv, 31));
+    float* dout = keep.On(*keep.gpu, Random(n_out, 32));
+    std::vector<float*> out, lse, dqkv;
+    for (int k = 0; k < 2; ++k) {
+      out.push_back(keep.On(*keep.gpu, std::vector<float>(n_out)));
+      lse.push_back(keep.On(*keep.gpu, std::vector<float>(B * H * T)));
+      dqkv.push_back(keep.On(*keep.gpu, std::vector<float>(n_qkv)));
+    }
+    uint16_t* out16 = keep.On(*keep.gpu, std::vector<uint16_t>(n_out, 0xFFFF));
+    uint16_t* dqkv16 = keep.On(*keep.gpu, std::vector<uint16_t>(n_qkv, 0xFFFF));
+    uint16_t* want16 = keep.On(*keep.gpu, std::vector<uint16_t>(n_qkv));
+    REQUIRE(keep.gpu->AttentionForward(out[0], lse[0], qkv, B, T, H, D, window).ok());
+    REQUIRE(keep.gpu->AttentionBackward(dqkv[0], dout, qkv, out[0], lse[0], B, T, H, D, window).ok());
+    REQUIRE(keep.gpu->AttentionForward(out[1], lse[1], qkv, B, T, H, D, window, out16).ok());
+    REQUIRE(keep.gpu->AttentionBackward(dqkv[1], dout, qkv, out[1], lse[1], B, T, H, D, window, dqkv16).ok());
+    CHECK(keep.Get(*keep.gpu, out[1], n_out) == keep.Get(*keep.gpu, out[0], n_out));
+    CHECK(keep.Get(*keep.gpu, dqkv[1], n_qkv) == keep.Get(*keep.gpu, dqkv[0], n_qkv));
+    REQUIRE(keep.gpu->CastToBf16(want16, out[0], n_out).ok());
+    CHECK(keep.Get(*keep.gpu, out16, n_out) == keep.Get(*keep.gpu, want16, n_out));
+    REQUIRE(keep.gpu->CastToBf16(want16, dqkv[0], n_qkv).ok());
+    CHECK(keep.Get(*keep.gpu, dqkv16, n_qkv) == keep.Get(*keep.gpu, want16, n_qkv));
+  }
+  Pair cast(true);
+  float* x = cast.On(*cast.gpu, std::vector<float>(3 * 16));
+  float* o = cast.On(*cast.gpu, std::vector<float>(16));
+  CHECK(cast.gpu->AttentionForward(o, o, x, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
+  CHECK(cast.gpu->AttentionBackward(x, o, x, o, o, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
+  float* xc = cast.On(*cast.cpu, std::vector<float>(3 * 16));
+  float* oc = cast.On(*cast.cpu, std::vector<float>(16));
+  CHECK(cast.cpu->AttentionForward(oc, oc, xc, 1, 1, 1, 16, 0, oc).code() == Code::kFailedPrecondition);
+}
+
 TEST_CASE("cuda backend (emulated): residual, bias, positions, memory helpers, norms (rtol 1e-5)") {
   Pair p;
   const int64_t R = 13, C = 21, T = 5;

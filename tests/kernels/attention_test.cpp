@@ -37,18 +37,31 @@ struct Outputs {
 };
 
 // Forward, then backward from the kernel's own out and lse: the fp32 kernels, or with bf16 the tensor-core
-// ones (kernels/attention_tc.cu). dqkv starts as the allocator's 0xFF fill (NaN), so an element the backward
-// fails to write fails the comparison.
-Outputs RunKernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout, bool bf16 = false) {
-  const int64_t n_out = c.B * c.T * c.H * c.D;
+// ones (kernels/attention_tc.cu), with `rounded` also writing out16 and dqkv16. dqkv starts as the allocator's
+// 0xFF fill (NaN), so an element the backward fails to write fails the comparison.
+Outputs RunKernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout, bool bf16 = false,
+                   bool rounded = false) {
+  const int64_t n_out = c.B * c.T * c.H * c.D, n_qkv = static_cast<int64_t>(qkv.size());
   Dev<float> d_qkv(qkv), d_out(n_out), d_lse(c.B * c.H * c.T), d_dout(dout), d_dqkv(qkv.size());
   Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D));
-  const auto forward = bf16 ? AttentionForwardBf16 : AttentionForward;
-  const auto backward = bf16 ? AttentionBackwardBf16 : AttentionBackward;
-  REQUIRE(forward(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) == cudaSuccess);
-  REQUIRE(backward(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B, c.T, c.H, c.D,
-                   c.window, nullptr) == cudaSuccess);
-  return {d_out.Get(), d_lse.Get(), d_dqkv.Get()};
+  Dev<__nv_bfloat16> out16(rounded ? n_out : 1), dqkv16(rounded ? n_qkv : 1);
+  if (bf16) {
+    REQUIRE(AttentionForwardBf16(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
+                                 rounded ? out16.get() : nullptr) == cudaSuccess);
+    REQUIRE(AttentionBackwardBf16(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B,
+                                  c.T, c.H, c.D, c.window, nullptr, rounded ? dqkv16.get() : nullptr) == cudaSuccess);
+  } else {
+    REQUIRE(AttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) ==
+            cudaSuccess);
+    REQUIRE(AttentionBackward(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B,
+                              c.T, c.H, c.D, c.window, nullptr) == cudaSuccess);
+  }
+  Outputs o{d_out.Get(), d_lse.Get(), d_dqkv.Get()};
+  if (rounded) {
+    testing::ExpectBf16CopyOf(out16, d_out, n_out, "attention out16");
+    testing::ExpectBf16CopyOf(dqkv16, d_dqkv, n_qkv, "attention dqkv16");
+  }
+  return o;
 }
 
 // The kernels against the reference on random inputs of case c (with bf16: the tensor-core kernels against
@@ -219,6 +232,22 @@ TEST_CASE("attention bf16 (tensor cores): unaligned qkv and dout give the bits o
   CHECK(std::memcmp(out.data() + 1, aligned.out.data(), n_out * sizeof(float)) == 0);
   CHECK(std::memcmp(lse.data(), aligned.lse.data(), lse.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(dqkv.data() + 1, aligned.dqkv.data(), n_qkv * sizeof(float)) == 0);
+  ExpectNoPoisonedReads();
+}
+
+// out16 / dqkv16: the cast kernel's rounding of every element of out / dqkv (checked in RunKernels), and the fp32
+// outputs bit for bit those of the run without them. Both instantiations (D <= 64, D <= 128), a partial tile.
+TEST_CASE("attention bf16 (tensor cores): the bf16 roundings of out and dqkv, same fp32 bits") {
+  for (Case c : {Case{2, 37, 2, 32, 5}, Case{1, 70, 1, 80, 0}}) {
+    CAPTURE(c.D);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
+    const auto qkv = Random(n_qkv, 321, -2.0f, 2.0f), dout = Random(n_out, 322);
+    const Outputs plain = RunKernels(c, qkv, dout, /*bf16=*/true);
+    const Outputs rounded = RunKernels(c, qkv, dout, /*bf16=*/true, /*rounded=*/true);
+    CHECK(std::memcmp(rounded.out.data(), plain.out.data(), n_out * sizeof(float)) == 0);
+    CHECK(std::memcmp(rounded.lse.data(), plain.lse.data(), plain.lse.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(rounded.dqkv.data(), plain.dqkv.data(), n_qkv * sizeof(float)) == 0);
+  }
   ExpectNoPoisonedReads();
 }
 
