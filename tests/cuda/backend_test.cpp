@@ -473,6 +473,55 @@ TEST_CASE(
     }
 }
 
+// Kept operands change what the GPT holds in device memory: bf16 roundings (2 bytes per parameter; per micro-batch
+// every linear's input, dlogits; scratch for the output gradients) in, the fp32 LayerNorm and GeLU outputs that
+// only GEMMs read out. Both models after one forward + backward (sequential block, no sequence parallelism): the
+// difference in bytes held must be what those buffers account for, within the allocator's rounding (512 B per
+// block under 1 MiB) and the cast backend's bf16 workspaces (which only make `cast` larger). With the fp32
+// buffers still allocated, `keep` would hold 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows.
+TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of an activation only GEMMs read") {
+  config::ModelSpec m;
+  m.layers = 2;
+  m.hidden = 64;
+  m.heads = 4;
+  m.ffn_hidden = 256;
+  m.vocab = 96;
+  m.seq_len = 32;
+  m.block = config::BlockKind::kSequential;
+  m.window = 0;
+  const int B = 2;
+  const int64_t N = B * m.seq_len, C = m.hidden, F = m.ffn_hidden, V = m.padded_vocab(), L = m.layers;
+  std::vector<int32_t> inputs, targets;
+  for (int64_t i = 0; i < N; ++i) {
+    inputs.push_back(static_cast<int32_t>((i * 7) % m.vocab));
+    targets.push_back(static_cast<int32_t>((i * 5 + 1) % m.vocab));
+  }
+  auto held = [&](Bf16Operands operands, int64_t* params) {
+    Pair p(/*bf16=*/true, operands);
+    const size_t before = p.gpu_dev->bytes_in_use();
+    auto g = model::Gpt::Create(m, {}, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
+    REQUIRE_MESSAGE(g.ok(), g.status().ToString());
+    REQUIRE((*g)->Forward(inputs.data(), targets.data()).ok());
+    REQUIRE((*g)->Backward(0.1f).ok());
+    REQUIRE(p.gpu->Synchronize().ok());
+    *params = (*g)->num_params();
+    return static_cast<int64_t>(p.gpu_dev->bytes_in_use() - before);
+  };
+  int64_t params = 0;
+  const int64_t keep = held(Bf16Operands::kKeep, &params), cast = held(Bf16Operands::kCast, &params);
+  const int64_t bf16_in =
+      2 * (params + N * C + N * F + 3 * N * C +                    // weights; dres, dfch, dqkv scratch
+           L * (3 * N * C + N * F) + N * C + N * V);               // ln1, atty, ln2, gelu per layer; lnf, dlogits
+  const int64_t fp32_out = 4 * (L * (2 * N * C + N * F) + N * C);  // ln1, ln2, gelu per layer; lnf
+  const int64_t slack = 64 * 512;
+  CAPTURE(keep);
+  CAPTURE(cast);
+  CAPTURE(bf16_in);
+  CAPTURE(fp32_out);
+  CHECK(keep - cast <= bf16_in - fp32_out + slack);
+  CHECK(fp32_out > 2 * slack);  // the check above can see the fp32 buffers come back
+}
+
 #if !defined(MS_TEST_GPU)
 // Small uploads go through the backend's ring of pinned staging buffers. Under the deferred emulated streams
 // (nothing runs until something waits for it) and with pinned copies read when they run (as a DMA is): more
