@@ -1365,7 +1365,8 @@ struct Launch {
 // backward's weight gradient; its output gradient likewise by its producer (the LayerNorm backwards, the bias + GeLU
 // backward, the attention backward, the cross-entropy); its weight once per step (WeightCastLaunches); an fp32 output
 // that nothing but GEMMs reads (the LayerNorm and bias + GeLU outputs, the fc output gradient, dlogits) is not
-// written at all, only its rounding; the bias + GeLU backward sums the bias gradient as it goes (every variant);
+// written at all, only its rounding; the bias + GeLU backward sums the bias gradient as it goes, and the tensor-core
+// attention adds the qkv bias as it loads q, k, v (no bias pass over qkv) (every variant);
 // cublasGemmEx with fp32 output;
 // attention runs on bf16 tensor cores with fp32 inputs and outputs when D is a multiple of 16
 // (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products (the forward's 2, then 5, with S
@@ -1427,10 +1428,11 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // Per layer.
   mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);      // forward x2
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
-  linear(C, 3 * C, true, true, L, true, true);  // qkv (input: ln1; output gradient: attention backward)
-  linear(C, C, false, false, L, true, true);    // attention projection (input: attention; dout: ln2 backward)
-  linear(C, F4, false, false, L, true, true);   // fc (input: ln2; dout: bias + GeLU backward)
-  linear(F4, C, false, false, L, true, true);   // fc projection (input: bias + GeLU; dout: ln1 backward)
+  // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
+  linear(C, 3 * C, !tc_attention, true, L, true, true);
+  linear(C, C, false, false, L, true, true);   // attention projection (input: attention; dout: ln2 backward)
+  linear(C, F4, false, false, L, true, true);  // fc (input: ln2; dout: bias + GeLU backward)
+  linear(F4, C, false, false, L, true, true);  // fc projection (input: bias + GeLU; dout: ln1 backward)
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
   out.push_back({attn, act * (n_qkv + N * C) + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
   out.push_back({attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch + rounding * n_qkv),

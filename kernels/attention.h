@@ -52,11 +52,15 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
 // D = 64, 44 KiB (forward), 60 KiB (dQ), 70 KiB (dK/dV); at D = 128, 76, 76 and 120 KiB (the dK/dV kernel
 // keeps its K and V operands in shared memory there). out16 (B, T, H, D) / dqkv16 (B, T, 3, H, D) bf16, unless
 // null: the outputs also rounded to bf16 (nearest even, as CastFloatToBf16) — the GEMMs' operands that read them
-// (attn.proj's input, qkv's output gradient) without a cast kernel.
+// (attn.proj's input, qkv's output gradient) without a cast kernel. qkv_bias (3, H, D), unless null: the qkv
+// GEMM's bias, added to q, k and v as they are loaded (the fp32 add of a separate bias kernel, so the same bits as
+// attention over qkv + bias), when qkv holds the GEMM output without it; the forward and the backward both need it.
 cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
+                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16 = nullptr,
+                                 const float* qkv_bias = nullptr);
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr);
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr,
+                                  const float* qkv_bias = nullptr);
 
 }  // namespace ms::kernels

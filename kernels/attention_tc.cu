@@ -66,18 +66,36 @@ __host__ __device__ constexpr int LdForward(int max_d) {
   return (max_d > kRows ? max_d : kRows) + kPadF;
 }
 
-// dst[r][d] = bf16(src[(t0 + r) * stride + d]) for r < 64, d < D; rows t0 + r >= T are zero. All threads of
-// the block take part; the caller synchronizes. D is a multiple of 16 and stride of 4 (floats), so when src is
-// 16-byte aligned every row is: then each thread loads 4 floats at once (one 16-byte load), else one at a time.
-__device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const float* src, long stride, int t0, int T,
-                                             int D) {
-  if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {  // uniform across the block
+// The bias of one head's q, k and v columns in qkv_bias (3, H, D), laid out as a row of qkv; all null without one.
+struct HeadBias {
+  const float *q, *k, *v;
+};
+__device__ __forceinline__ HeadBias HeadBiasOf(const float* qkv_bias, int h, int H, int D) {
+  if (qkv_bias == nullptr) return {nullptr, nullptr, nullptr};
+  const float* q = qkv_bias + static_cast<long>(h) * D;
+  return {q, q + static_cast<long>(H) * D, q + 2L * H * D};
+}
+
+// dst[r][d] = bf16(src[(t0 + r) * stride + d] + bias[d]) for r < 64, d < D (bias null: + 0 left out); rows
+// t0 + r >= T are zero. The bias add is the fp32 add the separate bias kernel (AddRowBias) would have made, so the
+// tile holds the same bits. All threads of the block take part; the caller synchronizes. D is a multiple of 16 and
+// stride of 4 (floats), so when src (and bias) are 16-byte aligned every row is: then each thread loads 4 floats at
+// once (one 16-byte load), else one at a time.
+__device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const float* src, const float* bias,
+                                             long stride, int t0, int T, int D) {
+  if ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(bias)) % 16 == 0) {  // uniform across the block
     const int quads = D / 4;
     for (int i = threadIdx.x; i < kRows * quads; i += kThreads) {
       const int r = i / quads, d = 4 * (i - r * quads);
       const int t = t0 + r;
-      const float4 v = t < T ? *reinterpret_cast<const float4*>(src + static_cast<long>(t) * stride + d)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (t < T) {
+        v = *reinterpret_cast<const float4*>(src + static_cast<long>(t) * stride + d);
+        if (bias) {
+          const float4 b = *reinterpret_cast<const float4*>(bias + d);
+          v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+        }
+      }
       __nv_bfloat16* const o = dst + r * ld + d;
       o[0] = __float2bfloat16(v.x);
       o[1] = __float2bfloat16(v.y);
@@ -89,7 +107,9 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const f
   for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
     const int r = i / D, d = i - r * D;
     const int t = t0 + r;
-    dst[r * ld + d] = __float2bfloat16(t < T ? src[static_cast<long>(t) * stride + d] : 0.0f);
+    float v = 0.0f;
+    if (t < T) v = bias ? src[static_cast<long>(t) * stride + d] + bias[d] : src[static_cast<long>(t) * stride + d];
+    dst[r * ld + d] = __float2bfloat16(v);
   }
 }
 
@@ -199,13 +219,14 @@ size_t DkDvTcSharedBytes(int D) {
 // rows start first. Two lanes per row (r = lane / 2) keep the running max m and sum l (identical in both) and
 // the row's outputs d = 2 j + lane % 2.
 // out (B, T, H, D), lse (B, H, T), qkv (B, T, 3, H, D); D a multiple of 16, D <= kMaxD; out16 (B, T, H, D) bf16, out
-// rounded, or null.
+// rounded, or null; qkv_bias (3, H, D) added to q, k, v as they are loaded, or null.
 // (kThreads, 2): with (kThreads) alone ptxas gave the D <= 128 instance 168 registers on sm_80 and spilled
-// (scripts/check_ptxas.py); 2 blocks per SM allow up to 255.
+// (scripts/check_ptxas.py); 2 blocks per SM allow up to 255. (kThreads, 3) for D <= 64: with the qkv bias loads
+// ptxas chose 174 registers on sm_90 (2 blocks per SM); held to 168 it keeps 3 blocks without spilling.
 template <int kMaxD>
-__global__ void __launch_bounds__(kThreads, 2)
-    attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, int T, int H, int D,
-                                int window, int ntiles, float scale) {
+__global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
+    attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, const float* qkv_bias,
+                                int T, int H, int D, int window, int ntiles, float scale) {
   constexpr int kLdF = LdForward(kMaxD);
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
@@ -219,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const HeadRows hr = HeadRowsOf(qkv, nullptr, b, h, T, H, D);
   const long row = hr.row;
   const float *q = hr.q, *k = hr.k, *v = hr.v;
+  const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int q0 = qt * kRows, q1 = min(q0 + kRows, T);
   const int ra = q0 + warp * kWarpRows, rb = min(ra + kWarpRows, T) - 1;  // this warp's rows; none if rb < ra
@@ -227,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int r = lane / 2, half = lane % 2, t = ra + r;  // the lane's row
 
   // The warp's query rows as fragments (staged through the K area).
-  LoadTileBf16(Ks, ld, q, row, q0, T, D);
+  LoadTileBf16(Ks, ld, q, hb.q, row, q0, T, D);
   __syncthreads();
   FragA qf[kMaxD / kF];
   MS_UNROLL
@@ -243,8 +265,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int kt = kt_lo; kt <= kt_hi; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();  // the Q staging and the previous K, V are no longer read
-    LoadTileBf16(Ks, ld, k, row, k0, T, D);
-    LoadTileBf16(Vs, ld, v, row, k0, T, D);
+    LoadTileBf16(Ks, ld, k, hb.k, row, k0, T, D);
+    LoadTileBf16(Vs, ld, v, hb.v, row, k0, T, D);
     __syncthreads();
     if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
 
@@ -318,8 +340,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 // dQ_t = sum_s dS_ts k_s.
 template <int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv, const float* lse,
-                           const float* drow, int T, int H, int D, int window, int ntiles, float scale) {
+    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv,
+                           const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D, int window,
+                           int ntiles, float scale) {
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
   __nv_bfloat16* const Ks = smem;
@@ -332,6 +355,7 @@ __global__ void __launch_bounds__(kThreads)
   const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
   const long row = hr.row, orow = hr.orow;
   const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
+  const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int q0 = qt * kRows, q1 = min(q0 + kRows, T);
   const int ra = q0 + warp * kWarpRows, rb = min(ra + kWarpRows, T) - 1;
@@ -342,8 +366,8 @@ __global__ void __launch_bounds__(kThreads)
   const float dr = t <= rb ? drow[static_cast<long>(bh) * T + t] : 0.0f;
 
   // The warp's query and dout rows as fragments (staged through the K and V areas).
-  LoadTileBf16(Ks, ld, q, row, q0, T, D);
-  LoadTileBf16(Vs, ld, g, orow, q0, T, D);
+  LoadTileBf16(Ks, ld, q, hb.q, row, q0, T, D);
+  LoadTileBf16(Vs, ld, g, nullptr, orow, q0, T, D);
   __syncthreads();
   FragA qf[kMaxD / kF], gf[kMaxD / kF];
   FragC dq[kMaxD / kF];
@@ -359,8 +383,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = kt_lo; kt <= kt_hi; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();  // the staging and the previous K, V are no longer read
-    LoadTileBf16(Ks, ld, k, row, k0, T, D);
-    LoadTileBf16(Vs, ld, v, row, k0, T, D);
+    LoadTileBf16(Ks, ld, k, hb.k, row, k0, T, D);
+    LoadTileBf16(Vs, ld, v, hb.v, row, k0, T, D);
     __syncthreads();
     if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
 
@@ -391,8 +415,9 @@ __global__ void __launch_bounds__(kThreads)
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
 template <int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv, const float* lse,
-                             const float* drow, int T, int H, int D, int window, int ntiles, float scale) {
+    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv,
+                             const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
+                             int window, int ntiles, float scale) {
   constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
@@ -411,6 +436,7 @@ __global__ void __launch_bounds__(kThreads)
   const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
   const long row = hr.row, orow = hr.orow;
   const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
+  const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const float* lse_bh = lse + static_cast<long>(bh) * T;
   const float* drow_bh = drow + static_cast<long>(bh) * T;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -427,8 +453,8 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* const Vt = kOperandsShared ? KVs + kRows * ld : Gs;
   const __nv_bfloat16* const Kw = Kt + warp * kWarpRows * ld;
   const __nv_bfloat16* const Vw = Vt + warp * kWarpRows * ld;
-  LoadTileBf16(Kt, ld, k, row, k0, T, D);
-  LoadTileBf16(Vt, ld, v, row, k0, T, D);
+  LoadTileBf16(Kt, ld, k, hb.k, row, k0, T, D);
+  LoadTileBf16(Vt, ld, v, hb.v, row, k0, T, D);
   __syncthreads();
   FragA kf[kOperandsShared ? 1 : kMaxD / kF], vf[kOperandsShared ? 1 : kMaxD / kF];
   FragC dk[kMaxD / kF], dv[kMaxD / kF];
@@ -448,8 +474,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int it = k0 / kRows; it <= t_hi / kRows; ++it) {
     const int i0 = it * kRows;
     __syncthreads();  // the staging and the previous Q, dout, lse, drow are no longer read
-    LoadTileBf16(Qs, ld, q, row, i0, T, D);
-    LoadTileBf16(Gs, ld, g, orow, i0, T, D);
+    LoadTileBf16(Qs, ld, q, hb.q, row, i0, T, D);
+    LoadTileBf16(Gs, ld, g, nullptr, orow, i0, T, D);
     for (int i = threadIdx.x; i < kRows; i += kThreads) {
       Ls[i] = i0 + i < T ? lse_bh[i0 + i] : 0.0f;
       Rs[i] = i0 + i < T ? drow_bh[i0 + i] : 0.0f;
@@ -494,52 +520,53 @@ cudaError_t CheckShapeTc(int64_t B, int64_t T, int64_t H, int64_t D, int64_t win
 }
 
 template <int kMaxD>
-cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv,
+cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, const float* qkv_bias,
                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t smem = ForwardTcSharedBytes<kMaxD>(s.D);
   cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD>, smem);
   if (err != cudaSuccess) return err;
-  MS_LAUNCH((attention_forward_tc_kernel<kMaxD>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv, s.T, s.H, s.D,
-            s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_forward_tc_kernel<kMaxD>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv, qkv_bias, s.T,
+            s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 
 template <int kMaxD>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* drow, const float* dout, const float* qkv,
-                           const float* lse, const attention_detail::AttentionShape& s, cudaStream_t stream) {
+                           const float* qkv_bias, const float* lse, const attention_detail::AttentionShape& s,
+                           cudaStream_t stream) {
   const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
   cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD>, dkdv_smem);
   if (err != cudaSuccess) return err;
   if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD>, dq_smem)) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dout, qkv, lse,
-            drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dout, qkv, qkv_bias,
+            lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dout, qkv, lse, drow,
-            s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dout, qkv, qkv_bias,
+            lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 }  // namespace
 
 cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16) {
+                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16, const float* qkv_bias) {
   bool empty = false;
   attention_detail::AttentionShape s{};
   const cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
-  return s.D <= 64 ? LaunchForward<64>(out, out16, lse, qkv, s, stream)
-                   : LaunchForward<128>(out, out16, lse, qkv, s, stream);
+  return s.D <= 64 ? LaunchForward<64>(out, out16, lse, qkv, qkv_bias, s, stream)
+                   : LaunchForward<128>(out, out16, lse, qkv, qkv_bias, s, stream);
 }
 
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream, __nv_bfloat16* dqkv16) {
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias) {
   bool empty = false;
   attention_detail::AttentionShape s{};
   cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
   if ((err = attention_detail::AttentionRowTerms(scratch, dout, out, s, stream)) != cudaSuccess) return err;
-  return s.D <= 64 ? LaunchBackward<64>(dqkv, dqkv16, scratch, dout, qkv, lse, s, stream)
-                   : LaunchBackward<128>(dqkv, dqkv16, scratch, dout, qkv, lse, s, stream);
+  return s.D <= 64 ? LaunchBackward<64>(dqkv, dqkv16, scratch, dout, qkv, qkv_bias, lse, s, stream)
+                   : LaunchBackward<128>(dqkv, dqkv16, scratch, dout, qkv, qkv_bias, lse, s, stream);
 }
 
 }  // namespace ms::kernels

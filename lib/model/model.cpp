@@ -729,9 +729,12 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     // read gathered rows; the fused bias + GeLU), else by the forward GEMM (the parallel block's fc then reads
     // qkv's rounding of the same LayerNorm rows).
     const bool ln_rounds = RoundedLn(), gelu_rounds = RoundedGelu();  // fp32 outputs then null (not written)
+    // Where the attention adds the qkv bias as it loads q, k, v (the tensor-core kernels), qkv holds the GEMM's
+    // output alone: no bias pass over it.
+    const float* const attn_bias = be_->attention_adds_qkv_bias(D) ? P(w.qkvb) : nullptr;
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
-      return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), P(w.qkvb), rows, C, 3 * HlD,
-                                k16.Qkv(row0, ln_rounds));
+      return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), attn_bias ? nullptr : P(w.qkvb), rows, C,
+                                3 * HlD, k16.Qkv(row0, ln_rounds));
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
       // fch holds the GEMM output without its bias: the bias is fused into the GeLU (and its gradient into the
@@ -757,8 +760,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
                                              P(w.ln1b), R, C, spec_.norm_eps, ln_rounds ? k16.Ln1Out() : nullptr));
     if (seq) {
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
-      MS_RETURN_IF_ERROR(
-          be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window, k16.AttyOut()));
+      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D,
+                                               spec_.window, k16.AttyOut()));
       MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, false, part, partR));
       MS_RETURN_IF_ERROR(ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
       MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(),
@@ -774,8 +777,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         return fc_rows(row0, rows, src);
       };
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv+fc", y.ln1.data(), y.ln1_full.data(), true, qkv_fc_rows));
-      MS_RETURN_IF_ERROR(
-          be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), B, T, Hl_, D, spec_.window, k16.AttyOut()));
+      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D,
+                                               spec_.window, k16.AttyOut()));
       // Attention + MLP partial sums: ONE reduction.
       auto both_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(proj_rows(row0, rows, dst));
@@ -1012,7 +1015,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
     const float* ln2in = seq ? (sp ? y.ln2_full.data() : y.ln2.data()) : ln1in;
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
-    auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
+    const float* const attn_bias = be_->attention_adds_qkv_bias(D) ? P(w.qkvb) : nullptr;  // as in the forward
+    auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {         // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), rows, Fl, C,
                                              with_dout(k16.Mproj(row0, true), dres_at(row0))));
@@ -1053,8 +1057,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D,
-                                                spec_.window, dqkv16));
+      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
+                                                Hl_, D, spec_.window, dqkv16));
       MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_rows, true, dln_full, dln));
     } else {
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
@@ -1067,8 +1071,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
         return proj_rows(row0, rows, dy);
       };
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj+attn.proj", dres, dy_full_buf, false, both_dy_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), y.atty.data(), y.lse.data(), B, T, Hl_, D,
-                                                spec_.window, dqkv16));
+      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
+                                                Hl_, D, spec_.window, dqkv16));
       // Both branches' LayerNorm-input gradients add up per row: ONE reduction.
       auto both_dln_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(fc_rows(row0, rows, dst));

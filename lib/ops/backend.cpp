@@ -26,6 +26,10 @@ class CpuBackend final : public Backend {
   }
   Status CopyFromHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
   Status CopyToHost(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
+  Status NoQkvBias(const char* op) const {
+    return FailedPrecondition("{}: the cpu backend adds the qkv bias in the GEMM (attention_adds_qkv_bias() is false)",
+                              op);
+  }
   Status NoBf16Copies(const char* op) const {
     return FailedPrecondition("{}: the cpu backend keeps no bf16 copies (keeps_bf16_copies() is false)", op);
   }
@@ -68,15 +72,18 @@ class CpuBackend final : public Backend {
   }
   using Backend::AttentionBackward;
   using Backend::AttentionForward;
-  Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                          int64_t window, void* out16) override {
+  Status AttentionForward(float* out, float* lse, const float* qkv, const float* qkv_bias, int64_t B, int64_t T,
+                          int64_t H, int64_t D, int64_t window, void* out16) override {
     if (out16) return NoBf16Copies("AttentionForward");
+    if (qkv_bias) return NoQkvBias("AttentionForward");
     ops::AttentionForward(out, lse, qkv, B, T, H, D, window);
     return Status::Ok();
   }
-  Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                           int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16) override {
+  Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* qkv_bias, const float* out,
+                           const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                           void* dqkv16) override {
     if (dqkv16) return NoBf16Copies("AttentionBackward");
+    if (qkv_bias) return NoQkvBias("AttentionBackward");
     ops::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, H, D, window);
     return Status::Ok();
   }

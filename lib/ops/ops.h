@@ -244,17 +244,23 @@ class Backend {
   virtual Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) = 0;
   // out16 (B, T, H, D bf16) / dqkv16 (B, T, 3, H, D bf16), unless null, = out / dqkv rounded to bf16 (as out16
   // above; only where keeps_bf16_copies(), else refused): attn.proj's input and qkv's output gradient.
-  virtual Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                  int64_t window, void* out16) = 0;
-  virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                                   int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16) = 0;
+  // qkv_bias (3, H, D), unless null: qkv holds the qkv GEMM's output without its bias, which the attention adds to
+  // q, k and v as it reads them (the same fp32 add, so the same results as over qkv + bias; dqkv is unchanged, as
+  // the bias gradient sums it); forward and backward take the same bias. Only where attention_adds_qkv_bias(D)
+  // (else refused): it saves the bias kernel's pass over qkv.
+  virtual bool attention_adds_qkv_bias(int64_t /*D*/) const { return false; }
+  virtual Status AttentionForward(float* out, float* lse, const float* qkv, const float* qkv_bias, int64_t B, int64_t T,
+                                  int64_t H, int64_t D, int64_t window, void* out16) = 0;
+  virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* qkv_bias,
+                                   const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                   int64_t window, void* dqkv16) = 0;
   Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                           int64_t window) {
-    return AttentionForward(out, lse, qkv, B, T, H, D, window, nullptr);
+    return AttentionForward(out, lse, qkv, nullptr, B, T, H, D, window, nullptr);
   }
   Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                            int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) {
-    return AttentionBackward(dqkv, dout, qkv, out, lse, B, T, H, D, window, nullptr);
+    return AttentionBackward(dqkv, dout, qkv, nullptr, out, lse, B, T, H, D, window, nullptr);
   }
   virtual Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                                      int64_t V) = 0;

@@ -344,8 +344,8 @@ TEST_CASE("cuda backend: attention's kept roundings of out and dqkv") {
     uint16_t* want16 = keep.On(*keep.gpu, std::vector<uint16_t>(n_qkv));
     REQUIRE(keep.gpu->AttentionForward(out[0], lse[0], qkv, B, T, H, D, window).ok());
     REQUIRE(keep.gpu->AttentionBackward(dqkv[0], dout, qkv, out[0], lse[0], B, T, H, D, window).ok());
-    REQUIRE(keep.gpu->AttentionForward(out[1], lse[1], qkv, B, T, H, D, window, out16).ok());
-    REQUIRE(keep.gpu->AttentionBackward(dqkv[1], dout, qkv, out[1], lse[1], B, T, H, D, window, dqkv16).ok());
+    REQUIRE(keep.gpu->AttentionForward(out[1], lse[1], qkv, nullptr, B, T, H, D, window, out16).ok());
+    REQUIRE(keep.gpu->AttentionBackward(dqkv[1], dout, qkv, nullptr, out[1], lse[1], B, T, H, D, window, dqkv16).ok());
     CHECK(keep.Get(*keep.gpu, out[1], n_out) == keep.Get(*keep.gpu, out[0], n_out));
     CHECK(keep.Get(*keep.gpu, dqkv[1], n_qkv) == keep.Get(*keep.gpu, dqkv[0], n_qkv));
     REQUIRE(keep.gpu->CastToBf16(want16, out[0], n_out).ok());
@@ -356,11 +356,47 @@ TEST_CASE("cuda backend: attention's kept roundings of out and dqkv") {
   Pair cast(true);
   float* x = cast.On(*cast.gpu, std::vector<float>(3 * 16));
   float* o = cast.On(*cast.gpu, std::vector<float>(16));
-  CHECK(cast.gpu->AttentionForward(o, o, x, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
-  CHECK(cast.gpu->AttentionBackward(x, o, x, o, o, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
+  CHECK(cast.gpu->AttentionForward(o, o, x, nullptr, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
+  CHECK(cast.gpu->AttentionBackward(x, o, x, nullptr, o, o, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
   float* xc = cast.On(*cast.cpu, std::vector<float>(3 * 16));
   float* oc = cast.On(*cast.cpu, std::vector<float>(16));
-  CHECK(cast.cpu->AttentionForward(oc, oc, xc, 1, 1, 1, 16, 0, oc).code() == Code::kFailedPrecondition);
+  CHECK(cast.cpu->AttentionForward(oc, oc, xc, nullptr, 1, 1, 1, 16, 0, oc).code() == Code::kFailedPrecondition);
+}
+
+// The tensor-core attention adds the qkv bias as it loads q, k, v (attention_adds_qkv_bias): qkv GEMM without its
+// bias + attention with it = the GEMM adding the bias + attention, bit for bit (out, lse, dqkv). Elsewhere refused.
+TEST_CASE("cuda backend: the qkv bias added by the attention gives the bits of the GEMM adding it") {
+  Pair p(/*bf16=*/true);
+  CHECK(p.gpu->attention_adds_qkv_bias(16));
+  CHECK_FALSE(p.gpu->attention_adds_qkv_bias(24));
+  CHECK_FALSE(p.cpu->attention_adds_qkv_bias(16));
+  const int64_t B = 2, T = 37, H = 2, D = 16, window = 5, N = B * T, IC = 20, OC = 3 * H * D;
+  float* inp = p.On(*p.gpu, Random(N * IC, 41));
+  float* w = p.On(*p.gpu, Random(OC * IC, 42));
+  float* bias = p.On(*p.gpu, Random(OC, 43, -1.0f, 1.0f));
+  float* dout = p.On(*p.gpu, Random(N * H * D, 44));
+  std::vector<std::vector<float>> got[2];
+  for (int fold = 0; fold < 2; ++fold) {
+    float* qkv = p.On(*p.gpu, std::vector<float>(N * OC));
+    float* out = p.On(*p.gpu, std::vector<float>(N * H * D));
+    float* lse = p.On(*p.gpu, std::vector<float>(B * H * T));
+    float* dqkv = p.On(*p.gpu, std::vector<float>(N * OC));
+    REQUIRE(p.gpu->MatmulForward(qkv, inp, w, fold ? nullptr : bias, N, IC, OC).ok());
+    REQUIRE(p.gpu->AttentionForward(out, lse, qkv, fold ? bias : nullptr, B, T, H, D, window, nullptr).ok());
+    REQUIRE(
+        p.gpu->AttentionBackward(dqkv, dout, qkv, fold ? bias : nullptr, out, lse, B, T, H, D, window, nullptr).ok());
+    got[fold] = {p.Get(*p.gpu, out, N * H * D), p.Get(*p.gpu, lse, B * H * T), p.Get(*p.gpu, dqkv, N * OC)};
+  }
+  CHECK(got[0][0] == got[1][0]);
+  CHECK(got[0][1] == got[1][1]);
+  CHECK(got[0][2] == got[1][2]);
+  float* x = p.On(*p.gpu, std::vector<float>(3 * 24));
+  float* o = p.On(*p.gpu, std::vector<float>(24));
+  CHECK(p.gpu->AttentionForward(o, o, x, bias, 1, 1, 1, 24, 0, nullptr).code() == Code::kFailedPrecondition);
+  CHECK(p.gpu->AttentionBackward(x, o, x, bias, o, o, 1, 1, 1, 24, 0, nullptr).code() == Code::kFailedPrecondition);
+  float* xc = p.On(*p.cpu, std::vector<float>(3 * 16));
+  float* oc = p.On(*p.cpu, std::vector<float>(16));
+  CHECK(p.cpu->AttentionForward(oc, oc, xc, xc, 1, 1, 1, 16, 0, nullptr).code() == Code::kFailedPrecondition);
 }
 
 TEST_CASE("cuda backend (emulated): residual, bias, positions, memory helpers, norms (rtol 1e-5)") {

@@ -40,16 +40,17 @@ struct Outputs {
 // ones (kernels/attention_tc.cu), with `rounded` also writing out16 and dqkv16. dqkv starts as the allocator's
 // 0xFF fill (NaN), so an element the backward fails to write fails the comparison.
 Outputs RunKernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout, bool bf16 = false,
-                   bool rounded = false) {
+                   bool rounded = false, const float* qkv_bias = nullptr) {
   const int64_t n_out = c.B * c.T * c.H * c.D, n_qkv = static_cast<int64_t>(qkv.size());
   Dev<float> d_qkv(qkv), d_out(n_out), d_lse(c.B * c.H * c.T), d_dout(dout), d_dqkv(qkv.size());
   Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D));
   Dev<__nv_bfloat16> out16(rounded ? n_out : 1), dqkv16(rounded ? n_qkv : 1);
   if (bf16) {
     REQUIRE(AttentionForwardBf16(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
-                                 rounded ? out16.get() : nullptr) == cudaSuccess);
+                                 rounded ? out16.get() : nullptr, qkv_bias) == cudaSuccess);
     REQUIRE(AttentionBackwardBf16(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B,
-                                  c.T, c.H, c.D, c.window, nullptr, rounded ? dqkv16.get() : nullptr) == cudaSuccess);
+                                  c.T, c.H, c.D, c.window, nullptr, rounded ? dqkv16.get() : nullptr,
+                                  qkv_bias) == cudaSuccess);
   } else {
     REQUIRE(AttentionForward(d_out.get(), d_lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) ==
             cudaSuccess);
@@ -247,6 +248,33 @@ TEST_CASE("attention bf16 (tensor cores): the bf16 roundings of out and dqkv, sa
     CHECK(std::memcmp(rounded.out.data(), plain.out.data(), n_out * sizeof(float)) == 0);
     CHECK(std::memcmp(rounded.lse.data(), plain.lse.data(), plain.lse.size() * sizeof(float)) == 0);
     CHECK(std::memcmp(rounded.dqkv.data(), plain.dqkv.data(), n_qkv * sizeof(float)) == 0);
+  }
+  ExpectNoPoisonedReads();
+}
+
+// The qkv GEMM's bias added as q, k, v are loaded: the bits of attention over qkv + bias (added on the host, the
+// same fp32 add), forward and backward, with the bias 16-byte aligned (vector loads) and not (scalar loads).
+TEST_CASE("attention bf16 (tensor cores): qkv_bias added at load gives the bits of attention over qkv + bias") {
+  for (Case c : {Case{2, 37, 2, 32, 5}, Case{1, 70, 3, 80, 0}}) {
+    CAPTURE(c.D);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
+    const auto qkv = Random(n_qkv, 331, -2.0f, 2.0f), dout = Random(n_out, 332), bias = Random(hd3, 333);
+    std::vector<float> biased(qkv);
+    for (int64_t i = 0; i < n_qkv; ++i) biased[i] += bias[i % hd3];
+    const Outputs want = RunKernels(c, biased, dout, /*bf16=*/true);
+    for (int64_t shift : {0, 1}) {
+      CAPTURE(shift);
+      std::vector<float> b(shift);
+      b.insert(b.end(), bias.begin(), bias.end());
+      Dev<float> d_bias(b);
+      const Outputs got = RunKernels(c, qkv, dout, /*bf16=*/true, /*rounded=*/true, d_bias.get() + shift);
+      CHECK(std::memcmp(got.out.data(), want.out.data(), n_out * sizeof(float)) == 0);
+      CHECK(std::memcmp(got.lse.data(), want.lse.data(), want.lse.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(got.dqkv.data(), want.dqkv.data(), n_qkv * sizeof(float)) == 0);
+    }
+    // Without the bias the outputs differ (the check above sees a bias left out).
+    const Outputs unbiased = RunKernels(c, qkv, dout, /*bf16=*/true);
+    CHECK(std::memcmp(unbiased.out.data(), want.out.data(), n_out * sizeof(float)) != 0);
   }
   ExpectNoPoisonedReads();
 }
