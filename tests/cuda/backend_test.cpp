@@ -353,14 +353,6 @@ TEST_CASE("cuda backend: attention's kept roundings of out and dqkv") {
     REQUIRE(keep.gpu->CastToBf16(want16, dqkv[0], n_qkv).ok());
     CHECK(keep.Get(*keep.gpu, dqkv16, n_qkv) == keep.Get(*keep.gpu, want16, n_qkv));
   }
-  Pair cast(true);
-  float* x = cast.On(*cast.gpu, std::vector<float>(3 * 16));
-  float* o = cast.On(*cast.gpu, std::vector<float>(16));
-  CHECK(cast.gpu->AttentionForward(o, o, x, nullptr, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
-  CHECK(cast.gpu->AttentionBackward(x, o, x, nullptr, o, o, 1, 1, 1, 16, 0, o).code() == Code::kFailedPrecondition);
-  float* xc = cast.On(*cast.cpu, std::vector<float>(3 * 16));
-  float* oc = cast.On(*cast.cpu, std::vector<float>(16));
-  CHECK(cast.cpu->AttentionForward(oc, oc, xc, nullptr, 1, 1, 1, 16, 0, oc).code() == Code::kFailedPrecondition);
 }
 
 // The tensor-core attention adds the qkv bias as it loads q, k, v (attention_adds_qkv_bias): qkv GEMM without its
@@ -390,13 +382,28 @@ TEST_CASE("cuda backend: the qkv bias added by the attention gives the bits of t
   CHECK(got[0][0] == got[1][0]);
   CHECK(got[0][1] == got[1][1]);
   CHECK(got[0][2] == got[1][2]);
-  float* x = p.On(*p.gpu, std::vector<float>(3 * 24));
-  float* o = p.On(*p.gpu, std::vector<float>(24));
-  CHECK(p.gpu->AttentionForward(o, o, x, bias, 1, 1, 1, 24, 0, nullptr).code() == Code::kFailedPrecondition);
-  CHECK(p.gpu->AttentionBackward(x, o, x, bias, o, o, 1, 1, 1, 24, 0, nullptr).code() == Code::kFailedPrecondition);
-  float* xc = p.On(*p.cpu, std::vector<float>(3 * 16));
-  float* oc = p.On(*p.cpu, std::vector<float>(16));
-  CHECK(p.cpu->AttentionForward(oc, oc, xc, xc, 1, 1, 1, 16, 0, nullptr).code() == Code::kFailedPrecondition);
+}
+
+// Refused: kept roundings of out / dqkv where nothing is kept (bf16_operands: cast, the CPU backend), the qkv bias
+// off the tensor-core path (D = 24) and on the CPU.
+TEST_CASE("cuda backend: what the attention refuses") {
+  Pair p(/*bf16=*/true);
+  struct Call {
+    ops::Backend* be;
+    int64_t D;
+    bool rounded, bias;
+  };
+  for (const Call c : {Call{p.gpu.get(), 16, true, false}, Call{p.gpu.get(), 24, false, true},
+                       Call{p.cpu.get(), 16, true, false}, Call{p.cpu.get(), 16, false, true}}) {
+    CAPTURE(c.be->name());
+    CAPTURE(c.D);
+    float* x = p.On(*c.be, std::vector<float>(3 * c.D));
+    float* o = p.On(*c.be, std::vector<float>(c.D));
+    void* o16 = c.rounded ? o : nullptr;
+    const float* b = c.bias ? x : nullptr;
+    CHECK(c.be->AttentionForward(o, o, x, b, 1, 1, 1, c.D, 0, o16).code() == Code::kFailedPrecondition);
+    CHECK(c.be->AttentionBackward(x, o, x, b, o, o, 1, 1, 1, c.D, 0, o16).code() == Code::kFailedPrecondition);
+  }
 }
 
 TEST_CASE("cuda backend (emulated): residual, bias, positions, memory helpers, norms (rtol 1e-5)") {
