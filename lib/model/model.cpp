@@ -726,8 +726,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));
     // Each GEMM input is rounded to bf16 once and read again by the backward's weight-gradient GEMM: by its
     // producer where that writes all the GEMM's rows (the LayerNorms without sequence parallelism, whose GEMMs
-    // read gathered rows; the fused bias + GeLU), else by the forward GEMM (the parallel block's fc then reads
-    // qkv's rounding of the same LayerNorm rows).
+    // read gathered rows; the fused bias + GeLU; the attention), else by the forward GEMM (the parallel block's fc
+    // then reads qkv's rounding of the same LayerNorm rows).
     const bool ln_rounds = RoundedLn(), gelu_rounds = RoundedGelu();  // fp32 outputs then null (not written)
     // Where the attention adds the qkv bias as it loads q, k, v (the tensor-core kernels), qkv holds the GEMM's
     // output alone: no bias pass over it.
