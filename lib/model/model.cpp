@@ -729,9 +729,9 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     // read gathered rows; the fused bias + GeLU; the attention), else by the forward GEMM (the parallel block's fc
     // then reads qkv's rounding of the same LayerNorm rows).
     const bool ln_rounds = RoundedLn(), gelu_rounds = RoundedGelu();  // fp32 outputs then null (not written)
-    // Where the attention adds the qkv bias as it loads q, k, v (the tensor-core kernels), qkv holds the GEMM's
-    // output alone: no bias pass over it.
-    const float* const attn_bias = be_->attention_adds_qkv_bias(D) ? P(w.qkvb) : nullptr;
+    // Where the attention adds the qkv bias as it loads q, k, v (the tensor-core kernels; a fused epilogue, so not
+    // in the unfused ablation), qkv holds the GEMM's output alone: no bias pass over it.
+    const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
       return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), attn_bias ? nullptr : P(w.qkvb), rows, C,
                                 3 * HlD, k16.Qkv(row0, ln_rounds));
@@ -1015,8 +1015,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
     const float* ln2in = seq ? (sp ? y.ln2_full.data() : y.ln2.data()) : ln1in;
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
-    const float* const attn_bias = be_->attention_adds_qkv_bias(D) ? P(w.qkvb) : nullptr;  // as in the forward
-    auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {         // then GeLU backward
+    const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;     // as in the forward
+    auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), rows, Fl, C,
                                              with_dout(k16.Mproj(row0, true), dres_at(row0))));

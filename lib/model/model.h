@@ -275,6 +275,9 @@ class Gpt {
   // outputs then feed nothing and are neither allocated nor written.
   bool RoundedLn() const { return keep_bf16_ && !(shard_.sequence_parallel && shard_.tp_size > 1); }
   bool RoundedGelu() const { return keep_bf16_ && shard_.fused_kernels; }
+  // The attention adds the qkv bias as it loads q, k, v (the backend takes it for head dimension D; a fused
+  // epilogue, off in the runtime.fused_kernels: false ablation): the qkv GEMM then adds none.
+  bool QkvBiasInAttention(int64_t D) const { return shard_.fused_kernels && be_->attention_adds_qkv_bias(D); }
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   Status HeadBackward(Acts& a, float dloss, float* dres);
 
