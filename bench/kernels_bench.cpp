@@ -451,7 +451,23 @@ void SanityAttention(Sanity& s) {
                                                             d_out.get(), d_lse.get(), B, T, H, D, window, s.stream()));
     s.Close("AttentionForwardBf16 out " + shape, d_out.Download(), out, 1e-2, 1e-2);
     s.Close("AttentionForwardBf16 lse", d_lse.Download(), lse, 1e-4, 1e-4);
-    s.Close("AttentionBackwardBf16 dqkv", d_dqkv.Download(), dqkv, 2e-2, 2e-2);
+    const std::vector<float> got_dqkv = d_dqkv.Download();
+    s.Close("AttentionBackwardBf16 dqkv", got_dqkv, dqkv, 2e-2, 2e-2);
+    // As the model runs it with kept operands: no fp32 dqkv, the qkv bias gradient summed as the rows are stored;
+    // against the column sums (double) of the dqkv just checked.
+    const int64_t cols = 3 * H * D;
+    std::vector<float> dbias(cols, 0.0f);
+    std::vector<double> sums(cols, 0.0);
+    for (int64_t i = 0; i < n_qkv; ++i) sums[i % cols] += got_dqkv[i];
+    for (int64_t j = 0; j < cols; ++j) dbias[j] = static_cast<float>(sums[j]);
+    DevBuf<bf16> d_dqkv16(n_qkv, "dqkv16");
+    DevBuf<float> d_dbias(std::vector<float>(cols, 0.0f), "qkv bias gradient"),
+        bias_scratch(k::AttentionBackwardScratchFloats(B, T, H, D) + k::AttentionBiasGradScratchFloats(B, T, H, D),
+                     "scratch");
+    s.Run("AttentionBackwardBf16 (dqkv16 + qkv bias gradient)",
+          k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
+                                   T, H, D, window, s.stream(), d_dqkv16.get(), nullptr, d_dbias.get()));
+    s.Close("AttentionBackwardBf16 qkv bias gradient", d_dbias.Download(), dbias, 1e-4, 1e-4);
   }
 }
 
@@ -1080,6 +1096,10 @@ void BenchAttention(Bench& b, const Shape& s) {
 
   DevBuf<float> qkv(n_qkv, "qkv"), out(n_out, "out"), lse(n_lse, "lse"), dout(n_out, "dout"), dqkv(n_qkv, "dqkv"),
       scratch(static_cast<size_t>(scratch_n), "attention scratch");
+  const int64_t bias_n = k::AttentionBiasGradScratchFloats(B, T, H, D);
+  DevBuf<float> keep_scratch(static_cast<size_t>(scratch_n + bias_n), "attention scratch (qkv bias gradient)"),
+      dbias(3 * H * D, "qkv bias gradient");
+  DevBuf<bf16> dqkv16(n_qkv, "dqkv16");
   Fill(qkv, 24, -2.0f, 2.0f);
   Fill(dout, 25);
   std::vector<int64_t> windows = {0};
@@ -1120,6 +1140,17 @@ void BenchAttention(Bench& b, const Shape& s) {
     tb.ref_flops = ref_flops;
     tb.ref_what = f.ref_what;
     b.Emit(tb);
+    // As the model runs it with kept operands: dqkv's bf16 rounding instead of its fp32 value, and the qkv bias
+    // gradient summed as the rows are stored (16-row chunk sums written and read once).
+    const double keep_bytes = bwd_bytes - F * n_qkv + 2.0 * n_qkv + 2 * F * bias_n;
+    Row tk = b.Measure("AttentionBackwardBf16", shape + " dqkv16+dbias", keep_bytes, bwd_flops, [&] {
+      return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, T, H,
+                                      D, window, b.stream(), dqkv16.get(), nullptr, dbias.get());
+    });
+    tk.ref = ref;
+    tk.ref_flops = ref_flops;
+    tk.ref_what = f.ref_what;
+    b.Emit(tk);
   }
 }
 
@@ -1365,8 +1396,9 @@ struct Launch {
 // backward's weight gradient; its output gradient likewise by its producer (the LayerNorm backwards, the bias + GeLU
 // backward, the attention backward, the cross-entropy); its weight once per step (WeightCastLaunches); an fp32 output
 // that nothing but GEMMs reads (the LayerNorm and bias + GeLU outputs, the fc output gradient, dlogits) is not
-// written at all, only its rounding; the bias + GeLU backward sums the bias gradient as it goes, and the tensor-core
-// attention adds the qkv bias as it loads q, k, v (no bias pass over qkv) (every variant);
+// written at all, only its rounding (so is dqkv's fp32 value, with the tensor-core attention); the bias + GeLU
+// backward sums the bias gradient as it goes, and the tensor-core attention adds the qkv bias as it loads q, k, v (no
+// bias pass over qkv) and sums its gradient as it stores dqkv (no pass over dqkv) (every variant);
 // cublasGemmEx with fp32 output;
 // attention runs on bf16 tensor cores with fp32 inputs and outputs when D is a multiple of 16
 // (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products (the forward's 2, then 5, with S
@@ -1429,14 +1461,19 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);      // forward x2
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
-  linear(C, 3 * C, !tc_attention, true, L, true, true);
+  // q, k, v, and its bias gradient summed by it as it stores dqkv
+  linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true);
   linear(C, C, false, false, L, true, true);   // attention projection (input: attention; dout: ln2 backward)
   linear(C, F4, false, false, L, true, true);  // fc (input: ln2; dout: bias + GeLU backward)
   linear(F4, C, false, false, L, true, true);  // fc projection (input: bias + GeLU; dout: ln1 backward)
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
   out.push_back({attn, act * (n_qkv + N * C) + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
-  out.push_back({attn, act * (2 * N * C + n_qkv + n_qkv) + F * (n_lse + 2 * scratch + rounding * n_qkv),
-                 attn_bwd * attn_fwd, attn_unit, L});
+  // With tensor cores the attention backward also sums the qkv bias gradient as it stores dqkv (16-row chunk sums
+  // written and read once; no pass over dqkv); with keep it then writes only dqkv's rounding, not its fp32 value.
+  const double dqkv_fp32 = keep && tc_attention ? 0.0 : 1.0, bias_parts = tc_attention ? 2.0 * n_qkv / 16 : 0.0;
+  out.push_back(
+      {attn, act * (2 * N * C + n_qkv + dqkv_fp32 * n_qkv) + F * (n_lse + 2 * scratch + rounding * n_qkv + bias_parts),
+       attn_bwd * attn_fwd, attn_unit, L});
   mem("bias, GeLU, residual, bias grad", (1 + fp32_out) * N * F4, F4 + rounding * N * F4, L);  // bias + GeLU fwd
   // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored)
   mem("bias, GeLU, residual, bias grad", (2 + fp32_out) * N * F4, 3 * F4 + rounding * N * F4, L);

@@ -58,9 +58,16 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
 cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                                  int64_t window, cudaStream_t stream, __nv_bfloat16* out16 = nullptr,
                                  const float* qkv_bias = nullptr);
+//
+// dqkv_bias (3, H, D), unless null: += the column sums of dqkv over its B * T rows — the qkv bias gradient, made as
+// the gradient rows are stored (each warp sums its 16 rows in row order, then BiasGrad's tree adds up the
+// B * ceil(T / 16) chunks: deterministic), so that no pass reads dqkv back. It needs scratch of
+// AttentionBackwardScratchFloats + AttentionBiasGradScratchFloats floats. dqkv may then be null (only its rounding
+// dqkv16 and the bias gradient are written); dqkv, dqkv16 and dqkv_bias all null: cudaErrorInvalidValue.
+int64_t AttentionBiasGradScratchFloats(int64_t B, int64_t T, int64_t H, int64_t D);
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr,
-                                  const float* qkv_bias = nullptr);
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr, const float* qkv_bias = nullptr,
+                                  float* dqkv_bias = nullptr);
 
 }  // namespace ms::kernels

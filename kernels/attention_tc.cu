@@ -162,9 +162,9 @@ __device__ __forceinline__ void PTimesTile(FragC (&acc)[kMaxD / kF], const __nv_
   }
 }
 
-// Writes the warp's 16 x D fp32 rows (at c, leading dimension ldc) to dst row r at dst + (t0 + r) * stride,
-// rows t0 + r < T only, and their bf16 roundings (nearest even, as CastFloatToBf16) to dst16 at the same element
-// offsets unless dst16 is null; the warp's lanes run along d (coalesced).
+// Writes the warp's 16 x D fp32 rows (at c, leading dimension ldc) to dst row r at dst + (t0 + r) * stride unless
+// dst is null, rows t0 + r < T only, and their bf16 roundings (nearest even, as CastFloatToBf16) to dst16 at the
+// same element offsets unless dst16 is null; the warp's lanes run along d (coalesced).
 __device__ __forceinline__ void StoreRows(float* dst, __nv_bfloat16* dst16, long stride, const float* c, int ldc,
                                           int t0, int T, int D) {
   const int lane = threadIdx.x % 32;
@@ -173,22 +173,44 @@ __device__ __forceinline__ void StoreRows(float* dst, __nv_bfloat16* dst16, long
     if (t0 + r >= T) continue;
     const long at = static_cast<long>(t0 + r) * stride + d;
     const float v = c[r * ldc + d];
-    dst[at] = v;
+    if (dst) dst[at] = v;
     if (dst16) dst16[at] = __float2bfloat16_rn(v);
   }
 }
 
-// Stores the fragments acc (16 x D) to the warp's fp32 area c, then writes its rows as StoreRows.
+// The qkv bias gradient's first stage: part[d] = the sum of the warp's rows r (t0 + r < T) at c, column d < D, in
+// row order (WRITES): the column sums of one 16-row chunk, which BiasGrad then adds up over the chunks.
+__device__ __forceinline__ void StoreColumnSums(float* part, const float* c, int ldc, int t0, int T, int D) {
+  const int rows = min(kWarpRows, T - t0);
+  for (int d = threadIdx.x % 32; d < D; d += 32) {
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) sum += c[r * ldc + d];
+    part[d] = sum;
+  }
+}
+
+// Stores the fragments acc (16 x D) to the warp's fp32 area c, then writes its rows as StoreRows and, unless part
+// is null, their column sums as StoreColumnSums.
 template <int kMaxD>
-__device__ __forceinline__ void StoreFragRows(float* dst, __nv_bfloat16* dst16, long stride, float* c, int ldc,
-                                              const FragC (&acc)[kMaxD / kF], int t0, int T, int D) {
+__device__ __forceinline__ void StoreFragRows(float* dst, __nv_bfloat16* dst16, float* part, long stride, float* c,
+                                              int ldc, const FragC (&acc)[kMaxD / kF], int t0, int T, int D) {
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) {
     if (n * kF < D) wmma::store_matrix_sync(c + n * kF, acc[n], ldc, wmma::mem_row_major);
   }
   __syncwarp();
   StoreRows(dst, dst16, stride, c, ldc, t0, T, D);
+  if (part) StoreColumnSums(part, c, ldc, t0, T, D);
   __syncwarp();
+}
+
+// Where the bias-gradient chunk of the warp whose rows start at t0 (a multiple of 16) of batch b writes the
+// columns of part (0 q, 1 k, 2 v) of head h: row b * ceil(T / 16) + t0 / 16 of the (chunks, 3 H D) partial sums;
+// null without them.
+__device__ __forceinline__ float* BiasPart(float* dbias_part, int b, int t0, int T, int part, int h, int H, int D) {
+  if (dbias_part == nullptr) return nullptr;
+  const long chunk = static_cast<long>(b) * ((T + kWarpRows - 1) / kWarpRows) + t0 / kWarpRows;
+  return dbias_part + chunk * 3L * H * D + (static_cast<long>(part) * H + h) * D;
 }
 
 template <int kMaxD>
@@ -340,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 // dQ_t = sum_s dS_ts k_s.
 template <int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv,
+    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const float* qkv,
                            const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D, int window,
                            int ntiles, float scale) {
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
@@ -407,7 +429,8 @@ __global__ void __launch_bounds__(kThreads)
 
   if (rb < ra) return;
   const long qbase = static_cast<long>(b) * T * row + static_cast<long>(h) * D;
-  StoreFragRows<kMaxD>(dqkv + qbase, dqkv16 ? dqkv16 + qbase : nullptr, row, Fw, kLdSdP, dq, ra, T, D);
+  StoreFragRows<kMaxD>(dqkv ? dqkv + qbase : nullptr, dqkv16 ? dqkv16 + qbase : nullptr,
+                       BiasPart(dbias_part, b, ra, T, 0, h, H, D), row, Fw, kLdSdP, dq, ra, T, D);
 }
 
 // One block per (b, h, key tile of 64); blockIdx.x = bh * ntiles + tile. Loops over the query tiles that can
@@ -415,7 +438,7 @@ __global__ void __launch_bounds__(kThreads)
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
 template <int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, const float* dout, const float* qkv,
+    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const float* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
                              int window, int ntiles, float scale) {
   constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
@@ -506,8 +529,10 @@ __global__ void __launch_bounds__(kThreads)
   if (jb < ja) return;
   const long kbase = static_cast<long>(b) * T * row + static_cast<long>(H + h) * D,
              vbase = kbase + static_cast<long>(H) * D;
-  StoreFragRows<kMaxD>(dqkv + kbase, dqkv16 ? dqkv16 + kbase : nullptr, row, Fw, kLdSdP, dk, ja, T, D);
-  StoreFragRows<kMaxD>(dqkv + vbase, dqkv16 ? dqkv16 + vbase : nullptr, row, Fw, kLdSdP, dv, ja, T, D);
+  StoreFragRows<kMaxD>(dqkv ? dqkv + kbase : nullptr, dqkv16 ? dqkv16 + kbase : nullptr,
+                       BiasPart(dbias_part, b, ja, T, 1, h, H, D), row, Fw, kLdSdP, dk, ja, T, D);
+  StoreFragRows<kMaxD>(dqkv ? dqkv + vbase : nullptr, dqkv16 ? dqkv16 + vbase : nullptr,
+                       BiasPart(dbias_part, b, ja, T, 2, h, H, D), row, Fw, kLdSdP, dv, ja, T, D);
 }
 
 // ---- launchers ----
@@ -531,18 +556,18 @@ cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const fl
 }
 
 template <int kMaxD>
-cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, const float* drow, const float* dout, const float* qkv,
-                           const float* qkv_bias, const float* lse, const attention_detail::AttentionShape& s,
-                           cudaStream_t stream) {
+cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const float* dout,
+                           const float* qkv, const float* qkv_bias, const float* lse,
+                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
   cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD>, dkdv_smem);
   if (err != cudaSuccess) return err;
   if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD>, dq_smem)) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dout, qkv, qkv_bias,
-            lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dbias_part, dout,
+            qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dout, qkv, qkv_bias,
-            lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dbias_part, dout, qkv,
+            qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 }  // namespace
@@ -557,16 +582,35 @@ cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64
                    : LaunchForward<128>(out, out16, lse, qkv, qkv_bias, s, stream);
 }
 
+namespace {
+int64_t BiasChunks(int64_t B, int64_t T) {  // 16-row chunks of the qkv bias gradient: one per warp that stores rows
+  return B * ((T + kWarpRows - 1) / kWarpRows);
+}
+}  // namespace
+
+int64_t AttentionBiasGradScratchFloats(int64_t B, int64_t T, int64_t H, int64_t D) {
+  if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return 0;
+  const int64_t chunks = BiasChunks(B, T), cols = 3 * H * D;
+  return chunks * cols + BiasGradScratchFloats(chunks, cols);
+}
+
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias) {
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias) {
+  if (dqkv == nullptr && dqkv16 == nullptr && dqkv_bias == nullptr) return cudaErrorInvalidValue;  // nothing to write
   bool empty = false;
   attention_detail::AttentionShape s{};
   cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
-  if ((err = attention_detail::AttentionRowTerms(scratch, dout, out, s, stream)) != cudaSuccess) return err;
-  return s.D <= 64 ? LaunchBackward<64>(dqkv, dqkv16, scratch, dout, qkv, qkv_bias, lse, s, stream)
-                   : LaunchBackward<128>(dqkv, dqkv16, scratch, dout, qkv, qkv_bias, lse, s, stream);
+  float* const drow = scratch;
+  float* const part = dqkv_bias ? scratch + AttentionBackwardScratchFloats(B, T, H, D) : nullptr;
+  if ((err = attention_detail::AttentionRowTerms(drow, dout, out, s, stream)) != cudaSuccess) return err;
+  err = s.D <= 64 ? LaunchBackward<64>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream)
+                  : LaunchBackward<128>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream);
+  if (err != cudaSuccess || dqkv_bias == nullptr) return err;
+  // Stage 2: the chunks' column sums added up in BiasGrad's fixed tree (its scratch follows the partial sums).
+  const int64_t chunks = BiasChunks(B, T), cols = 3 * H * D;
+  return BiasGrad(dqkv_bias, part + chunks * cols, part, chunks, cols, stream);
 }
 
 }  // namespace ms::kernels

@@ -223,14 +223,15 @@ class CudaBackend final : public ops::Backend {
   // tensor cores too (kernels/attention_tc.cu: bf16 operands, fp32 sums); else the fp32 kernels. Forward and
   // backward always take the same path.
   // out16 / dqkv16 (kept roundings): written by the tensor-core kernels as they store; after the fp32 kernels, by a
-  // cast (the same bits). The qkv bias: added by the tensor-core kernels as they load q, k, v.
+  // cast (the same bits). The qkv bias: added by the tensor-core kernels as they load q, k, v; its gradient summed by
+  // them as they store dqkv.
   bool TensorCoreAttention(int64_t D) const { return bf16_ && D % 16 == 0; }
   bool attention_adds_qkv_bias(int64_t D) const override { return TensorCoreAttention(D); }
   Status QkvBiasTaken(const float* qkv_bias, int64_t D, const char* op) const {
     if (qkv_bias && !TensorCoreAttention(D)) {
       return FailedPrecondition(
-          "{}: the qkv bias is added in attention only on tensor cores (bf16, D = {} a multiple "
-          "of 16); add it in the GEMM",
+          "{}: the qkv bias (or its gradient) is handled in attention only on tensor cores (bf16, D = {} a multiple "
+          "of 16); leave it to the GEMM",
           op, D);
     }
     return Status::Ok();
@@ -249,18 +250,22 @@ class CudaBackend final : public ops::Backend {
     return o16 ? CastToBf16(o16, out, B * T * H * D) : Status::Ok();
   }
   Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* qkv_bias, const float* out,
-                           const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                           void* dqkv16) override {
+                           const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16,
+                           float* dqkv_bias) override {
     MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dqkv16, "AttentionBackward", dqkv));
     MS_RETURN_IF_ERROR(QkvBiasTaken(qkv_bias, D, "AttentionBackward"));
-    MS_ASSIGN_OR_RETURN(
-        void* scratch,
-        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::AttentionBackwardScratchFloats(B, T, H, D)));
+    MS_RETURN_IF_ERROR(QkvBiasTaken(dqkv_bias, D, "AttentionBackward"));
+    if (!dqkv && !TensorCoreAttention(D)) {  // (KeptOutput refused it unless dqkv16 is asked for)
+      return InvalidArgument("AttentionBackward: the fp32 kernels (D = {}) write dqkv; it cannot be null", D);
+    }
+    const int64_t scratch_floats = kernels::AttentionBackwardScratchFloats(B, T, H, D) +
+                                   (dqkv_bias ? kernels::AttentionBiasGradScratchFloats(B, T, H, D) : 0);
+    MS_ASSIGN_OR_RETURN(void* scratch, ws_[kScratch].Get(device_, s_, sizeof(float) * scratch_floats));
     float* const drow = static_cast<float*>(scratch);
     if (TensorCoreAttention(D)) {
-      return Launch(
-          kernels::AttentionBackwardBf16(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_, d16, qkv_bias),
-          "attention backward (bf16 tensor cores)");
+      return Launch(kernels::AttentionBackwardBf16(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_, d16,
+                                                   qkv_bias, dqkv_bias),
+                    "attention backward (bf16 tensor cores)");
     }
     MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_),
                               "attention backward"));

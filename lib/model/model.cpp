@@ -326,10 +326,11 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   }
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
-  // dqkv [N,3HlD]; dfch_gelu, dfch [N,Fl]; vstats [N] x 4 (at the end: vocab-parallel loss). dlogits are
-  // written over each slot's logits.
-  MS_RETURN_IF_ERROR(
-      g->scratch_.Allocate(g->be_, 3 * R * C + 5 * N * C + N * HlD + 3 * N * HlD + 2 * N * g->Fl_ + 4 * N));
+  // dqkv [N,3HlD] (if Dqkv32); dfch_gelu [N,Fl], dfch [N,Fl] (if Dfch32); vstats [N] x 4 (at the end: vocab-parallel
+  // loss). dlogits are written over each slot's logits.
+  MS_RETURN_IF_ERROR(g->scratch_.Allocate(g->be_, 3 * R * C + 5 * N * C + N * HlD +
+                                                      (g->Dqkv32(C / spec.heads) ? 3 * N * HlD : 0) + N * g->Fl_ +
+                                                      (g->Dfch32() ? N * g->Fl_ : 0) + 4 * N));
   // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
   // tp blocks of ceil(R / chunks) rows (all-reduce chunks work in place).
   const bool sp = shard.sequence_parallel && tp > 1;
@@ -970,9 +971,10 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   float* dy_full_buf = s + 3 * R * C + 2 * N * C;
   float* dln_full = dy_full_buf + N * C;
   float* datty = s + 3 * R * C + 5 * N * C;
-  float* dqkv = datty + N * HlD;
-  float* dfch_gelu = dqkv + 3 * N * HlD;
-  float* dfch = dfch_gelu + N * Fl;
+  // Output gradients nothing reads in fp32 have no scratch (Dqkv32, Dfch32): their pointers are null.
+  float* dqkv = Dqkv32(D) ? datty + N * HlD : nullptr;
+  float* dfch_gelu = datty + N * HlD + (dqkv ? 3 * N * HlD : 0);
+  float* dfch = Dfch32() ? dfch_gelu + N * Fl : nullptr;
   auto P = [&](const ParamInfo* p) { return param_data() + p->offset; };
   auto G = [&](const ParamInfo* p) { return grad_data() + p->offset; };
   auto done = [&](int layer) {
@@ -984,7 +986,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   // attention backward — and read by the GEMMs that take them as dout. `dres_rounded`: dres16 holds dres's rounding
   // now.
   void* const dres16 = Dres16();
-  void* const dfch16 = keep_bf16_ && shard_.fused_kernels ? Bf16At(dfch_16_, 0) : nullptr;
+  void* const dfch16 = Dfch32() ? nullptr : Bf16At(dfch_16_, 0);
   void* const dqkv16 = keep_bf16_ ? Bf16At(dqkv_16_, 0) : nullptr;  // written by the attention backward
   bool dres_rounded = false;
   auto with_dout = [](ops::Bf16Copies c, const void* d) {
@@ -1015,7 +1017,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
     const float* ln2in = seq ? (sp ? y.ln2_full.data() : y.ln2.data()) : ln1in;
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
-    const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;     // as in the forward
+    const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;  // as in the forward
+    float* const attn_dbias = attn_bias ? G(w.qkvb) : nullptr;  // summed by the attention as it stores dqkv
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), rows, Fl, C,
@@ -1026,7 +1029,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
         return be_->BiasGrad(G(w.fcb), dfch + row0 * Fl, rows, Fl);
       }
       // With dfch16 the fc GEMMs read only the rounding: the fp32 fc gradient is not written.
-      return be_->BiasGeluBackward(dfch16 ? nullptr : dfch + row0 * Fl, G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
+      return be_->BiasGeluBackward(Off(dfch, row0 * Fl), G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
                                    dfch_gelu + row0 * Fl, rows, Fl,
                                    dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
     };
@@ -1036,12 +1039,13 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {  // dfch16: written by the bias + GeLU backward
       return be_->MatmulBackward(
-          dst, G(w.fcw), nullptr, dfch16 ? nullptr : dfch + row0 * Fl, Off(ln2in, row0 * C), P(w.fcw), rows, C, Fl,
+          dst, G(w.fcw), nullptr, Off(dfch, row0 * Fl), Off(ln2in, row0 * C), P(w.fcw), rows, C, Fl,
           with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr));
     };
     auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
       return be_->MatmulBackward(
-          dst, G(w.qkvw), G(w.qkvb), dqkv + row0 * 3 * HlD, Off(ln1in, row0 * C), P(w.qkvw), rows, C, 3 * HlD,
+          dst, G(w.qkvw), attn_dbias ? nullptr : G(w.qkvb), Off(dqkv, row0 * 3 * HlD), Off(ln1in, row0 * C), P(w.qkvw),
+          rows, C, 3 * HlD,
           with_dout(k16.Qkv(row0, true), dqkv16 ? static_cast<uint16_t*>(dqkv16) + row0 * 3 * HlD : nullptr));
     };
     float* dln1 = nullptr;
@@ -1058,7 +1062,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
       MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
-                                                Hl_, D, spec_.window, dqkv16));
+                                                Hl_, D, spec_.window, dqkv16, attn_dbias));
       MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_rows, true, dln_full, dln));
     } else {
       MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
@@ -1072,7 +1076,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       };
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj+attn.proj", dres, dy_full_buf, false, both_dy_rows));
       MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
-                                                Hl_, D, spec_.window, dqkv16));
+                                                Hl_, D, spec_.window, dqkv16, attn_dbias));
       // Both branches' LayerNorm-input gradients add up per row: ONE reduction.
       auto both_dln_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(fc_rows(row0, rows, dst));

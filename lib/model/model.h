@@ -278,6 +278,11 @@ class Gpt {
   // The attention adds the qkv bias as it loads q, k, v (the backend takes it for head dimension D; a fused
   // epilogue, off in the runtime.fused_kernels: false ablation): the qkv GEMM then adds none.
   bool QkvBiasInAttention(int64_t D) const { return shard_.fused_kernels && be_->attention_adds_qkv_bias(D); }
+  // The backward's fp32 output gradients that something reads (else neither written nor given scratch): the fc
+  // output's (not when the fused bias + GeLU backward keeps only its rounding and sums the bias gradient) and qkv's
+  // (not when the attention keeps only its rounding and sums the qkv bias gradient as it stores it).
+  bool Dfch32() const { return !(keep_bf16_ && shard_.fused_kernels); }
+  bool Dqkv32(int64_t D) const { return !(keep_bf16_ && QkvBiasInAttention(D)); }
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   Status HeadBackward(Acts& a, float dloss, float* dres);
 

@@ -80,10 +80,10 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* qkv_bias, const float* out,
-                           const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                           void* dqkv16) override {
+                           const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16,
+                           float* dqkv_bias) override {
     if (dqkv16) return NoBf16Copies("AttentionBackward");
-    if (qkv_bias) return NoQkvBias("AttentionBackward");
+    if (qkv_bias || dqkv_bias) return NoQkvBias("AttentionBackward");
     ops::AttentionBackward(dqkv, dout, qkv, out, lse, B, T, H, D, window);
     return Status::Ok();
   }

@@ -248,19 +248,22 @@ class Backend {
   // q, k and v as it reads them (the same fp32 add, so the same results as over qkv + bias; dqkv is unchanged, as
   // the bias gradient sums it); forward and backward take the same bias. Only where attention_adds_qkv_bias(D)
   // (else refused): it saves the bias kernel's pass over qkv.
+  // dqkv_bias (3, H, D), unless null: += the column sums of dqkv over its B * T rows (the qkv bias gradient), made as
+  // dqkv is stored, so that no pass reads dqkv back; dqkv may then be null when dqkv16 is given (only the rounding
+  // is written). Only where attention_adds_qkv_bias(D), else refused.
   virtual bool attention_adds_qkv_bias(int64_t /*D*/) const { return false; }
   virtual Status AttentionForward(float* out, float* lse, const float* qkv, const float* qkv_bias, int64_t B, int64_t T,
                                   int64_t H, int64_t D, int64_t window, void* out16) = 0;
   virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* qkv_bias,
                                    const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                   int64_t window, void* dqkv16) = 0;
+                                   int64_t window, void* dqkv16, float* dqkv_bias) = 0;
   Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                           int64_t window) {
     return AttentionForward(out, lse, qkv, nullptr, B, T, H, D, window, nullptr);
   }
   Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                            int64_t B, int64_t T, int64_t H, int64_t D, int64_t window) {
-    return AttentionBackward(dqkv, dout, qkv, nullptr, out, lse, B, T, H, D, window, nullptr);
+    return AttentionBackward(dqkv, dout, qkv, nullptr, out, lse, B, T, H, D, window, nullptr, nullptr);
   }
   virtual Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                                      int64_t V) = 0;

@@ -279,6 +279,67 @@ TEST_CASE("attention bf16 (tensor cores): qkv_bias added at load gives the bits 
   ExpectNoPoisonedReads();
 }
 
+// dqkv_bias: += the column sums of dqkv, each warp's 16 stored rows summed in row order, then BiasGrad's tree over
+// the B * ceil(T / 16) chunks — checked bit for bit against BiasGrad run on those chunk sums made on the host from
+// the stored dqkv (a partial chunk at T = 37 and 70, T = 1, both instantiations, the qkv bias loaded too), and within
+// 1e-5 of the double column sums. dqkv itself keeps the bits of the run without the bias gradient; with dqkv null
+// only dqkv16 and the bias gradient are written, with the same bits. All three null: refused.
+TEST_CASE("attention bf16 (tensor cores): dqkv_bias sums the stored dqkv rows (BiasGrad's tree over 16-row chunks)") {
+  for (Case c : {Case{2, 37, 2, 32, 5}, Case{1, 70, 1, 80, 0}, Case{3, 1, 1, 16, 0}}) {
+    CAPTURE(c.B);
+    CAPTURE(c.T);
+    CAPTURE(c.D);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
+    const auto qkv = Random(n_qkv, 341, -2.0f, 2.0f), dout = Random(n_out, 342), bias = Random(hd3, 343);
+    const auto init = Random(hd3, 344);  // the gradient accumulated so far: the sums are added to it
+    Dev<float> d_bias(bias);
+    const Outputs plain = RunKernels(c, qkv, dout, /*bf16=*/true, /*rounded=*/false, d_bias.get());
+
+    Dev<float> d_qkv(qkv), d_dout(dout), d_out(plain.out), d_lse(plain.lse), d_dqkv(n_qkv);
+    Dev<__nv_bfloat16> dqkv16(n_qkv), only16(n_qkv);
+    Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
+                       AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
+    Dev<float> dbias(init), dbias_only(init);
+    REQUIRE(AttentionBackwardBf16(d_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B,
+                                  c.T, c.H, c.D, c.window, nullptr, dqkv16.get(), d_bias.get(),
+                                  dbias.get()) == cudaSuccess);
+    const std::vector<float> dqkv = d_dqkv.Get();
+    CHECK(std::memcmp(dqkv.data(), plain.dqkv.data(), n_qkv * sizeof(float)) == 0);
+    testing::ExpectBf16CopyOf(dqkv16, d_dqkv, n_qkv, "dqkv16 with the bias gradient");
+
+    // The first stage on the host: per batch row b and 16-row chunk, the fp32 column sums in row order.
+    const int64_t per_b = (c.T + 15) / 16, chunks = c.B * per_b;
+    std::vector<float> part(chunks * hd3, 0.0f);
+    std::vector<double> exact(init.begin(), init.end());
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t j = 0; j < hd3; ++j) {
+          const float v = dqkv[(b * c.T + t) * hd3 + j];
+          part[(b * per_b + t / 16) * hd3 + j] += v;
+          exact[j] += v;
+        }
+      }
+    }
+    Dev<float> d_part(part), want(init), bg_scratch(BiasGradScratchFloats(chunks, hd3));
+    REQUIRE(BiasGrad(want.get(), bg_scratch.get(), d_part.get(), chunks, hd3, nullptr) == cudaSuccess);
+    const std::vector<float> got = dbias.Get();
+    CHECK(std::memcmp(got.data(), want.Get().data(), hd3 * sizeof(float)) == 0);
+    ExpectClose(got, std::vector<float>(exact.begin(), exact.end()), 1e-5f, 1e-6f, "qkv bias gradient");
+
+    // dqkv null: the rounding and the bias gradient alone, the same bits.
+    REQUIRE(AttentionBackwardBf16(nullptr, scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B, c.T,
+                                  c.H, c.D, c.window, nullptr, only16.get(), d_bias.get(),
+                                  dbias_only.get()) == cudaSuccess);
+    testing::ExpectBf16CopyOf(only16, d_dqkv, n_qkv, "dqkv16 without dqkv");
+    CHECK(std::memcmp(dbias_only.Get().data(), got.data(), hd3 * sizeof(float)) == 0);
+  }
+  Dev<float> buf(3 * 16), scratch(64);
+  float* p = buf.get();
+  CHECK(AttentionBackwardBf16(nullptr, scratch.get(), p, p, p, p, 1, 1, 1, 16, 0, nullptr, nullptr, nullptr, nullptr) ==
+        cudaErrorInvalidValue);
+  ExpectNoPoisonedReads();
+}
+
 TEST_CASE("attention bf16 (tensor cores): D not a multiple of 16 or above 128 is rejected") {
   Dev<float> buf(3 * 144 * 2), scratch(4);
   float* p = buf.get();
