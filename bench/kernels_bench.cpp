@@ -403,18 +403,28 @@ void SanityLayerNorm(Sanity& s) {
   ref::LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                          C);
   DevBuf<float> d_x(x, "x"), d_w(w, "w"), d_b(b, "b"), d_out(n, "out"), d_mean(N, "mean"), d_rstd(N, "rstd");
-  DevBuf<float> d_dout(dout, "dout"), d_dx(dx0, "dx"), d_dw(dw0, "dw"), d_db(db0, "db");
+  // dsum: the accumulated dx's column sums added to a residual branch's bias gradient (as the model runs it).
+  const auto dsum0 = Random(C, 17);
+  std::vector<float> dsum(dsum0);
+  for (int64_t c = 0; c < C; ++c) {
+    double acc = 0.0;
+    for (int64_t r = 0; r < N; ++r) acc += dx[r * C + c];
+    dsum[c] = static_cast<float>(dsum0[c] + acc);
+  }
+  DevBuf<float> d_dout(dout, "dout"), d_dx(dx0, "dx"), d_dw(dw0, "dw"), d_db(db0, "db"), d_dsum(dsum0, "dsum");
   DevBuf<float> scratch(k::LayerNormBackwardScratchFloats(N, C), "scratch");
   s.Run("LayerNormForward", k::LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
                                                 d_b.get(), N, C, eps, s.stream()));
-  s.Run("LayerNormBackward", k::LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(),
-                                                  d_x.get(), d_w.get(), d_mean.get(), d_rstd.get(), N, C, s.stream()));
+  s.Run("LayerNormBackward",
+        k::LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(), d_x.get(), d_w.get(),
+                             d_mean.get(), d_rstd.get(), N, C, s.stream(), nullptr, d_dsum.get()));
   s.Close("LayerNormForward out (N=130, C=300)", d_out.Download(), out, 1e-5, 1e-5);
   s.Close("LayerNormForward mean", d_mean.Download(), mean, 1e-5, 1e-6);
   s.Close("LayerNormForward rstd", d_rstd.Download(), rstd, 1e-5, 1e-6);
   s.Close("LayerNormBackward dx (accumulated)", d_dx.Download(), dx, 1e-4, 1e-5);
   s.Close("LayerNormBackward dw (accumulated)", d_dw.Download(), dw, 1e-4, 1e-5);
   s.Close("LayerNormBackward db (accumulated)", d_db.Download(), db, 1e-4, 1e-5);
+  s.Close("LayerNormBackward dsum (column sums of dx, accumulated)", d_dsum.Download(), dsum, 1e-4, 1e-4);
 }
 
 void SanityAttention(Sanity& s) {
@@ -1017,8 +1027,9 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
   const int64_t N = s.tokens, C = s.hidden, n = N * C;
   {
     DevBuf<float> x(n, "x"), w(C, "w"), bb(C, "b"), out(n, "out"), mean(N, "mean"), rstd(N, "rstd"), dout(n, "dout"),
-        dx(n, "dx"), dw(C, "dw"), db(C, "db");
-    const int64_t scratch_n = k::LayerNormBackwardScratchFloats(N, C);
+        dx(n, "dx"), dw(C, "dw"), db(C, "db"), dsum(C, "dsum");
+    // The partials: dw and db, and with dsum the column sums of dx (a third of the scratch).
+    const int64_t scratch_n = k::LayerNormBackwardScratchFloats(N, C), dwdb_n = scratch_n / 3 * 2;
     DevBuf<float> scratch(static_cast<size_t>(scratch_n), "LayerNorm scratch");
     Fill(x, 1, -2.0f, 3.0f);
     Fill(w, 2);
@@ -1032,9 +1043,15 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
       return k::LayerNormForward(out.get(), mean.get(), rstd.get(), x.get(), w.get(), bb.get(), N, C, 1e-5f,
                                  b.stream());
     });
-    b.Run("LayerNormBackward", shape, F * (2 * n + C + 2 * N + 2 * n + 4 * C + 2 * scratch_n), 0, [&] {
+    b.Run("LayerNormBackward", shape, F * (2 * n + C + 2 * N + 2 * n + 4 * C + 2 * dwdb_n), 0, [&] {
       return k::LayerNormBackward(dx.get(), dw.get(), db.get(), scratch.get(), dout.get(), x.get(), w.get(), mean.get(),
                                   rstd.get(), N, C, b.stream());
+    });
+    // As the model runs it: also summing the accumulated dx's columns into a residual branch's bias gradient (dx
+    // read back from the rows the block just wrote: not counted, as the second reads of dout and x are not).
+    b.Run("LayerNormBackward", shape + " +dsum", F * (2 * n + C + 2 * N + 2 * n + 6 * C + 2 * scratch_n), 0, [&] {
+      return k::LayerNormBackward(dx.get(), dw.get(), db.get(), scratch.get(), dout.get(), x.get(), w.get(), mean.get(),
+                                  rstd.get(), N, C, b.stream(), nullptr, dsum.get());
     });
   }
   {
@@ -1447,7 +1464,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const double attn_fwd = 4.0 * B * H * D * keys, n_qkv = 3 * N * C, n_lse = B * H * T;
   const double scratch =
       static_cast<double>(k::AttentionBackwardScratchFloats(s.tokens / s.seq, s.seq, s.heads, s.hidden / s.heads));
-  // LayerNorm backward writes and reads its per-block partial sums of dw and db once.
+  // LayerNorm backward writes and reads its per-block partial sums of dw, db and dx (the column sums of dx: the
+  // bias gradients of the residual branches, attn.proj and mlp.proj) once.
   const double ln_scratch = static_cast<double>(k::LayerNormBackwardScratchFloats(s.tokens, s.hidden));
   const bool tc_attention = after16 || static_cast<int64_t>(D) % 16 == 0;
   const Unit attn_unit = tc_attention ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
@@ -1478,7 +1496,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored)
   mem("bias, GeLU, residual, bias grad", (2 + fp32_out) * N * F4, 3 * F4 + rounding * N * F4, L);
   mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
-  mem("bias, GeLU, residual, bias grad", N * C, 2 * C, 2 * L);      // bias gradients of proj, fc proj
+  // (the bias gradients of proj and fc proj: summed by the LayerNorm backwards that write their output gradient,
+  // counted in their scratch)
   // Embedding, final LayerNorm, head, loss (once per micro-batch).
   mem("embedding, positions, loss", 2 * N * C, N, 1);                       // embedding forward
   mem("embedding, positions, loss", 2 * N * C, T * C, 1);                   // positions forward

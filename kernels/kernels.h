@@ -48,16 +48,21 @@ cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const floa
 // written; cudaErrorInvalidValue when both are).
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                              int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
-// Floats of scratch LayerNormBackward needs: the per-block partial sums of dw and db, 2 * ceil(N / 16) * C.
+// Floats of scratch LayerNormBackward needs: the per-block partial sums of dw, db and dx, 3 * ceil(N / 16) * C.
 int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C);
 // As ms::ops::LayerNormBackward: dx (N, C), dw (C), db (C) ACCUMULATE. scratch: device memory of
 // LayerNormBackwardScratchFloats(N, C) floats (overwritten). A block of 8 warps per 16 rows (dx: a warp per row;
 // dw/db: per-column sums over the block's rows in row order, written once per block), then the block partials
 // are added in a fixed order (32 lanes over the blocks, lane sums in lane order). Two launches.
 // dx16 (N, C), unless null, = the accumulated dx rounded to bf16 (as CastFloatToBf16).
+// dsum (C), unless null, += the column sums of the accumulated dx (the bias gradient of a layer whose output
+// gradient dx is: a residual branch's), summed as dw and db are (each block's rows in row order after a block
+// barrier, then the blocks in the same fixed order), so that no BiasGrad pass reads dx back; dsum2 (C), unless
+// null, += the same sums (a second such bias; only with dsum, else cudaErrorInvalidValue).
 cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                              cudaStream_t stream, __nv_bfloat16* dx16 = nullptr);
+                              cudaStream_t stream, __nv_bfloat16* dx16 = nullptr, float* dsum = nullptr,
+                              float* dsum2 = nullptr);
 
 // ---- Softmax cross-entropy ---- (kernels/crossentropy.cu)
 

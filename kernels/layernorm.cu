@@ -9,7 +9,7 @@ namespace ms::kernels {
 constexpr int kLnForwardMaxThreads = 256;  // forward: BlockThreadsFor(C, kLnForwardMaxThreads), one block per row
 // Backward: a block of kLnBackwardThreads (8 warps) per chunk of kLnBackwardRows rows: G = ceil(N / 16) blocks,
 // fixed by N only (never by the GPU), so the reduction order is too. N = 16K rows give 1024 blocks (7.75 per SM
-// of an H100); the partials are 2 * G * C floats (N * C / 8).
+// of an H100); the partials are 3 * G * C floats (3 N C / 16): dw, db and the column sums of dx.
 constexpr int kLnBackwardThreads = 256;
 constexpr int kLnBackwardWarps = kLnBackwardThreads / 32;
 constexpr int64_t kLnBackwardRows = 16;
@@ -62,11 +62,12 @@ __global__ void __launch_bounds__(kLnForwardMaxThreads)
 // Block g handles rows [16 g, 16 g + 16) of the N: (1) warp w computes dx of rows 16 g + w, 16 g + w + 8 (lane l
 // for columns l, l + 32, ...; the two row sums by warp butterflies: no block barrier); (2) thread t sums, for its
 // columns c = t, t + 256, ..., dw = sum dout * xhat and db = sum dout over the block's rows in row order, in
-// registers, and writes them once: partial (G, 2, C) (WRITES). (2) reads only inputs (the rows (1) just read, so
-// mostly cache hits), so the two parts need no barrier between them.
+// registers, and writes them once: partial (G, 3, C) (WRITES [g][0] and [g][1]). (2) reads only inputs (the rows (1)
+// just read, so mostly cache hits), so the two parts need no barrier between them. With sum_dx, (2) also sums the
+// accumulated dx the block's warps wrote in (1), after a barrier, into [g][2].
 __global__ void __launch_bounds__(kLnBackwardThreads)
     layernorm_backward_kernel(float* dx, __nv_bfloat16* dx16, float* partial, const float* dout, const float* x,
-                              const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+                              const float* w, const float* mean, const float* rstd, int64_t N, int64_t C, bool sum_dx) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kLnBackwardRows;
   const int64_t r1 = r0 + kLnBackwardRows < N ? r0 + kLnBackwardRows : N;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -91,8 +92,17 @@ __global__ void __launch_bounds__(kLnBackwardThreads)
       if (dx16) dx16[row * C + c] = __float2bfloat16_rn(dxr[c]);  // the accumulated value
     }
   }
-  float* pdw = partial + static_cast<int64_t>(blockIdx.x) * 2 * C;
+  float* pdw = partial + static_cast<int64_t>(blockIdx.x) * 3 * C;
   float* pdb = pdw + C;
+  if (sum_dx) {  // block-uniform: (2) reads the dx rows other warps wrote in (1)
+    __syncthreads();
+    float* pdx = pdb + C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      float sd = 0.0f;
+      for (int64_t row = r0; row < r1; ++row) sd += dx[row * C + c];
+      pdx[c] = sd;
+    }
+  }
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {  // (2) this block's dw/db partials, rows in order
     float sw = 0.0f, sb = 0.0f;
     for (int64_t row = r0; row < r1; ++row) {
@@ -105,25 +115,31 @@ __global__ void __launch_bounds__(kLnBackwardThreads)
   }
 }
 
-// dw (blockIdx.y == 0) or db (== 1) [c] += sum over g of partial[g][blockIdx.y][c]. Block (32, 32): column
-// c = blockIdx.x * 32 + threadIdx.x; lane y sums g = y, y + 32, ... in order, thread (x, 0) adds the 32 lane sums
-// in lane order: deterministic.
+// dw (blockIdx.y == 0), db (== 1) or dsum and, unless null, dsum2 (== 2) [c] += sum over g of
+// partial[g][blockIdx.y][c]. Block (32, 32): column c = blockIdx.x * 32 + threadIdx.x; lane y sums g = y, y + 32, ...
+// in order, thread (x, 0) adds the 32 lane sums in lane order: deterministic.
 __global__ void __launch_bounds__(kLnParamThreads)
-    layernorm_param_grad_kernel(float* dw, float* db, const float* partial, int64_t G, int64_t C) {
+    layernorm_param_grad_kernel(float* dw, float* db, float* dsum, float* dsum2, const float* partial, int64_t G,
+                                int64_t C) {
   MS_SHARED_ARRAY2D(float, lanes, kLnParamLanes, kLnParamCols + 1);
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kLnParamCols + threadIdx.x;
   const int which = blockIdx.y;
   float acc = 0.0f;
   if (c < C) {
-    for (int64_t g = threadIdx.y; g < G; g += kLnParamLanes) acc += partial[(g * 2 + which) * C + c];
+    for (int64_t g = threadIdx.y; g < G; g += kLnParamLanes) acc += partial[(g * 3 + which) * C + c];
   }
   lanes[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
     float sum = 0.0f;
     for (int k = 0; k < kLnParamLanes; ++k) sum += lanes[k][threadIdx.x];
-    float* out = which == 0 ? dw : db;
-    out[c] += sum;
+    if (which == 2) {
+      dsum[c] += sum;
+      if (dsum2) dsum2[c] += sum;
+    } else {
+      float* out = which == 0 ? dw : db;
+      out[c] += sum;
+    }
   }
 }
 
@@ -146,20 +162,22 @@ cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* 
 }
 
 int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C) {
-  return 2 * BackwardBlocks(N) * C;
+  return 3 * BackwardBlocks(N) * C;
 }
 
 cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                              cudaStream_t stream, __nv_bfloat16* dx16) {
+                              cudaStream_t stream, __nv_bfloat16* dx16, float* dsum, float* dsum2) {
+  if (dsum2 != nullptr && dsum == nullptr) return cudaErrorInvalidValue;
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int64_t G = BackwardBlocks(N);
+  const bool sum_dx = dsum != nullptr;
   MS_LAUNCH(layernorm_backward_kernel, static_cast<unsigned>(G), kLnBackwardThreads, 0, stream, dx, dx16, scratch, dout,
-            x, w, mean, rstd, N, C);
+            x, w, mean, rstd, N, C, sum_dx);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((C + kLnParamCols - 1) / kLnParamCols), 2);
-  MS_LAUNCH(layernorm_param_grad_kernel, grid, dim3(kLnParamCols, kLnParamLanes), 0, stream, dw, db,
+  const dim3 grid(static_cast<unsigned>((C + kLnParamCols - 1) / kLnParamCols), sum_dx ? 3 : 2);
+  MS_LAUNCH(layernorm_param_grad_kernel, grid, dim3(kLnParamCols, kLnParamLanes), 0, stream, dw, db, dsum, dsum2,
             static_cast<const float*>(scratch), G, C);
   return cudaGetLastError();
 }

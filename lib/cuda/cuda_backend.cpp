@@ -204,14 +204,16 @@ class CudaBackend final : public ops::Backend {
   }
   using ops::Backend::LayerNormBackward;
   Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                           const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16) override {
+                           const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16, float* dsum,
+                           float* dsum2) override {
     if (!dx) return InvalidArgument("LayerNormBackward: dx (accumulated) is needed");
+    if (dsum2 && !dsum) return InvalidArgument("LayerNormBackward: a second bias gradient (dsum2) without the first");
     MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "LayerNormBackward", dx));
     MS_ASSIGN_OR_RETURN(void* scratch,
                         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::LayerNormBackwardScratchFloats(N, C)));
-    return Launch(
-        kernels::LayerNormBackward(dx, dw, db, static_cast<float*>(scratch), dout, x, w, mean, rstd, N, C, s_, d16),
-        "LayerNorm backward");
+    return Launch(kernels::LayerNormBackward(dx, dw, db, static_cast<float*>(scratch), dout, x, w, mean, rstd, N, C, s_,
+                                             d16, dsum, dsum2),
+                  "LayerNorm backward");
   }
   Status GeluForward(float* out, const float* x, int64_t n) override {
     return Launch(kernels::GeluForward(out, x, n, s_), "GeLU forward");

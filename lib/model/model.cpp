@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include "ops/ops.h"
 
@@ -898,7 +900,7 @@ Result<std::vector<float>> Gpt::TakeDeferredLosses() {
   return means;
 }
 
-Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
+Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* dsum2) {
   const int64_t C = spec_.hidden, N = N_, R = rows_, Vl = Vl_;
   const bool tp = shard_.tp_size > 1, sp = shard_.sequence_parallel && tp;
   auto P = [&](const char* name) { return param_data() + FindParam(name)->offset; };
@@ -942,7 +944,7 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres) {
   MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
   MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x,
                                             P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C,
-                                            Dres16()));
+                                            Dres16(), dsum, dsum2));
   return Status::Ok();
 }
 
@@ -993,9 +995,23 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     c.dout = d;
     return c;
   };
+  // The residual-branch bias gradients of layer l that the LayerNorm backward writing dres (the gradient of layer
+  // l's output) sums as it goes (BiasGradsInLn): mlp.proj's, and attn.proj's too in the parallel block (whose
+  // branches both add to the layer's output); {null, null} without the fold. `dres_summed`: the current layer's
+  // have been summed so.
+  auto output_bias_grads = [&](int l) -> std::pair<float*, float*> {
+    if (!BiasGradsInLn()) return {nullptr, nullptr};
+    const LayerW lw = Layer(l);
+    return {G(lw.mprojb), seq ? nullptr : G(lw.projb)};
+  };
+  bool dres_summed = false;
   if (ch.head) {
-    MS_RETURN_IF_ERROR(HeadBackward(a, dloss, dres));  // its final LayerNorm backward writes dres16
+    float *dsum = nullptr, *dsum2 = nullptr;
+    if (ch.num_layers > 0) std::tie(dsum, dsum2) = output_bias_grads(ch.first_layer + ch.num_layers - 1);
+    // Its final LayerNorm backward writes dres16 (and sums the last layer's residual-branch bias gradients).
+    MS_RETURN_IF_ERROR(HeadBackward(a, dloss, dres, dsum, dsum2));
     dres_rounded = dres16 != nullptr;
+    dres_summed = dsum != nullptr;
     done(spec_.layers);
   } else {
     if (!dout) return InvalidArgument("chunk {} needs the gradient of its output", ch.global);
@@ -1050,23 +1066,26 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     };
     float* dln1 = nullptr;
     if (seq) {
-      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
+      if (!dres_summed) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
       MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows));
       MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_rows, true, dln_full, dln));
+      // dres is now dL/d(mid): attn.proj's output gradient, whose bias gradient the LayerNorm backward sums
       MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w),
-                                                y.ln2_mean.data(), y.ln2_rstd.data(), R, C,
-                                                dres16));  // dres is now dL/d(mid)
+                                                y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16,
+                                                BiasGradsInLn() ? G(w.projb) : nullptr, nullptr));
       dres_rounded = dres16 != nullptr;
-      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
+      if (!BiasGradsInLn()) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
       MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
                                                 Hl_, D, spec_.window, dqkv16, attn_dbias));
       MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_rows, true, dln_full, dln));
     } else {
-      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
-      MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
+      if (!dres_summed) {
+        MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
+        MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
+      }
       MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
       MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       // One gather of dres feeds both branches' GEMMs.
@@ -1088,9 +1107,13 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     // gradient is exactly zero. Computed, it is rounding noise that Adam would amplify into
     // lr-sized random steps, different for every layout; keep it at its exact value.
     MS_RETURN_IF_ERROR(be_->Zero(G(w.qkvb) + HlD, sizeof(float) * HlD));
+    // dres becomes the gradient of the layer below's output: its residual-branch bias gradients summed here too.
+    float *dsum = nullptr, *dsum2 = nullptr;
+    if (i > 0) std::tie(dsum, dsum2) = output_bias_grads(l - 1);
     MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(),
-                                              y.ln1_rstd.data(), R, C, dres16));
+                                              y.ln1_rstd.data(), R, C, dres16, dsum, dsum2));
     dres_rounded = dres16 != nullptr;
+    dres_summed = dsum != nullptr;
     done(l);
   }
   if (ch.embedding) {

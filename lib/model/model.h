@@ -283,8 +283,14 @@ class Gpt {
   // (not when the attention keeps only its rounding and sums the qkv bias gradient as it stores it).
   bool Dfch32() const { return !(keep_bf16_ && shard_.fused_kernels); }
   bool Dqkv32(int64_t D) const { return !(keep_bf16_ && QkvBiasInAttention(D)); }
+  // The bias gradients of the residual branches (attn.proj's, mlp.proj's: their output gradient is the residual
+  // gradient dres) are summed by the LayerNorm backward that writes dres (a fused epilogue, off in the
+  // runtime.fused_kernels: false ablation, which runs BiasGrad passes over dres).
+  bool BiasGradsInLn() const { return shard_.fused_kernels; }
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
-  Status HeadBackward(Acts& a, float dloss, float* dres);
+  // The final LayerNorm backward writes dres; dsum / dsum2 (the last layer's residual-branch bias gradients, or
+  // null): += its column sums (ops::Backend::LayerNormBackward).
+  Status HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* dsum2);
 
   config::ModelSpec spec_;
   ShardSpec shard_;

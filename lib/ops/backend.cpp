@@ -57,10 +57,13 @@ class CpuBackend final : public Backend {
   }
   using Backend::LayerNormBackward;
   Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                           const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16) override {
+                           const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16, float* dsum,
+                           float* dsum2) override {
     if (dx16) return NoBf16Copies("LayerNormBackward");
+    if (dsum2 && !dsum) return InvalidArgument("LayerNormBackward: a second bias gradient (dsum2) without the first");
     ops::LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, N, C);
-    return Status::Ok();
+    if (dsum) MS_RETURN_IF_ERROR(BiasGrad(dsum, dx, N, C));  // what the model's separate pass added
+    return dsum2 ? BiasGrad(dsum2, dx, N, C) : Status::Ok();
   }
   Status GeluForward(float* out, const float* x, int64_t n) override {
     ops::GeluForward(out, x, n);

@@ -234,11 +234,16 @@ class Backend {
     return LayerNormForward(out, mean, rstd, x, w, b, N, C, eps, nullptr);
   }
   // dx16 (N x C bf16), unless null, = the accumulated dx rounded to bf16 (as out16 above).
+  // dsum (C), unless null, += the column sums of the accumulated dx: the bias gradient of the residual branch whose
+  // output gradient dx is (attn.proj's or mlp.proj's), summed by the LayerNorm backward as it goes (CUDA: in its
+  // dw / db order) instead of a BiasGrad pass over dx; dsum2 (C), unless null, += the same sums (the parallel
+  // block's second branch bias; only with dsum, else refused).
   virtual Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                                   const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16) = 0;
+                                   const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16, float* dsum,
+                                   float* dsum2) = 0;
   Status LayerNormBackward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
                            const float* mean, const float* rstd, int64_t N, int64_t C) {
-    return LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, N, C, nullptr);
+    return LayerNormBackward(dx, dw, db, dout, x, w, mean, rstd, N, C, nullptr, nullptr, nullptr);
   }
   virtual Status GeluForward(float* out, const float* x, int64_t n) = 0;
   virtual Status GeluBackward(float* dx, const float* x, const float* dout, int64_t n) = 0;

@@ -144,6 +144,19 @@ TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cro
         REQUIRE(be.LayerNormBackward(t[7], t[8], t[9], t[6], t[0], t[1], t[4], t[5], N, C).ok());
       },
       {{3, N * C}, {4, N}, {5, N}, {7, N * C}, {8, C}, {9, C}}, 1e-4f, 1e-5f, "layernorm");
+  // The LayerNorm backward summing the accumulated dx's columns into two bias gradients (the model's residual-branch
+  // biases): the CPU backend's BiasGrad passes and the kernel's own order agree within 1e-4; both get the same sums.
+  Compare(
+      p,
+      {Random(N * C, 1), Random(C, 2), Random(C, 3), Random(N * C, 4), std::vector<float>(N), std::vector<float>(N),
+       Random(N * C, 5), Random(N * C, 6), Random(C, 7), Random(C, 8), Random(C, 9), Random(C, 10)},
+      [&](ops::Backend& be, std::vector<float*>& t) {
+        REQUIRE(be.LayerNormForward(t[3], t[4], t[5], t[0], t[1], t[2], N, C, 1e-5f).ok());
+        REQUIRE(be.LayerNormBackward(t[7], t[8], t[9], t[6], t[0], t[1], t[4], t[5], N, C, nullptr, t[10], t[11]).ok());
+        CHECK(be.LayerNormBackward(t[7], t[8], t[9], t[6], t[0], t[1], t[4], t[5], N, C, nullptr, nullptr, t[11])
+                  .code() == Code::kInvalidArgument);
+      },
+      {{7, N * C}, {8, C}, {9, C}, {10, C}, {11, C}}, 1e-4f, 1e-5f, "layernorm + residual bias gradients");
   Compare(
       p, {Random(N * C, 1, -3, 3), std::vector<float>(N * C), Random(N * C, 2), std::vector<float>(N * C)},
       [&](ops::Backend& be, std::vector<float*>& t) {

@@ -184,6 +184,48 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
                               d_mean.get(), d_rstd.get(), s.N, s.C, nullptr, d_dx16.get()) == cudaSuccess);
     CHECK(d_dx.Get() == got_dx);
     ExpectBf16CopyOf(d_dx16, d_dx, n, "layernorm dx16");
+
+    // The column sums of the accumulated dx into dsum and dsum2 (the residual-branch bias gradients): dx, dw and db
+    // keep their bits; dsum = its initial value + the sums in the kernel's order (each 16-row block in row order,
+    // then lane y of 32 adds blocks y, y + 32, ... in order, then the lane sums in lane order), bit for bit, and
+    // within 1e-5 of the double sums; dsum2 gets the same sums. dsum2 without dsum: refused.
+    d_dx.Set(dx0);
+    d_dw.Set(dw0);
+    d_db.Set(db0);
+    const auto init = Random(s.C, 13), init2 = Random(s.C, 14);
+    Dev<float> d_sum(init), d_sum2(init2);
+    REQUIRE(LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(), d_x.get(), d_w.get(),
+                              d_mean.get(), d_rstd.get(), s.N, s.C, nullptr, nullptr, d_sum.get(),
+                              d_sum2.get()) == cudaSuccess);
+    CHECK(d_dx.Get() == got_dx);
+    CHECK(d_dw.Get() == got_dw);
+    CHECK(d_db.Get() == got_db);
+    const int64_t blocks = (s.N + 15) / 16;
+    std::vector<float> want(s.C), want2(s.C), exact(s.C);
+    for (int64_t c = 0; c < s.C; ++c) {
+      float lanes[32] = {};
+      double sum_exact = 0;
+      for (int64_t g = 0; g < blocks; ++g) {
+        float part = 0.0f;
+        for (int64_t r = 16 * g; r < std::min(16 * g + 16, s.N); ++r) {
+          part += got_dx[r * s.C + c];
+          sum_exact += got_dx[r * s.C + c];
+        }
+        lanes[g % 32] += part;
+      }
+      float sum = 0.0f;
+      for (float lane : lanes) sum += lane;
+      want[c] = init[c] + sum;
+      want2[c] = init2[c] + sum;
+      exact[c] = static_cast<float>(init[c] + sum_exact);
+    }
+    const auto got_sum = d_sum.Get();
+    CHECK(got_sum == want);
+    CHECK(d_sum2.Get() == want2);
+    ExpectClose(got_sum, exact, 1e-5f, grad_atol, "layernorm dx column sums");
+    CHECK(LayerNormBackward(d_dx.get(), d_dw.get(), d_db.get(), scratch.get(), d_dout.get(), d_x.get(), d_w.get(),
+                            d_mean.get(), d_rstd.get(), s.N, s.C, nullptr, nullptr, nullptr,
+                            d_sum2.get()) == cudaErrorInvalidValue);
   }
   ExpectNoPoisonedReads();
 }
