@@ -36,8 +36,8 @@ for config in ("gpt2-small-gpu", "gpt-1.3b"):
         problems.append(f"no prediction for {config}")
         continue
     section = out[at:].split("\n\n")[0]
-    for variant in ("as built (", "as built with runtime.bf16_operands: cast", "as built with runtime.bf16_operands: cublas",
-                    "with issue #16's items done"):
+    for variant in ("as built (", "as built with runtime.activations: bf16", "as built with runtime.bf16_operands: cast",
+                    "as built with runtime.bf16_operands: cublas", "with issue #16's items done"):
         v = section.find(variant)
         if v < 0 or not re.search(rf"^    step +{NUM} ms -> {NUM} tokens/s, .*MFU {NUM}% of", section[v:],
                                   re.MULTILINE):
@@ -47,4 +47,4 @@ for p in problems:
 if problems:
     print(out[-3000:])
     sys.exit(1)
-print("ok: rows and the four predictions of both GPU configs")
+print("ok: rows and the five predictions of both GPU configs")

@@ -1426,7 +1426,9 @@ struct Launch {
 // gradient, weight and input again), with cuBLAS converting the fp32 operands (runtime.bf16_operands: cublas, assuming
 // the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and
 // with issue #16's items done.
-enum class StepVariant { kAsBuilt, kCastEveryGemm, kCublasOperands, kAfter16 };
+// kBf16Fc: as built with runtime.activations: bf16 (the fc GEMM writes its output in bf16, which the bias + GeLU
+// reads forward and backward).
+enum class StepVariant { kAsBuilt, kBf16Fc, kCastEveryGemm, kCublasOperands, kAfter16 };
 
 std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const bool after16 = variant == StepVariant::kAfter16, cublas_converts = variant == StepVariant::kCublasOperands;
@@ -1438,12 +1440,15 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   auto mem = [&](const char* group, double elems_act, double elems_fp32, double count) {
     out.push_back({group, act * elems_act + F * elems_fp32, 0.0, Unit::kMemory, count});
   };
-  const bool keep = variant == StepVariant::kAsBuilt;
+  const bool bf16_fc = variant == StepVariant::kBf16Fc;
+  const bool keep = variant == StepVariant::kAsBuilt || bf16_fc;
   // A linear layer, IC -> OC, over N rows: forward (bias: a separate bias add) and backward (dinp, dW, dbias).
   // `rounded_input`, `rounded_dout`: with keep, the input's / output gradient's producer writes its bf16 rounding
   // (no cast kernel).
+  // out_bytes: bytes of an output element the forward GEMM writes (0: an activation's, act).
   auto linear = [&](double IC, double OC, bool bias_add, bool dbias, double count, bool rounded_input,
-                    bool rounded_dout) {
+                    bool rounded_dout, double out_bytes = 0) {
+    if (out_bytes == 0) out_bytes = act;
     if (variant == StepVariant::kCastEveryGemm) {
       mem("casts fp32 -> bf16", 0, 1.5 * (N * IC + OC * IC), count);  // read 4 bytes, write 2 per element
       mem("casts fp32 -> bf16", 0, 1.5 * (N * OC + OC * IC + N * IC), count);
@@ -1452,7 +1457,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
       if (!rounded_dout) mem("casts fp32 -> bf16", 0, 1.5 * N * OC, count);
     }
     const double f = 2.0 * N * IC * OC, op = cublas_converts ? F : 2.0;  // bytes of a GEMM operand element
-    out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + OC * IC) + act * N * OC, f, Unit::kTensorBf16, count});
+    out.push_back(
+        {"GEMM (bf16 tensor cores)", op * (N * IC + OC * IC) + out_bytes * N * OC, f, Unit::kTensorBf16, count});
     out.push_back(
         {"GEMM (bf16 tensor cores)", op * (N * OC + OC * IC) + 2 * act * N * IC, f, Unit::kTensorBf16, count});
     out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + N * OC) + 2 * F * OC * IC, f, Unit::kTensorBf16, count});
@@ -1481,8 +1487,9 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
   // q, k, v, and its bias gradient summed by it as it stores dqkv
   linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true);
-  linear(C, C, false, false, L, true, true);   // attention projection (input: attention; dout: ln2 backward)
-  linear(C, F4, false, false, L, true, true);  // fc (input: ln2; dout: bias + GeLU backward)
+  linear(C, C, false, false, L, true, true);  // attention projection (input: attention; dout: ln2 backward)
+  // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16
+  linear(C, F4, false, false, L, true, true, bf16_fc ? 2.0 : act);
   linear(F4, C, false, false, L, true, true);  // fc projection (input: bias + GeLU; dout: ln1 backward)
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
   out.push_back({attn, act * (n_qkv + N * C) + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
@@ -1492,9 +1499,12 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   out.push_back(
       {attn, act * (2 * N * C + n_qkv + dqkv_fp32 * n_qkv) + F * (n_lse + 2 * scratch + rounding * n_qkv + bias_parts),
        attn_bwd * attn_fwd, attn_unit, L});
-  mem("bias, GeLU, residual, bias grad", (1 + fp32_out) * N * F4, F4 + rounding * N * F4, L);  // bias + GeLU fwd
+  // The fc output the bias + GeLU reads: an activation (act bytes), or with bf16_fc 2 bytes (half an fp32 element).
+  const double fch_act = bf16_fc ? 0.0 : 1.0, fch_fp32 = bf16_fc ? 0.5 : 0.0;
+  mem("bias, GeLU, residual, bias grad", (fch_act + fp32_out) * N * F4, F4 + (rounding + fch_fp32) * N * F4,
+      L);  // bias + GeLU fwd
   // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored)
-  mem("bias, GeLU, residual, bias grad", (2 + fp32_out) * N * F4, 3 * F4 + rounding * N * F4, L);
+  mem("bias, GeLU, residual, bias grad", (1 + fch_act + fp32_out) * N * F4, 3 * F4 + (rounding + fch_fp32) * N * F4, L);
   mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
   // (the bias gradients of proj and fc proj: summed by the LayerNorm backwards that write their output gradient,
   // counted in their scratch)
@@ -1549,8 +1559,8 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       "full causal attention, one GPU, at the roofline of {}\n",
       s.name, micro_batches, s.tokens, s.tokens / s.seq, s.seq, r.name);
   const double model = ModelFlops(s) * static_cast<double>(micro_batches);
-  for (StepVariant variant :
-       {StepVariant::kAsBuilt, StepVariant::kCastEveryGemm, StepVariant::kCublasOperands, StepVariant::kAfter16}) {
+  for (StepVariant variant : {StepVariant::kAsBuilt, StepVariant::kBf16Fc, StepVariant::kCastEveryGemm,
+                              StepVariant::kCublasOperands, StepVariant::kAfter16}) {
     const bool after16 = variant == StepVariant::kAfter16;
     std::vector<std::pair<std::string, double>> groups;  // insertion order
     double total = 0;
@@ -1567,7 +1577,7 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       }
     };
     add(StepLaunches(s, variant), static_cast<double>(micro_batches));
-    if (variant == StepVariant::kAsBuilt) add(WeightCastLaunches(s), 1.0);
+    if (variant == StepVariant::kAsBuilt || variant == StepVariant::kBf16Fc) add(WeightCastLaunches(s), 1.0);
     add(OptimizerLaunches(s, after16), 1.0);
     fmt::print("  {}:\n",
                after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, 5-product "
@@ -1577,6 +1587,9 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                      "assuming cuBLAS converts them as it loads them)"
                : variant == StepVariant::kCastEveryGemm
                    ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
+               : variant == StepVariant::kBf16Fc
+                   ? "as built with runtime.activations: bf16 (as above, the fc GEMM writing its output in bf16 for "
+                     "the bias + GeLU)"
                    : "as built (bf16 weights cast once per step, each GEMM input and output gradient rounded "
                      "once per micro-batch by the op that writes it, inputs kept for the backward; "
                      "activations fp32 except those only GEMMs read, kept as bf16 alone; tensor-core attention with "

@@ -39,13 +39,22 @@ __global__ void __launch_bounds__(kGeluBlock)
   }
 }
 
+// x as fp32: itself, or a bf16 widened exactly.
+__device__ __forceinline__ float Widen(float v) {
+  return v;
+}
+__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
 // out, x: (N, C) flattened to n = N*C; bias: (C); out16: (N, C), out rounded to bf16, or null; out may be null
-// when out16 is not (only the rounding is written).
+// when out16 is not (only the rounding is written). X: float, or __nv_bfloat16 (the fc output kept in bf16).
+template <class X>
 __global__ void __launch_bounds__(kGeluBlock)
-    bias_gelu_forward_kernel(float* out, __nv_bfloat16* out16, const float* x, const float* bias, long n, int C) {
+    bias_gelu_forward_kernel(float* out, __nv_bfloat16* out16, const X* x, const float* bias, long n, int C) {
   for (long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
-    const float v = Gelu(x[i] + bias[i % C]);
+    const float v = Gelu(Widen(x[i]) + bias[i % C]);
     if (out) out[i] = v;
     if (out16) out16[i] = __float2bfloat16_rn(v);
   }
@@ -54,15 +63,16 @@ __global__ void __launch_bounds__(kGeluBlock)
 // ColumnSumChunk (column_sums.cuh) over dx (N, C) = gelu'(x + bias) * dout, each element computed once, stored to dx
 // and / or dx16 (bf16) where not null, and added into the bias gradient: the dbias of BiasGrad over the stored dx,
 // bit for bit, without reading dx again.
+template <class X>
 __global__ void __launch_bounds__(kColSumThreads)
-    bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, float* dbias, float* partial, const float* x,
+    bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, float* dbias, float* partial, const X* x,
                               const float* bias, const float* dout, int64_t N, int64_t C, int64_t chunk_rows) {
   MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
   ColumnSumChunk(lanes, dbias, partial, N, C, chunk_rows, [=](int64_t r, int64_t c) {
     const int64_t i = r * C + c;
     // __fmul_rn: the product is rounded before the sum adds it (never contracted into an FMA with the sum), so
     // dbias adds exactly the stored values.
-    const float v = __fmul_rn(dout[i], GeluGrad(x[i] + bias[c]));
+    const float v = __fmul_rn(dout[i], GeluGrad(Widen(x[i]) + bias[c]));
     if (dx) dx[i] = v;
     if (dx16) dx16[i] = __float2bfloat16_rn(v);
     return v;
@@ -85,27 +95,50 @@ cudaError_t GeluBackward(float* dx, const float* x, const float* dout, long n, c
   return cudaGetLastError();
 }
 
-cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream,
-                            __nv_bfloat16* out16) {
+namespace {
+template <class X>
+cudaError_t LaunchBiasGeluForward(float* out, const X* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream,
+                                  __nv_bfloat16* out16) {
   if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int block = kGeluBlock;
   const long n = static_cast<long>(N * C);
-  MS_LAUNCH(bias_gelu_forward_kernel, GridFor(n, block), block, 0, stream, out, out16, x, bias, n, static_cast<int>(C));
+  MS_LAUNCH(bias_gelu_forward_kernel<X>, GridFor(n, block), block, 0, stream, out, out16, x, bias, n,
+            static_cast<int>(C));
   return cudaGetLastError();
 }
 
-cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
-                             const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
+template <class X>
+cudaError_t LaunchBiasGeluBackward(float* dx, float* dbias, float* scratch, const X* x, const float* bias,
+                                   const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
   if (N <= 0 || C <= 0) return cudaSuccess;
   const ColumnSumPlan plan = PlanColumnSums(N, C);  // BiasGrad's tree (BiasGradScratchFloats)
   float* partial = plan.chunks > 1 ? scratch : nullptr;
   const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.tiles));
-  MS_LAUNCH(bias_gelu_backward_kernel, grid, dim3(kColSumCols, kColSumLanes), 0, stream, dx, dx16, dbias, partial, x,
+  MS_LAUNCH(bias_gelu_backward_kernel<X>, grid, dim3(kColSumCols, kColSumLanes), 0, stream, dx, dx16, dbias, partial, x,
             bias, dout, N, C, plan.chunk_rows);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || partial == nullptr) return err;
   return FinishColumnSums(dbias, partial, plan.chunks, C, stream);
+}
+}  // namespace
+
+cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64_t N, int64_t C, cudaStream_t stream,
+                            __nv_bfloat16* out16) {
+  return LaunchBiasGeluForward(out, x, bias, N, C, stream, out16);
+}
+cudaError_t BiasGeluForward(float* out, const __nv_bfloat16* x, const float* bias, int64_t N, int64_t C,
+                            cudaStream_t stream, __nv_bfloat16* out16) {
+  return LaunchBiasGeluForward(out, x, bias, N, C, stream, out16);
+}
+
+cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
+                             const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
+  return LaunchBiasGeluBackward(dx, dbias, scratch, x, bias, dout, N, C, stream, dx16);
+}
+cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
+                             const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
+  return LaunchBiasGeluBackward(dx, dbias, scratch, x, bias, dout, N, C, stream, dx16);
 }
 
 }  // namespace ms::kernels

@@ -40,6 +40,13 @@ cudaError_t BiasGeluForward(float* out, const float* x, const float* bias, int64
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const float* x, const float* bias,
                              const float* dout, int64_t N, int64_t C, cudaStream_t stream,
                              __nv_bfloat16* dx16 = nullptr);
+// The same two with x in bf16 (runtime.activations: bf16, the fc GEMM writing its output rounded to bf16): x is
+// widened to fp32 exactly, so the results are those of the fp32 launchers on the widened x, bit for bit.
+cudaError_t BiasGeluForward(float* out, const __nv_bfloat16* x, const float* bias, int64_t N, int64_t C,
+                            cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
+cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
+                             const float* dout, int64_t N, int64_t C, cudaStream_t stream,
+                             __nv_bfloat16* dx16 = nullptr);
 
 // ---- LayerNorm ---- (kernels/layernorm.cu)
 

@@ -5,8 +5,9 @@
 #   build      Release with -DMS_GPU_TESTS=ON (build-gpu/): megascale, kernels_bench and the GPU test binaries
 #   tests      ctest -L gpu -LE sanitizer: the kernels, the backend and training on the GPU against the references
 #   kernels    kernels_bench --preset gpu-configs: every launcher timed against its H100 roofline (+ JSON)
-#   train-*    megascale train configs/gpt2-small-gpu.yaml with runtime.bf16_operands keep, cast and cublas:
-#              step time and MFU against the detected GPU's datasheet bf16 peak
+#   train-*    megascale train configs/gpt2-small-gpu.yaml with runtime.bf16_operands keep, keep with
+#              runtime.activations: bf16, cast and cublas: step time and MFU against the detected GPU's datasheet
+#              bf16 peak
 #   sanitizer  with the time left: ctest -L sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 # The machine (nvidia-smi) is printed first, a table of stages (exit status, seconds) last; the exit status is 1
 # when a stage failed. The training stages need data/fortunes.* (scripts/make_demo_data.sh): carry data/ to the
@@ -77,9 +78,12 @@ fi
 stage tests 240 ctest --test-dir "$build" -L gpu -LE sanitizer --no-tests=error --output-on-failure --timeout 200
 stage kernels 150 "$build/kernels_bench" --preset gpu-configs --json "$out/kernels.json"
 if [[ -f data/fortunes.bin ]]; then
-  for mode in keep cast cublas; do
-    stage "train-$mode" 90 "$build/megascale" train configs/gpt2-small-gpu.yaml --no-progress \
-      --set train.steps=12 --set runtime.bf16_operands=$mode --set log.run_dir="$out/train-$mode"
+  for run in keep keep-bf16act cast cublas; do
+    extra=()
+    [[ $run == *-bf16act ]] && extra=(--set runtime.activations=bf16)
+    stage "train-$run" 90 "$build/megascale" train configs/gpt2-small-gpu.yaml --no-progress \
+      --set train.steps=12 --set runtime.bf16_operands="${run%-bf16act}" ${extra[@]+"${extra[@]}"} \
+      --set log.run_dir="$out/train-$run"
   done
 else
   summary+=("$(printf '%-12s %-8s %6s' train "no data" "-")")

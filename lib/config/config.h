@@ -143,6 +143,8 @@ struct RuntimeSpec {
                                        // kept) | cublas (fp32 operands, cuBLAS converts:
                                        // CUBLAS_COMPUTE_32F_FAST_16BF); no effect on fp32 GEMMs or the CPU
                                        // backend
+  std::string activations = "fp32";    // fp32 | bf16: the fc GEMM's output (pre-GeLU) kept in bf16 (CUDA backend, bf16
+                                       // GEMMs on bf16 operands, fused kernels)
   bool operator==(const RuntimeSpec&) const = default;
 };
 

@@ -233,6 +233,15 @@ Status ValidateTraining(const JobSpec& spec) {
     return Fail(spec, Blame(spec, {"train.precision", "runtime.backend"}),
                 "bf16 needs the cuda backend; use precision: fp32 (or runtime.backend: cuda / auto)");
   }
+  const RuntimeSpec& r = spec.runtime;
+  if (r.activations == "bf16" && (t.precision != Precision::kBf16 || r.backend == Backend::kCpu ||
+                                  r.bf16_operands == "cublas" || !r.fused_kernels)) {
+    return Fail(spec,
+                Blame(spec, {"runtime.activations", "train.precision", "runtime.backend", "runtime.bf16_operands",
+                             "runtime.fused_kernels"}),
+                "bf16 activations need bf16 GEMMs on bf16 operands (runtime.backend: cuda, train.precision: bf16, "
+                "runtime.bf16_operands: keep or cast) and runtime.fused_kernels: true; use runtime.activations: fp32");
+  }
   if (o.min_lr > o.lr) {
     return Fail(spec, Blame(spec, {"optimizer.min_lr", "optimizer.lr"}),
                 "optimizer.min_lr = {} is larger than optimizer.lr = {}; use a min_lr in [0, {}]", o.min_lr, o.lr,

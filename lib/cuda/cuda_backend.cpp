@@ -168,9 +168,24 @@ class CudaBackend final : public ops::Backend {
   using ops::Backend::MatmulForward;
   Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
                        int64_t OC, const ops::Bf16Copies& kept) override {
+    if (kept.out16) {
+      if (!bf16_activations()) {
+        return FailedPrecondition(
+            "MatmulForward: a bf16 output (runtime.activations: bf16) needs bf16 GEMMs on bf16 operands "
+            "(train.precision: bf16, runtime.bf16_operands: keep or cast)");
+      }
+      if (out || bias) {
+        return InvalidArgument(
+            "MatmulForward: with a bf16 output, out and bias must be null (the reader adds the bias)");
+      }
+    }
     if (N == 0 || OC == 0) return Status::Ok();
     MS_ASSIGN_OR_RETURN(auto* a, Input(inp, N * IC, kept));
     MS_ASSIGN_OR_RETURN(auto* b, Weight(w, OC * IC, kept));
+    if (kept.out16) {  // out16^T (OC, N), rounded once from the fp32 accumulation
+      return Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, kept.out16, OC, "linear forward (bf16 out)",
+                  CUDA_R_16BF);
+    }
     // out^T (OC, N) = w (OC, IC) . inp^T (IC, N): A = w stored column-major (IC, OC) -> op T.
     MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, out, OC, "linear forward"));
     if (bias) MS_RETURN_IF_ERROR(Launch(kernels::AddRowBias(out, bias, N, OC, s_), "bias add"));
@@ -344,6 +359,23 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_, d16),
                   "bias + GeLU backward");
   }
+  bool bf16_activations() const override { return bf16_ && !cublas_converts_; }
+  Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16) override {
+    if (!bf16_activations()) return ops::Backend::BiasGeluForward16(out, x16, bias, R, C, out16);
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward16", out));
+    return Launch(kernels::BiasGeluForward(out, static_cast<const __nv_bfloat16*>(x16), bias, R, C, s_, o16),
+                  "bias + GeLU forward (bf16 input)");
+  }
+  Status BiasGeluBackward16(float* dx, float* dbias, const void* x16, const float* bias, const float* dout, int64_t R,
+                            int64_t C, void* dx16) override {
+    if (!bf16_activations()) return ops::Backend::BiasGeluBackward16(dx, dbias, x16, bias, dout, R, C, dx16);
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "BiasGeluBackward16", dx));
+    MS_ASSIGN_OR_RETURN(void* scratch,
+                        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
+    return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch),
+                                            static_cast<const __nv_bfloat16*>(x16), bias, dout, R, C, s_, d16),
+                  "bias + GeLU backward (bf16 input)");
+  }
   Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {
     MS_ASSIGN_OR_RETURN(void* scratch,
                         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
@@ -451,14 +483,16 @@ class CudaBackend final : public ops::Backend {
   }
   // Column-major C (m, n) = op(A) op(B) + beta C: A, B bf16 (or fp32: fp32 math, or converted to bf16 by cuBLAS
   // when cublas_converts_), C fp32, fp32 accumulation.
+  // ctype CUDA_R_16BF (bf16 operands only): C rounded to bf16 (runtime.activations: bf16).
   Status Gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
-              const void* B, int64_t ldb, float beta, float* C, int64_t ldc, const char* what) {
+              const void* B, int64_t ldb, float beta, void* C, int64_t ldc, const char* what,
+              cudaDataType_t ctype = CUDA_R_32F) {
     const float alpha = 1.0f;
     const cudaDataType_t in = bf16_ && !cublas_converts_ ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t compute = cublas_converts_ ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
     MS_BLAS_OK(cublasGemmEx(blas_, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, A, in,
-                            static_cast<int>(lda), B, in, static_cast<int>(ldb), &beta, C, CUDA_R_32F,
-                            static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
+                            static_cast<int>(lda), B, in, static_cast<int>(ldb), &beta, C, ctype, static_cast<int>(ldc),
+                            compute, CUBLAS_GEMM_DEFAULT),
                what);
     return Status::Ok();
   }

@@ -122,7 +122,7 @@ struct Gpt::Acts {
   DeviceArray<int32_t> inputs, targets;            // [N]; inputs as local vocab ids under tp (-1: another rank's row)
   DeviceArray<float> res;                          // (layers+1) x [R, C]
   struct Layer {
-    DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
+    DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;  // fch: bf16 with Bf16Fc
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
     // bf16 roundings of the GEMM inputs (all N rows), made in the forward (by the LayerNorms, the bias + GeLU or
     // the GEMMs) and read again by the weight gradients' (backends that keep bf16 operands; else unallocated): ln1
@@ -245,6 +245,13 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     if (!device->is_host()) return InvalidArgument("device {} needs an ops backend", device->name());
     g->own_be_ = ops::MakeCpuBackend(device);
     g->be_ = g->own_be_.get();
+  }
+  if (shard.bf16_fc && !(g->be_->bf16_activations() && shard.fused_kernels)) {
+    return FailedPrecondition(
+        "runtime.activations: bf16 needs bf16 GEMMs on bf16 operands (runtime.backend: cuda, train.precision: bf16, "
+        "runtime.bf16_operands: keep or cast; this is the {} backend{}) and runtime.fused_kernels: true (the fused "
+        "bias + GeLU reads the bf16 fc output); use runtime.activations: fp32",
+        g->be_->name(), g->be_->bf16_gemm() ? "" : " with fp32 GEMMs");
   }
   const int64_t C = spec.hidden, F = spec.ffn_hidden, V = spec.padded_vocab(), T = spec.seq_len;
   const bool seq = spec.block == config::BlockKind::kSequential;
@@ -463,7 +470,11 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(y.qkv.Allocate(be, N * 3 * HlD));
     MS_RETURN_IF_ERROR(y.atty.Allocate(be, N * HlD));
     MS_RETURN_IF_ERROR(y.lse.Allocate(be, B_ * Hl_ * spec_.seq_len));
-    MS_RETURN_IF_ERROR(y.fch.Allocate(be, N * Fl_));
+    if (Bf16Fc()) {  // written by the fc GEMM in bf16, read by the bias + GeLU forward and backward
+      MS_RETURN_IF_ERROR(AllocateBf16(y.fch, be, N * Fl_));
+    } else {
+      MS_RETURN_IF_ERROR(y.fch.Allocate(be, N * Fl_));
+    }
     if (gelu_fp32) MS_RETURN_IF_ERROR(y.fch_gelu.Allocate(be, N * Fl_));
     if (keep_bf16_) {
       MS_RETURN_IF_ERROR(AllocateBf16(y.ln1_16, be, N * C));
@@ -741,7 +752,14 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
       // fch holds the GEMM output without its bias: the bias is fused into the GeLU (and its gradient into the
-      // GeLU backward).
+      // GeLU backward). With Bf16Fc the GEMM writes it rounded to bf16 (and there is no fp32 fch).
+      if (Bf16Fc()) {
+        ops::Bf16Copies kc = k16.Fc(row0, !seq || ln_rounds);
+        kc.out16 = Bf16At(y.fch, row0 * Fl);
+        MS_RETURN_IF_ERROR(be_->MatmulForward(nullptr, src, P(w.fcw), nullptr, rows, C, Fl, kc));
+        return be_->BiasGeluForward16(Off(y.fch_gelu.data(), row0 * Fl), kc.out16, P(w.fcb), rows, Fl,
+                                      gelu_rounds ? k16.GeluOut(row0) : nullptr);
+      }
       MS_RETURN_IF_ERROR(be_->MatmulForward(y.fch.data() + row0 * Fl, src, P(w.fcw), nullptr, rows, C, Fl,
                                             k16.Fc(row0, !seq || ln_rounds)));
       if (!shard_.fused_kernels) {  // ablation: the bias, then the GeLU, each a pass over memory (fch keeps the bias)
@@ -1045,6 +1063,11 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
         return be_->BiasGrad(G(w.fcb), dfch + row0 * Fl, rows, Fl);
       }
       // With dfch16 the fc GEMMs read only the rounding: the fp32 fc gradient is not written.
+      if (Bf16Fc()) {
+        return be_->BiasGeluBackward16(Off(dfch, row0 * Fl), G(w.fcb), Bf16At(y.fch, row0 * Fl), P(w.fcb),
+                                       dfch_gelu + row0 * Fl, rows, Fl,
+                                       dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
+      }
       return be_->BiasGeluBackward(Off(dfch, row0 * Fl), G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
                                    dfch_gelu + row0 * Fl, rows, Fl,
                                    dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);

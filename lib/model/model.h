@@ -102,6 +102,10 @@ struct ShardSpec {
   // Fused epilogues (the fc bias inside the GeLU, the row-parallel biases inside the residual add); false runs
   // each as a pass of its own, to measure what fusion buys (runtime.fused_kernels).
   bool fused_kernels = true;
+  // runtime.activations: bf16 — the fc GEMM writes its output (the MLP's pre-GeLU activation, the largest one kept
+  // for the backward) rounded to bf16, which the fused bias + GeLU reads forward and backward
+  // (ops::Backend::bf16_activations; needs fused_kernels).
+  bool bf16_fc = false;
 };
 
 // Communicators the model uses inside a layer (TP). Null when tp_size == 1.
@@ -287,6 +291,8 @@ class Gpt {
   // gradient dres) are summed by the LayerNorm backward that writes dres (a fused epilogue, off in the
   // runtime.fused_kernels: false ablation, which runs BiasGrad passes over dres).
   bool BiasGradsInLn() const { return shard_.fused_kernels; }
+  // ShardSpec::bf16_fc: the fc output (y.fch) holds bf16, written by the fc GEMM.
+  bool Bf16Fc() const { return shard_.bf16_fc; }
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   // The final LayerNorm backward writes dres; dsum / dsum2 (the last layer's residual-branch bias gradients, or
   // null): += its column sums (ops::Backend::LayerNormBackward).

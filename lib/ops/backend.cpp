@@ -38,7 +38,10 @@ class CpuBackend final : public Backend {
   using Backend::MatmulBackward;
   using Backend::MatmulForward;
   Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
-                       int64_t OC, const Bf16Copies&) override {  // fp32 GEMMs: no bf16 roundings
+                       int64_t OC, const Bf16Copies& kept) override {  // fp32 GEMMs: no bf16 roundings
+    if (kept.out16) {
+      return FailedPrecondition("MatmulForward: the cpu backend writes no bf16 outputs (runtime.activations: bf16)");
+    }
     ops::MatmulForward(out, inp, w, bias, N, IC, OC);
     return Status::Ok();
   }
@@ -267,6 +270,14 @@ class CpuBackend final : public Backend {
 
 Status Backend::CastToBf16(void*, const float*, int64_t) {
   return FailedPrecondition("the {} backend keeps no bf16 GEMM operands (CastToBf16)", name());
+}
+Status Backend::BiasGeluForward16(float*, const void*, const float*, int64_t, int64_t, void*) {
+  return FailedPrecondition("BiasGeluForward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
+                            name());
+}
+Status Backend::BiasGeluBackward16(float*, float*, const void*, const float*, const float*, int64_t, int64_t, void*) {
+  return FailedPrecondition("BiasGeluBackward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
+                            name());
 }
 
 std::unique_ptr<Backend> MakeCpuBackend(device::Device* device) {

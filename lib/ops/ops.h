@@ -186,6 +186,9 @@ struct Bf16Copies {
   void* inp = nullptr;      // N x IC bf16 for the rounding of inp; null: rounded at the call into a workspace
   bool inp_ready = false;   // `inp` already holds the rounding of this call's inp (else the call writes it first)
   const void* dout = nullptr;  // MatmulBackward: dout (N x OC) rounded to bf16; null: rounded at the call
+  // MatmulForward: write the output rounded to bf16 here (N x OC), instead of the fp32 out (null, and no bias);
+  // only where bf16_activations() (runtime.activations: bf16), else refused.
+  void* out16 = nullptr;
 };
 
 class Backend {
@@ -335,6 +338,15 @@ class Backend {
                           int64_t C) {
     return BiasGeluBackward(dx, dbias, x, bias, dout, R, C, nullptr);
   }
+  // runtime.activations: bf16 — the fc output kept in bf16: MatmulForward writes it rounded to bf16
+  // (Bf16Copies::out16, fp32 accumulation, rounded once) and the bias + GeLU read it (x16, R x C bf16) in place of the
+  // fp32 x: the same results as the fp32 calls on x16 widened to fp32. Only where bf16_activations() (bf16 GEMMs on
+  // bf16 operands: the CUDA backend with train.precision: bf16 and runtime.bf16_operands keep or cast), else
+  // refused.
+  virtual bool bf16_activations() const { return false; }
+  virtual Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16);
+  virtual Status BiasGeluBackward16(float* dx, float* dbias, const void* x16, const float* bias, const float* dout,
+                                    int64_t R, int64_t C, void* dx16);
   // db (C) += column sums of dy (R, C), rows in order.
   virtual Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) = 0;
   // x (R, C) += wpe[((row0 + r) % T)] for each row r: learned positions.

@@ -392,6 +392,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   shard.sequence_parallel = par.sequence_parallel;
   shard.tp_comm_chunks = par.tp_comm_chunks;
   shard.fused_kernels = spec.runtime.fused_kernels;
+  shard.bf16_fc = spec.runtime.activations == "bf16";
+  if (shard.bf16_fc) LogInfo("runtime.activations: bf16 (the fc GEMM writes its output in bf16 for the bias + GeLU)");
   model::ModelComms mcomms;
   if (par.tp > 1) mcomms.tp = &tp_timed;
   MS_ASSIGN_OR_RETURN(auto gpt,

@@ -560,6 +560,17 @@ TEST_CASE("cross-field rules name the values and point at the responsible key") 
        "cfg/x.yaml:16:3: train.precision: bf16 needs the cuda backend; use precision: fp32"},
       {{{"steps: 50", "steps: 50\n  precision: bf16"}, {"name: base", "runtime: {backend: cuda}"}}, ""},
       {{{"steps: 50", "steps: 50\n  precision: bf16"}, {"name: base", "runtime: {backend: auto}"}}, ""},
+      // bf16 activations need bf16 GEMMs on bf16 operands and the fused kernels.
+      {{{"name: base", "runtime: {activations: bf16}"}},
+       "cfg/x.yaml:1:11: runtime.activations: bf16 activations need bf16 GEMMs on bf16 operands"},
+      {{{"steps: 50", "steps: 50\n  precision: bf16"},
+        {"name: base", "runtime: {backend: cuda, activations: bf16, bf16_operands: cublas}"}},
+       "runtime.activations: bf16 activations need"},
+      {{{"steps: 50", "steps: 50\n  precision: bf16"},
+        {"name: base", "runtime: {backend: cuda, activations: bf16, fused_kernels: false}"}},
+       "runtime.activations: bf16 activations need"},
+      {{{"steps: 50", "steps: 50\n  precision: bf16"}, {"name: base", "runtime: {backend: cuda, activations: bf16}"}},
+       ""},
       // Evaluation needs held-out data.
       {{{"steps: 50", "steps: 50\n  eval_interval: 10"}}, ""},
       {{{"steps: 50", "steps: 50\n  eval_interval: 10"}, {"path: data/x", "path: data/x\n  valid_fraction: 0"}},

@@ -339,6 +339,97 @@ TEST_CASE("cuda backend (emulated): bf16 backend attention, tensor-core head dim
 // Kept operands: the attention writes the bf16 roundings of out and dqkv (the tensor-core kernels as they store,
 // D = 16; after the fp32 kernels, D = 24, a cast): the cast kernel's bits of the fp32 outputs, which stay the same
 // bits as without. Refused by backends that keep nothing.
+// runtime.activations: bf16 — the fc GEMM writes its output rounded to bf16 (Bf16Copies::out16) and the bias + GeLU
+// read it: the GEMM's bf16 output is the rounding of its fp32 output (the emulated cuBLAS rounds the fp32 sum once;
+// on a GPU within one bf16 ulp, cuBLAS choosing its own kernels), and BiasGeluForward16 / BiasGeluBackward16 give the
+// bits of the fp32 calls on that rounding widened. Keep and cast both take it; cuBLAS-converted operands, fp32 GEMMs
+// and the CPU backend refuse, as do an fp32 out or a bias next to out16.
+TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
+  for (Bf16Operands mode : {Bf16Operands::kKeep, Bf16Operands::kCast}) {
+    Pair p(/*bf16=*/true, mode);
+    REQUIRE(p.gpu->bf16_activations());
+    const int64_t N = 37, IC = 24, OC = 40;
+    float* inp = p.On(*p.gpu, Random(N * IC, 51));
+    float* w = p.On(*p.gpu, Random(OC * IC, 52));
+    float* bias = p.On(*p.gpu, Random(OC, 53));
+    float* dout = p.On(*p.gpu, Random(N * OC, 54));
+    float* out = p.On(*p.gpu, std::vector<float>(N * OC));
+    uint16_t* out16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
+    REQUIRE(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC).ok());
+    ops::Bf16Copies kc;
+    kc.out16 = out16;
+    REQUIRE(p.gpu->MatmulForward(nullptr, inp, w, nullptr, N, IC, OC, kc).ok());
+    const auto fp32 = p.Get(*p.gpu, out, N * OC);
+    const auto got16 = p.Get(*p.gpu, out16, N * OC);
+    std::vector<float> widened(N * OC);
+    for (int64_t i = 0; i < N * OC; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(got16[i]) << 16;
+      std::memcpy(&widened[i], &bits, sizeof bits);
+    }
+#if !defined(MS_TEST_GPU)
+    for (int64_t i = 0; i < N * OC; ++i) {
+      const uint32_t f = [&] {
+        uint32_t u;
+        std::memcpy(&u, &fp32[i], sizeof u);
+        return u;
+      }();
+      const uint16_t want = static_cast<uint16_t>((f + 0x7FFF + ((f >> 16) & 1)) >> 16);  // nearest even
+      CHECK(got16[i] == want);
+    }
+#else
+    ExpectClose(fp32, widened, 1e-2f, 1e-2f, "bf16 GEMM output");
+#endif
+    // The bias + GeLU on the bf16 output = the fp32 calls on it widened, bit for bit.
+    float* xw = p.On(*p.gpu, widened);
+    std::vector<float*> y(2), dx(2), db(2);
+    for (int k = 0; k < 2; ++k) {
+      y[k] = p.On(*p.gpu, std::vector<float>(N * OC));
+      dx[k] = p.On(*p.gpu, std::vector<float>(N * OC));
+      db[k] = p.On(*p.gpu, std::vector<float>(OC));
+    }
+    REQUIRE(p.gpu->BiasGeluForward(y[0], xw, bias, N, OC).ok());
+    REQUIRE(p.gpu->BiasGeluBackward(dx[0], db[0], xw, bias, dout, N, OC).ok());
+    REQUIRE(p.gpu->BiasGeluForward16(y[1], out16, bias, N, OC, nullptr).ok());
+    REQUIRE(p.gpu->BiasGeluBackward16(dx[1], db[1], out16, bias, dout, N, OC, nullptr).ok());
+    CHECK(p.Get(*p.gpu, y[1], N * OC) == p.Get(*p.gpu, y[0], N * OC));
+    CHECK(p.Get(*p.gpu, dx[1], N * OC) == p.Get(*p.gpu, dx[0], N * OC));
+    CHECK(p.Get(*p.gpu, db[1], OC) == p.Get(*p.gpu, db[0], OC));
+    // An fp32 output or a bias next to the bf16 one: refused.
+    CHECK(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC, kc).code() == Code::kInvalidArgument);
+    CHECK(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, kc).code() == Code::kInvalidArgument);
+  }
+  Pair conv(/*bf16=*/true, Bf16Operands::kCublas), fp32;
+  ops::Bf16Copies kc;
+  for (ops::Backend* be : {conv.gpu.get(), fp32.gpu.get(), fp32.cpu.get()}) {
+    CAPTURE(be->name());
+    CHECK_FALSE(be->bf16_activations());
+    Pair& owner = be == conv.gpu.get() ? conv : fp32;
+    float* x = owner.On(*be, std::vector<float>(16));
+    kc.out16 = x;
+    CHECK(be->MatmulForward(nullptr, x, x, nullptr, 2, 2, 2, kc).code() == Code::kFailedPrecondition);
+    CHECK(be->BiasGeluForward16(x, x, x, 2, 2, nullptr).code() == Code::kFailedPrecondition);
+    CHECK(be->BiasGeluBackward16(x, x, x, x, x, 2, 2, nullptr).code() == Code::kFailedPrecondition);
+  }
+  // The model refuses the switch where the backend cannot take it.
+  config::ModelSpec m;
+  m.layers = 1;
+  m.hidden = 16;
+  m.heads = 1;
+  m.ffn_hidden = 64;
+  m.vocab = 32;
+  m.seq_len = 8;
+  model::ShardSpec shard;
+  shard.bf16_fc = true;
+  auto g = model::Gpt::Create(m, shard, 1, 1, fp32.cpu_dev.get(), {}, fp32.cpu.get());
+  REQUIRE_FALSE(g.ok());
+  CHECK(g.status().code() == Code::kFailedPrecondition);
+  CHECK(g.status().ToString().find("runtime.activations") != std::string::npos);
+  shard.fused_kernels = false;
+  Pair keep(/*bf16=*/true, Bf16Operands::kKeep);
+  auto u = model::Gpt::Create(m, shard, 1, 1, keep.gpu_dev.get(), {}, keep.gpu.get());
+  CHECK(u.status().code() == Code::kFailedPrecondition);
+}
+
 TEST_CASE("cuda backend: attention's kept roundings of out and dqkv") {
   Pair keep(true, Bf16Operands::kKeep);
   for (int64_t D : {16, 24}) {
@@ -590,7 +681,7 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
 // buffers account for, within the allocator's rounding (512 B per block under 1 MiB) and the cast backend's bf16
 // workspaces (counted). With the fp32 activations still allocated, `keep` would hold
 // 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
-// N F x 4 more.
+// N F x 4 more. With runtime.activations: bf16 (the fc output in bf16) `keep` holds L N F x 2 bytes less again.
 TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of an activation only GEMMs read") {
   config::ModelSpec m;
   m.layers = 2;
@@ -608,10 +699,12 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
     inputs.push_back(static_cast<int32_t>((i * 7) % m.vocab));
     targets.push_back(static_cast<int32_t>((i * 5 + 1) % m.vocab));
   }
-  auto held = [&](Bf16Operands operands, int64_t* params) {
+  auto held = [&](Bf16Operands operands, int64_t* params, bool bf16_fc = false) {
     Pair p(/*bf16=*/true, operands);
     const size_t before = p.gpu_dev->bytes_in_use();
-    auto g = model::Gpt::Create(m, {}, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
+    model::ShardSpec shard;
+    shard.bf16_fc = bf16_fc;
+    auto g = model::Gpt::Create(m, shard, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
     REQUIRE_MESSAGE(g.ok(), g.status().ToString());
     REQUIRE((*g)->Forward(inputs.data(), targets.data()).ok());
     REQUIRE((*g)->Backward(0.1f).ok());
@@ -637,6 +730,10 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   CAPTURE(cast_ws);
   CHECK(keep - (cast - cast_ws) <= bf16_in - fp32_out + slack);
   CHECK(4 * 3 * N * C > slack);  // the check above sees any one fp32 buffer come back (the smallest: dqkv, 3 N C)
+  // runtime.activations: bf16 holds each layer's fc output in 2 bytes per element instead of 4.
+  const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
+  CAPTURE(keep_bf16_fc);
+  CHECK(std::llabs(keep - keep_bf16_fc - L * N * F * 2) <= slack);
 }
 
 #if !defined(MS_TEST_GPU)

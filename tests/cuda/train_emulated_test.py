@@ -67,7 +67,9 @@ runtime: {{threads: 1}}
 {extra}""")
 
 
-def compare(name, extra, sets, rtol):
+def compare(name, extra, sets, rtol, emu_sets=()):
+    """The CPU backend (fp32 GEMMs) and the emulated CUDA backend (sets, then emu_sets: keys only it takes) give
+    the same losses and gradient norms within rtol."""
     cpu_dir, emu_dir = os.path.join(WORK, name + "-cpu"), os.path.join(WORK, name + "-emu")
     path = os.path.join(WORK, name + ".yaml")
     spec(path, cpu_dir, extra)
@@ -77,7 +79,8 @@ def compare(name, extra, sets, rtol):
     rc, _, err = run(BIN, *args, "--set", "train.precision=fp32")
     if rc != 0:
         return f"cpu run failed: {err.strip()[-800:]}"
-    rc, out, err = run(EMU, *args, "--set", f"log.run_dir={emu_dir}", "--set", "runtime.backend=cuda")
+    emu_args = [a for s in emu_sets for a in ("--set", s)]
+    rc, out, err = run(EMU, *args, *emu_args, "--set", f"log.run_dir={emu_dir}", "--set", "runtime.backend=cuda")
     if rc != 0:
         return f"emulated cuda run failed: {err.strip()[-800:]}"
     log = open(os.path.join(emu_dir, "train.log" if os.path.exists(os.path.join(emu_dir, "train.log"))
@@ -166,6 +169,15 @@ case("bf16-111-keep-is-cast", "parallel: {micro_batches: 2}", ["train.precision=
 case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
      ["train.precision=bf16", "model.block=sequential", "runtime.fused_kernels=false"], KEEP,
      ["runtime.bf16_operands=cast"], check=same_bits)
+# runtime.activations: bf16 (the fc GEMM writes its output in bf16, which the bias + GeLU reads forward and
+# backward): within the bf16 tolerance of the CPU backend's fp32 losses, and `keep` = `cast` bit for bit with it.
+case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
+     ["runtime.activations=bf16"])
+case("bf16-111-bf16-activations-keep-is-cast", "parallel: {micro_batches: 2}",
+     ["train.precision=bf16", "runtime.activations=bf16"], KEEP, ["runtime.bf16_operands=cast"], check=same_bits)
+# ... and it does change the numerics (the switch is not ignored).
+case("bf16-activations-take-effect", "", ["train.precision=bf16"], ["runtime.activations=fp32"],
+     ["runtime.activations=bf16"], None, True, check=same_bits)
 case("planted-stale-bf16-weights-caught", "parallel: {micro_batches: 2}",
      ["train.precision=bf16", "model.block=sequential"], ["runtime.bf16_operands=cast"], KEEP,
      {"MEGASCALE_PLANT": "kept_bf16_stale"}, True, check=same_bits)

@@ -102,6 +102,30 @@ TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rto
     ExpectBf16CopyOf(dgrad16_only, dgrad, n, "bias_gelu dx16 without dx");
     CHECK(ddbias4.Get() == ddbias3.Get());
     CHECK(BiasGeluForward(nullptr, dx_in.get(), dbias_in.get(), s.N, s.C, nullptr, nullptr) == cudaErrorInvalidValue);
+
+    // x in bf16 (runtime.activations: bf16): the bits of the fp32 launchers on x widened to fp32 (out, out16, dx,
+    // dx16, dbias), and not those of the unrounded x.
+    std::vector<__nv_bfloat16> x16(n);
+    std::vector<float> xw(n);
+    for (int64_t i = 0; i < n; ++i) {
+      x16[i] = __float2bfloat16_rn(x[i]);
+      xw[i] = __bfloat162float(x16[i]);
+    }
+    Dev<__nv_bfloat16> dx16_in(x16), wy16(n), gy16(n), wg16(n), gg16(n);
+    Dev<float> dxw_in(xw), wy(n), gy(n), wg(n), gg(n), wdb(dbias0), gdb(dbias0);
+    REQUIRE(BiasGeluForward(wy.get(), dxw_in.get(), dbias_in.get(), s.N, s.C, nullptr, wy16.get()) == cudaSuccess);
+    REQUIRE(BiasGeluForward(gy.get(), dx16_in.get(), dbias_in.get(), s.N, s.C, nullptr, gy16.get()) == cudaSuccess);
+    REQUIRE(BiasGeluBackward(wg.get(), wdb.get(), scratch.get(), dxw_in.get(), dbias_in.get(), ddout.get(), s.N, s.C,
+                             nullptr, wg16.get()) == cudaSuccess);
+    REQUIRE(BiasGeluBackward(gg.get(), gdb.get(), scratch.get(), dx16_in.get(), dbias_in.get(), ddout.get(), s.N, s.C,
+                             nullptr, gg16.get()) == cudaSuccess);
+    CHECK(gy.Get() == wy.Get());
+    CHECK(gg.Get() == wg.Get());
+    CHECK(gdb.Get() == wdb.Get());
+    const auto gy16h = gy16.Get(), wy16h = wy16.Get(), gg16h = gg16.Get(), wg16h = wg16.Get();
+    CHECK(std::memcmp(gy16h.data(), wy16h.data(), sizeof(__nv_bfloat16) * n) == 0);
+    CHECK(std::memcmp(gg16h.data(), wg16h.data(), sizeof(__nv_bfloat16) * n) == 0);
+    if (n > 1) CHECK(gy.Get() != dy.Get());  // the rounding of x shows
   }
   ExpectNoPoisonedReads();
 }
