@@ -339,6 +339,18 @@ TEST_CASE("cuda backend (emulated): bf16 backend attention, tensor-core head dim
 // Kept operands: the attention writes the bf16 roundings of out and dqkv (the tensor-core kernels as they store,
 // D = 16; after the fp32 kernels, D = 24, a cast): the cast kernel's bits of the fp32 outputs, which stay the same
 // bits as without. Refused by backends that keep nothing.
+// A GPT spec of the given shape for the model-level tests of this file (other fields at their defaults).
+config::ModelSpec SpecOf(int layers, int hidden, int heads, int ffn, int vocab, int seq_len) {
+  config::ModelSpec m;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.ffn_hidden = ffn;
+  m.vocab = vocab;
+  m.seq_len = seq_len;
+  return m;
+}
+
 // runtime.activations: bf16 — the fc GEMM writes its output rounded to bf16 (Bf16Copies::out16) and the bias + GeLU
 // read it: the GEMM's bf16 output is the rounding of its fp32 output (the emulated cuBLAS rounds the fp32 sum once;
 // on a GPU within one bf16 ulp, cuBLAS choosing its own kernels), and BiasGeluForward16 / BiasGeluBackward16 give the
@@ -411,13 +423,7 @@ TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
     CHECK(be->BiasGeluBackward16(x, x, x, x, x, 2, 2, nullptr).code() == Code::kFailedPrecondition);
   }
   // The model refuses the switch where the backend cannot take it.
-  config::ModelSpec m;
-  m.layers = 1;
-  m.hidden = 16;
-  m.heads = 1;
-  m.ffn_hidden = 64;
-  m.vocab = 32;
-  m.seq_len = 8;
+  const config::ModelSpec m = SpecOf(1, 16, 1, 64, 32, 8);
   model::ShardSpec shard;
   shard.bf16_fc = true;
   auto g = model::Gpt::Create(m, shard, 1, 1, fp32.cpu_dev.get(), {}, fp32.cpu.get());
@@ -599,13 +605,7 @@ struct GptShape {
 template <class Check>
 void CompareGptGradients(Pair& p, config::BlockKind block, const GptShape& sh, float init_std, double loss_rtol,
                          const Check& check) {
-  config::ModelSpec m;
-  m.layers = 2;
-  m.hidden = sh.hidden;
-  m.heads = sh.heads;
-  m.ffn_hidden = sh.ffn;
-  m.vocab = sh.vocab;
-  m.seq_len = sh.seq;
+  config::ModelSpec m = SpecOf(2, sh.hidden, sh.heads, sh.ffn, sh.vocab, sh.seq);
   m.block = block;
   m.window = sh.window;
   m.init_std = init_std;
@@ -683,13 +683,7 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
 // 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
 // N F x 4 more. With runtime.activations: bf16 (the fc output in bf16) `keep` holds L N F x 2 bytes less again.
 TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of an activation only GEMMs read") {
-  config::ModelSpec m;
-  m.layers = 2;
-  m.hidden = 64;
-  m.heads = 4;
-  m.ffn_hidden = 256;
-  m.vocab = 96;
-  m.seq_len = 32;
+  config::ModelSpec m = SpecOf(2, 64, 4, 256, 96, 32);
   m.block = config::BlockKind::kSequential;
   m.window = 0;
   const int B = 2;
