@@ -1,5 +1,6 @@
 // defines: adamw_kernel and its launcher AdamWMultiTensor: one fused AdamW step over a list of tensors, in
-// torch.optim.AdamW's order of operations (as ms::ops::AdamWStep's fast path, in fp32).
+// torch.optim.AdamW's order of operations (as ms::ops::AdamWStep's fast path, in fp32), optionally writing the
+// bf16 rounding of each updated parameter (the GEMMs' weight copy) as it stores it.
 #include <cmath>
 
 #include "common.cuh"
@@ -44,11 +45,13 @@ __global__ void __launch_bounds__(kAdamWBlock) adamw_kernel(AdamWBatch batch, Ad
   const int64_t end = begin + kAdamWChunk < t.n ? begin + kAdamWChunk : t.n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = t.g[i];
-    const float p = t.p[i] * s.decay;                   // param.mul_(1 - lr * wd)
-    const float m = Lerp(t.m[i], g, s.w1);              // exp_avg.lerp_(grad, 1 - beta1)
-    const float v = t.v[i] * s.beta2 + s.w2 * g * g;    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-    const float denom = sqrtf(v) / s.bc2_sqrt + s.eps;  // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
-    t.p[i] = p + s.neg_step_size * m / denom;           // param.addcdiv_(exp_avg, denom, value=-step_size)
+    const float p = t.p[i] * s.decay;                     // param.mul_(1 - lr * wd)
+    const float m = Lerp(t.m[i], g, s.w1);                // exp_avg.lerp_(grad, 1 - beta1)
+    const float v = t.v[i] * s.beta2 + s.w2 * g * g;      // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+    const float denom = sqrtf(v) / s.bc2_sqrt + s.eps;    // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
+    const float p_new = p + s.neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
+    t.p[i] = p_new;
+    if (t.p16 != nullptr) t.p16[i] = __float2bfloat16_rn(p_new);  // the bf16 weight copy, as CastFloatToBf16
     t.m[i] = m;
     t.v[i] = v;
   }

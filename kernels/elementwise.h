@@ -114,7 +114,9 @@ struct LambTensor {
 // Up to 24 tensors per launch, in as few launches as the list allows. u must not alias p, g, m or v.
 cudaError_t LambDirectionMultiTensor(const LambTensor* tensors, int count, const AdamWHyper& hp, int64_t step,
                                      cudaStream_t stream);
-// p (n) += (-lr * trust_ratio) * u, as ms::ops::LambApply (the scalar product rounded to float first).
-cudaError_t LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, cudaStream_t stream);
+// p (n) += (-lr * trust_ratio) * u, as ms::ops::LambApply (the scalar product rounded to float first); p16 (n),
+// unless null, = the updated p rounded to bf16 as CastFloatToBf16 does (the GEMMs' weight copy).
+cudaError_t LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, cudaStream_t stream,
+                      __nv_bfloat16* p16 = nullptr);
 
 }  // namespace ms::kernels

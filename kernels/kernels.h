@@ -114,6 +114,9 @@ struct AdamWTensor {
   float* m;        // (n) first moment, updated
   float* v;        // (n) second moment, updated
   int64_t n;
+  // (n) unless null: the updated parameters rounded to bf16 as CastFloatToBf16 does (the weight copy the bf16
+  // GEMMs read, written with the update instead of by a cast kernel at the next step's first use).
+  __nv_bfloat16* p16 = nullptr;
 };
 struct AdamWHyper {
   float lr;
@@ -123,7 +126,8 @@ struct AdamWHyper {
   float weight_decay;
 };
 // One AdamW step (torch order, as ms::ops::AdamWStep; step is 1-based) over a list of tensors (or shards)
-// in as few launches as the list allows (up to kAdamWMaxTensors tensors per launch).
+// in as few launches as the list allows (up to kAdamWMaxTensors tensors per launch); each tensor's p16, unless
+// null, gets the bf16 rounding of its updated p.
 cudaError_t AdamWMultiTensor(const AdamWTensor* tensors, int count, const AdamWHyper& hp, int64_t step,
                              cudaStream_t stream);
 

@@ -1,6 +1,7 @@
 // defines: lamb_direction_kernel, lamb_apply_kernel and their launchers (LambDirectionMultiTensor, LambApply,
 // declared in kernels/elementwise.h): LAMB (You et al. 2019) split as ms::ops::LambDirection / LambApply, so that
-// the trust ratio can use norms reduced across shards (SumSquaresMulti + an all-reduce in between).
+// the trust ratio can use norms reduced across shards (SumSquaresMulti + an all-reduce in between); LambApply may
+// write the bf16 rounding of the updated parameters (the GEMMs' weight copy) as it stores them.
 #include <cmath>
 
 #include "common.cuh"
@@ -55,11 +56,15 @@ __global__ void __launch_bounds__(kLambBlock) lamb_direction_kernel(LambBatch ba
   }
 }
 
-// p (n) += a * u (n), a = -lr * trust_ratio (rounded to float on the host).
-__global__ void __launch_bounds__(kLambBlock) lamb_apply_kernel(float* p, const float* u, float a, int64_t n) {
+// p (n) += a * u (n), a = -lr * trust_ratio (rounded to float on the host); p16 (n), unless null, = the updated p
+// rounded to bf16 (as CastFloatToBf16).
+__global__ void __launch_bounds__(kLambBlock)
+    lamb_apply_kernel(float* p, const float* u, float a, int64_t n, __nv_bfloat16* p16) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    p[i] += a * u[i];
+    const float p_new = p[i] + a * u[i];
+    p[i] = p_new;
+    if (p16 != nullptr) p16[i] = __float2bfloat16_rn(p_new);
   }
 }
 
@@ -101,10 +106,11 @@ cudaError_t LambDirectionMultiTensor(const LambTensor* tensors, int count, const
   return cudaSuccess;
 }
 
-cudaError_t LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, cudaStream_t stream) {
+cudaError_t LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, cudaStream_t stream,
+                      __nv_bfloat16* p16) {
   if (n <= 0) return cudaSuccess;
   const float a = -lr * trust_ratio;
-  MS_LAUNCH(lamb_apply_kernel, GridFor(n, kLambBlock), kLambBlock, 0, stream, p, u, a, n);
+  MS_LAUNCH(lamb_apply_kernel, GridFor(n, kLambBlock), kLambBlock, 0, stream, p, u, a, n, p16);
   return cudaGetLastError();
 }
 

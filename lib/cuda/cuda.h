@@ -53,7 +53,8 @@ void ReleaseCachedMemory(device::Device& device);
 
 // How bf16 GEMMs get their bf16 operands (config runtime.bf16_operands): kKeep, cast kernels (CastFloatToBf16)
 // round the fp32 operands and cuBLAS multiplies bf16, and the backend takes roundings the caller keeps
-// (keeps_bf16_copies(), ops::Bf16Copies: the model's weights once per step, layer inputs once per micro-batch);
+// (keeps_bf16_copies(), ops::Bf16Copies: the model's weights once per step — by the optimizer's update, AdamWTensor::
+// p16, or a cast —, layer inputs once per micro-batch);
 // kCast, the same casts into workspaces at every GEMM, nothing kept (least memory); kCublas, cuBLAS takes the
 // fp32 operands and converts them itself (CUBLAS_COMPUTE_32F_FAST_16BF): no cast kernels, no bf16 workspaces.
 // All three give the same bits under the emulator.

@@ -398,13 +398,20 @@ class CudaBackend final : public ops::Backend {
     return CopyToHost(out, res, sizeof(double) * count);
   }
   Status AdamW(const ops::AdamWTensor* t, int count, int64_t step) override {
+    for (int i = 0; i < count; ++i) {
+      if (t[i].p16 && !keep_) {
+        return FailedPrecondition("the {} backend keeps no bf16 weight copies (AdamW p16)", name());
+      }
+    }
     // One multi-tensor launch per run of tensors with the same hyper-parameters (weight decay on/off).
     std::vector<kernels::AdamWTensor> group;
     for (int i = 0; i < count;) {
       const ops::AdamParams& hp = t[i].hp;
       group.clear();
       int j = i;
-      for (; j < count && SameHp(t[j].hp, hp); ++j) group.push_back({t[j].p, t[j].g, t[j].m, t[j].v, t[j].n});
+      for (; j < count && SameHp(t[j].hp, hp); ++j) {
+        group.push_back({t[j].p, t[j].g, t[j].m, t[j].v, t[j].n, static_cast<__nv_bfloat16*>(t[j].p16)});
+      }
       const kernels::AdamWHyper h{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
       MS_RETURN_IF_ERROR(
           Launch(kernels::AdamWMultiTensor(group.data(), static_cast<int>(group.size()), h, step, s_), "AdamW step"));
@@ -429,8 +436,12 @@ class CudaBackend final : public ops::Backend {
     }
     return Status::Ok();
   }
-  Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio) override {
-    return Launch(kernels::LambApply(p, u, n, lr, trust_ratio, s_), "LAMB update");
+  using ops::Backend::LambApply;
+  Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, void* p16) override {
+    if (p16 && !keep_) {
+      return FailedPrecondition("the {} backend keeps no bf16 weight copies (LambApply p16)", name());
+    }
+    return Launch(kernels::LambApply(p, u, n, lr, trust_ratio, s_, static_cast<__nv_bfloat16*>(p16)), "LAMB update");
   }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -330,8 +331,11 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     MS_RETURN_IF_ERROR(AllocateBf16(g->dqkv_16_, g->be_, N * 3 * g->Hl_ * (C / spec.heads)));
     // Test hook (docs/cuda.md): MEGASCALE_PLANT=kept_bf16_stale keeps the first step's bf16 weights for every
     // later step — the planted bug tests/cuda/train_emulated_test.py must catch.
+    // MEGASCALE_PLANT=optimizer_bf16_unwritten: the optimizer is handed no bf16 weight copies to write
+    // (bf16_param_data() is null) but the step still declares them written — caught by the same test.
     const char* plant = std::getenv("MEGASCALE_PLANT");
     g->plant_stale_bf16_ = plant && std::strcmp(plant, "kept_bf16_stale") == 0;
+    g->plant_unwritten_bf16_ = plant && std::strcmp(plant, "optimizer_bf16_unwritten") == 0;
   }
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
@@ -359,6 +363,7 @@ Status Gpt::Init(uint64_t seed) {
   const double std_base = spec_.init_std;
   const double std_proj = spec_.init_std / std::sqrt(2.0 * spec_.layers);  // GPT-2 residual scaling
   std::vector<float> global, local;
+  InvalidateBf16Weights();
   MS_RETURN_IF_ERROR(be_->Zero(param_data(), sizeof(float) * num_params_));  // the alignment gaps too
   for (const ParamInfo& p : params_) {
     const int64_t n = Numel(p.global_shape);
@@ -395,6 +400,7 @@ Result<const void*> Gpt::KeptWeight(const ParamInfo* p) {
   if (!in_step_ || bf16_made_in_[i] != step_id_) {
     MS_RETURN_IF_ERROR(be_->CastToBf16(dst, param_data() + p->offset, p->numel).WithContext("bf16 copy of " + p->name));
     bf16_made_in_[i] = in_step_ ? step_id_ : 0;
+    ++bf16_weight_casts_;
   }
   return static_cast<const void*>(dst);
 }
@@ -419,9 +425,24 @@ Result<Gpt::LayerBf16> Gpt::KeptLayer(const LayerW& w, const Acts& a, int i) {
 }
 
 void Gpt::BeginStep() {
-  // The parameters may have changed since the last step: every kept bf16 weight is stale.
+  // The parameters may have changed since the last step: every kept bf16 weight is stale, unless the optimizer
+  // wrote them all with its update (Bf16WeightsWritten).
   if (!(plant_stale_bf16_ && step_id_ > 0)) ++step_id_;
+  if (bf16_written_) std::fill(bf16_made_in_.begin(), bf16_made_in_.end(), step_id_);
+  bf16_written_ = false;
   in_step_ = true;
+}
+void* Gpt::bf16_param_data() const {
+  // Under either bf16 plant the optimizer writes no copies: the kept_bf16_stale plant keeps exercising the casts.
+  if (!keep_bf16_ || plant_stale_bf16_ || plant_unwritten_bf16_) return nullptr;
+  return Bf16At(bf16_params_, 0);
+}
+void Gpt::Bf16WeightsWritten() {
+  bf16_written_ = keep_bf16_;
+}
+void Gpt::InvalidateBf16Weights() {
+  bf16_written_ = false;
+  std::fill(bf16_made_in_.begin(), bf16_made_in_.end(), 0);
 }
 void Gpt::EndStep() {
   in_step_ = false;

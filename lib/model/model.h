@@ -210,6 +210,17 @@ class Gpt {
   // step, at its first use, instead of at every GEMM. Forwards and backwards outside a step round at every GEMM.
   void BeginStep();
   void EndStep();
+  // The bf16 weight copies may instead be written by the optimizer step before BeginStep, with the update
+  // (ops::AdamWTensor::p16, optim::SegmentData::param16): keeps_bf16_weights() says whether the model keeps them;
+  // bf16_param_data() is where (bf16 at the parameters' offsets in param_data(); null where none are kept).
+  // Bf16WeightsWritten() declares that the step just run wrote the rounding of EVERY parameter there, so the next
+  // BeginStep takes them as made and casts none; whatever writes the parameters in between (a checkpoint restore)
+  // calls InvalidateBf16Weights(). bf16_weight_casts(): the weight casts run so far (for tests).
+  bool keeps_bf16_weights() const { return keep_bf16_; }
+  void* bf16_param_data() const;
+  void Bf16WeightsWritten();
+  void InvalidateBf16Weights();
+  int64_t bf16_weight_casts() const { return bf16_weight_casts_; }
 
   // Single-chunk convenience (pp == 1): forward + loss of slot 0, and its backward.
   Result<float> Forward(const int32_t* inputs, const int32_t* targets) {
@@ -325,7 +336,10 @@ class Gpt {
   std::vector<uint64_t> bf16_made_in_;
   uint64_t step_id_ = 0;
   bool in_step_ = false;
-  bool plant_stale_bf16_ = false;          // test hook MEGASCALE_PLANT=kept_bf16_stale
+  bool plant_stale_bf16_ = false;      // test hook MEGASCALE_PLANT=kept_bf16_stale
+  bool plant_unwritten_bf16_ = false;  // test hook MEGASCALE_PLANT=optimizer_bf16_unwritten
+  bool bf16_written_ = false;          // Bf16WeightsWritten() since the last BeginStep
+  int64_t bf16_weight_casts_ = 0;
   DeviceArray<float> logit_mask_;          // [Vl]: 0, or a very negative logit on vocabulary padding columns
   bool masked_logits_ = false;             // this rank's vocabulary slice holds padding (model.vocab_pad_to)
   float fused_dloss_ = 0.0f;               // BeginDeferredLosses' dloss: > 0 fuses the classifier loss

@@ -250,6 +250,9 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status AdamW(const AdamWTensor* t, int count, int64_t step) override {
+    for (int i = 0; i < count; ++i) {
+      if (t[i].p16) return FailedPrecondition("the cpu backend keeps no bf16 weight copies (AdamW p16)");
+    }
     for (int i = 0; i < count; ++i) ops::AdamWStep(t[i].p, t[i].g, t[i].m, t[i].v, t[i].n, t[i].hp, step);
     return Status::Ok();
   }
@@ -257,7 +260,9 @@ class CpuBackend final : public Backend {
     for (int i = 0; i < count; ++i) ops::LambDirection(t[i].u, t[i].p, t[i].g, t[i].m, t[i].v, t[i].n, t[i].hp, step);
     return Status::Ok();
   }
-  Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio) override {
+  using Backend::LambApply;
+  Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, void* p16) override {
+    if (p16) return FailedPrecondition("the cpu backend keeps no bf16 weight copies (LambApply p16)");
     ops::LambApply(p, u, n, lr, trust_ratio);
     return Status::Ok();
   }

@@ -166,6 +166,9 @@ struct AdamWTensor {  // one tensor (or shard) of a multi-tensor optimizer step
   float* v;
   int64_t n;
   AdamParams hp;
+  // (n bf16) unless null: the updated p rounded to bf16 as CastToBf16 does, written with the update (the weight
+  // copy the GEMMs read); only where keeps_bf16_copies(), else refused.
+  void* p16 = nullptr;
 };
 struct LambTensor {  // LambDirection arguments of one tensor (or shard)
   float* u;
@@ -359,7 +362,11 @@ class Backend {
   // Multi-tensor optimizer steps (one launch per group of tensors on the GPU).
   virtual Status AdamW(const AdamWTensor* tensors, int count, int64_t step) = 0;
   virtual Status LambDirection(const LambTensor* tensors, int count, int64_t step) = 0;
-  virtual Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio) = 0;
+  // p16 (n bf16) unless null: the updated p rounded to bf16 (as AdamWTensor::p16; only where keeps_bf16_copies()).
+  virtual Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, void* p16) = 0;
+  Status LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio) {
+    return LambApply(p, u, n, lr, trust_ratio, nullptr);
+  }
 };
 
 // The host backend over `device` (a host device: device->is_host()).

@@ -112,7 +112,8 @@ Result<double> Optimizer::Step(const std::vector<SegmentData>& data, int64_t ste
     std::vector<ops::AdamWTensor> list;
     for (size_t i = 0; i < segments_.size(); ++i) {
       const int64_t o = state_offsets_[i];
-      list.push_back({data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len, hparams(i)});
+      list.push_back(
+          {data[i].param, data[i].grad, m_.data() + o, v_.data() + o, segments_[i].len, hparams(i), data[i].param16});
     }
     MS_RETURN_IF_ERROR_CTX(be_->AdamW(list.data(), static_cast<int>(list.size()), step), "AdamW step");
     return norm;
@@ -149,7 +150,7 @@ Result<double> Optimizer::Step(const std::vector<SegmentData>& data, int64_t ste
     const double wn = std::sqrt(norms[2 * tensor_id_[i]]), un = std::sqrt(norms[2 * tensor_id_[i] + 1]);
     const double trust = (wn > 0 && un > 0) ? wn / un : 1.0;
     MS_RETURN_IF_ERROR(be_->LambApply(data[i].param, u_.data() + state_offsets_[i], segments_[i].len,
-                                      static_cast<float>(lr), static_cast<float>(trust)));
+                                      static_cast<float>(lr), static_cast<float>(trust), data[i].param16));
   }
   return norm;
 }

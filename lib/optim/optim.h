@@ -40,10 +40,13 @@ struct Segment {
   bool count = true;  // contributes to global norms (see above)
 };
 
-// Where a step finds the segments' data: parameters and (reduced) gradients.
+// Where a step finds the segments' data: parameters and (reduced) gradients; param16, unless null, where the
+// step writes the bf16 rounding of the updated parameters (the model's bf16 weight copy, model::Gpt::
+// bf16_param_data(); backends that keep bf16 copies only), so that no cast kernel makes it at the next step.
 struct SegmentData {
   float* param = nullptr;
   float* grad = nullptr;
+  void* param16 = nullptr;
 };
 
 // All-reduce (sum) of a vector of doubles over every rank of the job; identity on one rank.

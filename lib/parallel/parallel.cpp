@@ -234,15 +234,22 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
 std::vector<optim::SegmentData> DataParallel::segment_data() {
   std::vector<optim::SegmentData> out;
   const auto& params = gpt_->params();
+  uint16_t* bf16 = static_cast<uint16_t*>(gpt_->bf16_param_data());  // bf16 elements at the parameters' offsets
   for (size_t s = 0; s < segments_.size(); ++s) {
     const auto& seg = segments_[s];
     const auto& p = params[seg.param];
     float* param = gpt_->param_data() + p.offset + seg.begin;
     float* grad = segment_home_[s].first < 0 ? gpt_->grad_data() + p.offset + seg.begin
                                              : buckets_[segment_home_[s].first].shard.data() + segment_home_[s].second;
-    out.push_back({param, grad});
+    // zero 0: the segments cover every parameter, which nothing writes after the step (see OptimizerStepped).
+    void* param16 = options_.zero == 0 && bf16 != nullptr ? static_cast<void*>(bf16 + p.offset + seg.begin) : nullptr;
+    out.push_back({param, grad, param16});
   }
   return out;
+}
+
+void DataParallel::OptimizerStepped() {
+  if (options_.zero == 0 && gpt_->keeps_bf16_weights()) gpt_->Bf16WeightsWritten();
 }
 
 Status DataParallel::BeginStep() {

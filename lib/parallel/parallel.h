@@ -105,6 +105,11 @@ class DataParallel {
   Status EndMicroBatch(int micro, int num_micro);
   // After the last backward: completes every reduction. Gradients of the owned segments are final.
   Status FinishBackward();
+  // After an optimizer step over segment_data() that updated the parameters (not one skipped for a fault): with
+  // zero 0 on a model that keeps bf16 weight copies, segment_data() handed the optimizer every parameter's copy
+  // (SegmentData::param16) and the model is told they were written (model::Gpt::Bf16WeightsWritten), so the
+  // next step casts none. ZeRO's all-gathers write the parameters after the step: there the model casts them.
+  void OptimizerStepped();
   // After the optimizer step: starts the all-gathers of updated parameters (zero >= 1).
   Status StartParamGather();
   // Before forward uses `layer`'s parameters (-1 embeddings, L head): waits for its all-gather.

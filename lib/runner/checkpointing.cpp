@@ -246,6 +246,7 @@ Status WaitForLeader(bootstrap::Store* store, const std::string& key, bool leade
 }
 
 Status RestoreRank(const checkpoint::Checkpoint& ckpt, model::Gpt& gpt, optim::Optimizer& opt, Runtime& rt) {
+  gpt.InvalidateBf16Weights();  // the parameters change here: no bf16 weight copy written before holds
   const auto& params = gpt.params();
   ops::Backend* be = gpt.backend();
   const bool host = be->device()->is_host();

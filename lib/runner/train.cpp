@@ -778,6 +778,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       loss_average = loss_history == 0 ? loss : 0.9 * loss_average + 0.1 * loss;
       ++loss_history;
     }
+    if (norm_or.ok() && std::isfinite(*norm_or)) dpe->OptimizerStepped();  // the step updated the parameters
     MS_RETURN_IF_ERROR(dpe->StartParamGather());
     trace.Span(fmt::format("optimizer step {}", step), "compute", t_opt, NowSeconds());
     const double dt = NowSeconds() - t0;

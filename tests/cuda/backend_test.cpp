@@ -19,6 +19,7 @@
 #include "device/device.h"
 #include "model/model.h"
 #include "ops/ops.h"
+#include "optim/optim.h"
 #if !defined(MS_TEST_GPU)
 #include "sim/runtime_hooks.h"
 #endif
@@ -728,6 +729,93 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
   CAPTURE(keep_bf16_fc);
   CHECK(std::llabs(keep - keep_bf16_fc - L * N * F * 2) <= slack);
+}
+
+// The optimizer writing the GPT's bf16 weight copies with its update (optim::SegmentData::param16, what the
+// data-parallel engine hands it with zero 0) instead of the next step casting each weight at its first use: model `a`
+// declares them written (Gpt::Bf16WeightsWritten), model `b` (same seed, batch, optimizer) casts as before. Over
+// three steps the losses, gradients and parameters are the same bits (the copies are the roundings the casts make),
+// and `a` casts its GEMM weights in the first step only; after InvalidateBf16Weights (a checkpoint restore) it casts
+// them again. Fails when a copy is rounded from the parameters before the update (the losses differ), or when the
+// declaration is ignored (the casts go on).
+TEST_CASE("cuda backend (emulated): the optimizer writes the bf16 weight copies and the next step casts none") {
+  const config::ModelSpec m = SpecOf(2, 64, 4, 256, 96, 32);
+  const int B = 2;
+  std::vector<int32_t> inputs, targets;
+  for (int64_t i = 0; i < B * m.seq_len; ++i) {
+    inputs.push_back(static_cast<int32_t>((i * 7) % m.vocab));
+    targets.push_back(static_cast<int32_t>((i * 5 + 1) % m.vocab));
+  }
+  for (auto kind : {config::OptimizerKind::kAdamW, config::OptimizerKind::kLamb}) {
+    CAPTURE(static_cast<int>(kind));
+    Pair p(/*bf16=*/true, Bf16Operands::kKeep);
+    config::OptimizerSpec spec;
+    spec.kind = kind;
+    auto a = model::Gpt::Create(m, {}, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
+    auto b = model::Gpt::Create(m, {}, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
+    REQUIRE_MESSAGE(a.ok(), a.status().ToString());
+    REQUIRE(b.ok());
+    REQUIRE((*a)->keeps_bf16_weights());
+    REQUIRE((*a)->bf16_param_data() != nullptr);
+    const auto& params = (*a)->params();
+    auto oa = optim::Optimizer::Create(spec, params, optim::WholeTensorSegments(params), model::AllTensorNames(m),
+                                       p.gpu.get());
+    auto ob = optim::Optimizer::Create(spec, params, optim::WholeTensorSegments(params), model::AllTensorNames(m),
+                                       p.gpu.get());
+    REQUIRE(oa.ok());
+    REQUIRE(ob.ok());
+    struct Out {
+      float loss;
+      std::vector<float> grads, params;
+    };
+    auto train_step = [&](model::Gpt& g, optim::Optimizer& o, int64_t step, bool write) {
+      g.BeginStep();
+      auto loss = g.Forward(inputs.data(), targets.data());
+      REQUIRE_MESSAGE(loss.ok(), loss.status().ToString());
+      REQUIRE(g.Backward(0.1f).ok());
+      g.EndStep();
+      const auto n = static_cast<size_t>(g.num_params());
+      Out out{*loss, p.Get(*p.gpu, g.grad_data(), n), {}};
+      auto data = optim::WholeTensorData(params, g.param_data(), g.grad_data());
+      if (write) {
+        for (size_t i = 0; i < params.size(); ++i) {
+          data[i].param16 = static_cast<uint16_t*>(g.bf16_param_data()) + params[i].offset;
+        }
+      }
+      REQUIRE(o.Step(data, step, 1e-2, optim::IdentityReducer).ok());
+      if (write) g.Bf16WeightsWritten();
+      out.params = p.Get(*p.gpu, g.param_data(), n);
+      REQUIRE(g.ZeroGrad().ok());
+      return out;
+    };
+    int64_t first_casts = 0;
+    for (int64_t step = 1; step <= 4; ++step) {
+      CAPTURE(step);
+      if (step == 4) (*a)->InvalidateBf16Weights();  // the parameters were restored: every copy is stale
+      const int64_t casts_a = (*a)->bf16_weight_casts(), casts_b = (*b)->bf16_weight_casts();
+      const Out ra = train_step(**a, **oa, step, true), rb = train_step(**b, **ob, step, false);
+      CHECK(std::memcmp(&ra.loss, &rb.loss, sizeof(float)) == 0);
+      CHECK(std::memcmp(ra.grads.data(), rb.grads.data(), sizeof(float) * ra.grads.size()) == 0);
+      CHECK(std::memcmp(ra.params.data(), rb.params.data(), sizeof(float) * ra.params.size()) == 0);
+      const int64_t made_a = (*a)->bf16_weight_casts() - casts_a, made_b = (*b)->bf16_weight_casts() - casts_b;
+      if (step == 1) first_casts = made_b;
+      CHECK(made_b == first_casts);  // every GEMM weight (2 x 4 linears and the classifier), once per step
+      CHECK(made_a == (step == 1 || step == 4 ? first_casts : 0));
+    }
+    CHECK(first_casts == 2 * 4 + 1);
+  }
+  // The CPU backend keeps no copies and refuses to write one.
+  Pair p;
+  std::vector<float> x(8, 1.0f);
+  float* t = p.On(*p.cpu, x);
+  uint16_t p16[8];
+  ops::AdamWTensor adam{t, t, t, t, 8, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f}, p16};
+  CHECK_FALSE(p.cpu->AdamW(&adam, 1, 1).ok());
+  CHECK_FALSE(p.cpu->LambApply(t, t, 8, 1e-3f, 1.0f, p16).ok());
+  // Nor does a CUDA backend that keeps no bf16 operands (fp32 GEMMs here; likewise bf16_operands cast / cublas).
+  float* tg = p.On(*p.gpu, x);
+  adam = {tg, tg, tg, tg, 8, {1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f}, p.On(*p.gpu, std::vector<uint16_t>(8))};
+  CHECK_FALSE(p.gpu->AdamW(&adam, 1, 1).ok());
 }
 
 #if !defined(MS_TEST_GPU)

@@ -13,8 +13,9 @@ sequential block, AdamW and LAMB, and a sliding window. Also: a checkpoint writt
 (parameters and optimizer state staged from device memory) resumes on the CPU backend, and a CPU checkpoint
 resumes on the emulated CUDA backend, both continuing on the uninterrupted run's losses; and the kept bf16 GEMM
 operands (runtime.bf16_operands: keep, the default: roundings written by the LayerNorms and the bias + GeLU or by
-the GEMMs, weights once per step) give the bits of casting at every GEMM (`cast`), fused and unfused, while a
-planted stale copy (MEGASCALE_PLANT=kept_bf16_stale) is caught.
+the GEMMs, weights once per step, or by the optimizer with its update) give the bits of casting at every GEMM
+(`cast`), fused and unfused, on one rank and on two, while a planted stale copy (MEGASCALE_PLANT=kept_bf16_stale,
+MEGASCALE_PLANT=optimizer_bf16_unwritten) is caught.
 
 Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu] [--quick] [--sanitizer COMPUTE_SANITIZER]
   (--gpu: MEGASCALE_EMU is a megascale built with nvcc and the runs use the real GPU: the `gpu` ctest label; the
@@ -181,6 +182,14 @@ case("bf16-activations-take-effect", "", ["train.precision=bf16"], ["runtime.act
 case("planted-stale-bf16-weights-caught", "parallel: {micro_batches: 2}",
      ["train.precision=bf16", "model.block=sequential"], ["runtime.bf16_operands=cast"], KEEP,
      {"MEGASCALE_PLANT": "kept_bf16_stale"}, True, check=same_bits)
+# With zero 0 the optimizer writes the bf16 weight copies with its update (no casts after the first step): the
+# bits of `cast` on two data-parallel ranks with LAMB (the trust ratios reduced across ranks, then the copies
+# written by its apply step), and a step that declares the copies written without handing them to the optimizer
+# (a planted bug) is caught.
+case("bf16-112-lamb-keep-is-cast", "parallel: {dp: 2}", ["train.precision=bf16", "optimizer.kind=lamb"], KEEP,
+     ["runtime.bf16_operands=cast"], check=same_bits)
+case("planted-unwritten-optimizer-bf16-caught", "", ["train.precision=bf16"], ["runtime.bf16_operands=cast"], KEEP,
+     {"MEGASCALE_PLANT": "optimizer_bf16_unwritten"}, True, check=same_bits)
 
 
 

@@ -353,7 +353,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "kernels LAMB: multi-tensor direction and apply match ref::LambDirection / LambApply (rtol 1e-5, atol 1e-6)") {
+    "kernels LAMB: multi-tensor direction and apply match ref::LambDirection / LambApply (rtol 1e-5, atol 1e-6), "
+    "apply writing the bf16 weight copy bit for bit") {
   const ops::AdamParams hp{1e-2f, 0.9f, 0.999f, 1e-6f, 0.01f};
   const AdamWHyper khp{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
   // 3 tensors of odd sizes, one bigger than a block chunk (1024); then 30 tensors (more than one launch's 24)
@@ -411,9 +412,14 @@ TEST_CASE(
         const float ref_trust =
             ops::LambTrustRatio(ops::ref::SumSquares(h.p.data(), n), ops::ref::SumSquares(h.u.data(), n));
         CHECK(std::fabs(trust - ref_trust) <= 1e-6f * ref_trust);
-        REQUIRE(LambApply(dev[5 * k + 1]->get(), list[k].u, n, hp.lr, trust, nullptr) == cudaSuccess);
+        // Every other tensor also writes the bf16 copy of its updated parameters (as the cast kernel would).
+        std::unique_ptr<Dev<__nv_bfloat16>> p16;
+        if (k % 2 == 1 && n > 0) p16 = std::make_unique<Dev<__nv_bfloat16>>(static_cast<size_t>(n));
+        REQUIRE(LambApply(dev[5 * k + 1]->get(), list[k].u, n, hp.lr, trust, nullptr, p16 ? p16->get() : nullptr) ==
+                cudaSuccess);
         ops::ref::LambApply(h.p.data(), h.u.data(), n, hp.lr, trust);
         ExpectClose(dev[5 * k + 1]->Get(), h.p, 1e-5f, 1e-6f, "lamb p");
+        if (p16) ExpectBf16CopyOf(*p16, *dev[5 * k + 1], n, "lamb p16");
         h.p = dev[5 * k + 1]->Get();
       }
     }

@@ -371,7 +371,9 @@ TEST_CASE("kernels: embedding forward matches exactly; backward is bit-identical
   ExpectNoPoisonedReads();
 }
 
-TEST_CASE("kernels: multi-tensor AdamW matches the reference per tensor (rtol 1e-5, atol 1e-6)") {
+TEST_CASE(
+    "kernels: multi-tensor AdamW matches the reference per tensor (rtol 1e-5, atol 1e-6), and writes the bf16 "
+    "weight copy bit for bit") {
   const ops::AdamParams hp{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
   const AdamWHyper khp{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay};
   // 30 tensors (more than one launch's 24), with empty, single-element and odd sizes.
@@ -382,6 +384,7 @@ TEST_CASE("kernels: multi-tensor AdamW matches the reference per tensor (rtol 1e
   };
   std::vector<Host> host;
   std::vector<std::unique_ptr<Dev<float>>> dev;
+  std::vector<std::unique_ptr<Dev<__nv_bfloat16>>> dev16(sizes.size());  // p16 of every other non-empty tensor
   std::vector<AdamWTensor> list;
   for (size_t k = 0; k < sizes.size(); ++k) {
     const int64_t n = sizes[k];
@@ -390,6 +393,10 @@ TEST_CASE("kernels: multi-tensor AdamW matches the reference per tensor (rtol 1e
     for (const auto* vec : {&h.p, &h.g, &h.m, &h.v}) dev.push_back(std::make_unique<Dev<float>>(*vec));
     const size_t b = dev.size() - 4;
     list.push_back(AdamWTensor{dev[b]->get(), dev[b + 1]->get(), dev[b + 2]->get(), dev[b + 3]->get(), n});
+    if (k % 2 == 1 && n > 0) {
+      dev16[k] = std::make_unique<Dev<__nv_bfloat16>>(static_cast<size_t>(n));
+      list.back().p16 = dev16[k]->get();
+    }
     host.push_back(std::move(h));
   }
   for (int64_t step : {1, 2, 10}) {
@@ -402,6 +409,8 @@ TEST_CASE("kernels: multi-tensor AdamW matches the reference per tensor (rtol 1e
       ExpectClose(dev[4 * k]->Get(), h.p, 1e-5f, 1e-6f, "adamw p");
       ExpectClose(dev[4 * k + 2]->Get(), h.m, 1e-5f, 1e-6f, "adamw m");
       ExpectClose(dev[4 * k + 3]->Get(), h.v, 1e-5f, 1e-6f, "adamw v");
+      // The bf16 copy: the rounding of the updated parameters, as the cast kernel would make it at the next step.
+      if (dev16[k]) ExpectBf16CopyOf(*dev16[k], *dev[4 * k], sizes[k], "adamw p16");
       // Keep the reference on the kernel's state so that errors do not compound across steps.
       h.p = dev[4 * k]->Get();
       h.m = dev[4 * k + 2]->Get();
