@@ -622,6 +622,8 @@ std::vector<OptTensor> MakeOptTensors(const std::vector<int64_t>& sizes, uint32_
   return ts;
 }
 
+uint16_t Bf16Bits(float f);  // below
+
 void SanityOptimizers(Sanity& s) {
   // 30 tensors (more than one launch's 24), with an empty, a single-element and odd sizes.
   std::vector<int64_t> sizes = {257, 1, 2500, 0, 9000};
@@ -632,10 +634,25 @@ void SanityOptimizers(Sanity& s) {
   {
     auto ts = MakeOptTensors(sizes, 100);
     std::vector<k::AdamWTensor> list;
+    std::vector<std::unique_ptr<DevBuf<bf16>>> p16;  // the bf16 weight copies, as the model's optimizer writes them
     for (auto& t : ts) {
       list.push_back({t.dp->get(), t.dg->get(), t.dm->get(), t.dv->get(), static_cast<int64_t>(t.p.size())});
+      p16.push_back(std::make_unique<DevBuf<bf16>>(std::max<size_t>(t.p.size(), 1), "p16"));
+      list.back().p16 = p16.back()->get();
     }
     s.Run("AdamWMultiTensor", k::AdamWMultiTensor(list.data(), static_cast<int>(list.size()), khp, step, s.stream()));
+    std::vector<uint16_t> got_p16, want_p16;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const std::vector<float> p = ts[i].dp->Download();
+      const std::vector<bf16> h = p16[i]->Download();
+      for (size_t j = 0; j < ts[i].p.size(); ++j) {
+        uint16_t bits;
+        std::memcpy(&bits, &h[j], 2);
+        got_p16.push_back(bits);
+        want_p16.push_back(Bf16Bits(p[j]));
+      }
+    }
+    s.Exact("AdamWMultiTensor p16 (the rounding of the updated p)", got_p16, want_p16);
     std::vector<float> got_p, got_m, got_v, want_p, want_m, want_v;
     for (auto& t : ts) {
       ref::AdamWStep(t.p.data(), t.g.data(), t.m.data(), t.v.data(), static_cast<int64_t>(t.p.size()), hp, step);
@@ -1319,6 +1336,13 @@ void BenchOptimizers(Bench& b, const Shape& s) {
   const std::string shape = fmt::format("{} tensors, {:.1f} M params (L={})", count, P / 1e6, s.layers);
   b.Run("AdamWMultiTensor", shape, F * 7 * P, 0,
         [&] { return k::AdamWMultiTensor(adam.data(), count, hp, 10, b.stream()); });
+  // As the model's optimizer runs it with runtime.bf16_operands: keep and zero 0: also writing the bf16 weight
+  // copies (2 bytes per parameter) that the next step's GEMMs read, instead of a cast per weight.
+  DevBuf<bf16> p16(total, "bf16 weight copies");
+  std::vector<k::AdamWTensor> adam16 = adam;
+  for (int i = 0; i < count; ++i) adam16[static_cast<size_t>(i)].p16 = p16.get() + offsets[i];
+  b.Run("AdamWMultiTensor", shape + " +p16", F * 7 * P + 2 * P, 0,
+        [&] { return k::AdamWMultiTensor(adam16.data(), count, hp, 10, b.stream()); });
   b.Run("LambDirectionMultiTensor", shape, F * 7 * P, 0,
         [&] { return k::LambDirectionMultiTensor(lamb.data(), count, hp, 10, b.stream()); });
   const int nv = static_cast<int>(xs.size());
@@ -1411,7 +1435,8 @@ struct Launch {
 // with the default runtime.bf16_operands: keep: every linear's input is rounded to bf16 once, by its producer (a
 // LayerNorm, the fused bias + GeLU, the attention: 2 more bytes written per element), and the rounding kept for the
 // backward's weight gradient; its output gradient likewise by its producer (the LayerNorm backwards, the bias + GeLU
-// backward, the attention backward, the cross-entropy); its weight once per step (WeightCastLaunches); an fp32 output
+// backward, the attention backward, the cross-entropy); its weight by the optimizer, which writes the bf16 copy with
+// its update (zero 0; OptimizerLaunches) instead of a cast kernel per weight per step; an fp32 output
 // that nothing but GEMMs reads (the LayerNorm and bias + GeLU outputs, the fc output gradient, dlogits) is not
 // written at all, only its rounding (so is dqkv's fp32 value, with the tensor-core attention); the bias + GeLU
 // backward sums the bias gradient as it goes, and the tensor-core attention adds the qkv bias as it loads q, k, v (no
@@ -1521,21 +1546,15 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   return out;
 }
 
-// runtime.bf16_operands: keep: each linear's weight is cast to bf16 once per step, at its first use.
-std::vector<Launch> WeightCastLaunches(const Shape& s) {
-  const double C = static_cast<double>(s.hidden), V = static_cast<double>(s.vocab), L = static_cast<double>(s.layers);
-  const double weights = L * (3 * C * C + C * C + 4 * C * C + 4 * C * C) + V * C;
-  return {{"casts fp32 -> bf16", F * 1.5 * weights, 0.0, Unit::kMemory, 1}};
-}
-
 // The optimizer of one step: gradient norm (sum of squares) and AdamW over all parameters (fp32 master weights
-// and moments); after #16 also the bf16 weight copy.
-std::vector<Launch> OptimizerLaunches(const Shape& s, bool after16) {
+// and moments); `writes_bf16`: also the bf16 weight copy the next step's GEMMs read (runtime.bf16_operands: keep
+// with zero 0, and after #16), 2 bytes per parameter.
+std::vector<Launch> OptimizerLaunches(const Shape& s, bool writes_bf16) {
   double P = 0;
   for (int64_t n : Gpt2ParamSizes(s)) P += static_cast<double>(n);
   std::vector<Launch> out;
   out.push_back({"optimizer (AdamW + grad norm)", F * P, 0.0, Unit::kMemory, 1});
-  out.push_back({"optimizer (AdamW + grad norm)", F * 7 * P + (after16 ? 2 * P : 0.0), 0.0, Unit::kMemory, 1});
+  out.push_back({"optimizer (AdamW + grad norm)", F * 7 * P + (writes_bf16 ? 2 * P : 0.0), 0.0, Unit::kMemory, 1});
   return out;
 }
 
@@ -1577,8 +1596,7 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       }
     };
     add(StepLaunches(s, variant), static_cast<double>(micro_batches));
-    if (variant == StepVariant::kAsBuilt || variant == StepVariant::kBf16Fc) add(WeightCastLaunches(s), 1.0);
-    add(OptimizerLaunches(s, after16), 1.0);
+    add(OptimizerLaunches(s, after16 || variant == StepVariant::kAsBuilt || variant == StepVariant::kBf16Fc), 1.0);
     fmt::print("  {}:\n",
                after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, 5-product "
                          "attention backward)"
@@ -1590,8 +1608,9 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                : variant == StepVariant::kBf16Fc
                    ? "as built with runtime.activations: bf16 (as above, the fc GEMM writing its output in bf16 for "
                      "the bias + GeLU)"
-                   : "as built (bf16 weights cast once per step, each GEMM input and output gradient rounded "
-                     "once per micro-batch by the op that writes it, inputs kept for the backward; "
+                   : "as built (bf16 weight copies written by the optimizer with its update, each GEMM input and "
+                     "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
+                     "backward; "
                      "activations fp32 except those only GEMMs read, kept as bf16 alone; tensor-core attention with "
                      "fp32 I/O and a 7-product backward)");
     for (const auto& [group, sec] : groups) {
