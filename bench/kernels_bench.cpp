@@ -1441,7 +1441,8 @@ struct Launch {
 // written at all, only its rounding (so is dqkv's fp32 value, with the tensor-core attention); the bias + GeLU
 // backward sums the bias gradient as it goes, and the tensor-core attention adds the qkv bias as it loads q, k, v (no
 // bias pass over qkv) and sums its gradient as it stores dqkv (no pass over dqkv) (every variant);
-// cublasGemmEx with fp32 output;
+// cublasGemmEx with fp32 output, the input gradients written (beta 0, no zeroing pass before), the weight gradients
+// accumulated;
 // attention runs on bf16 tensor cores with fp32 inputs and outputs when D is a multiple of 16
 // (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products (the forward's 2, then 5, with S
 // and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16 activations and a bf16 weight copy
@@ -1484,8 +1485,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
     const double f = 2.0 * N * IC * OC, op = cublas_converts ? F : 2.0;  // bytes of a GEMM operand element
     out.push_back(
         {"GEMM (bf16 tensor cores)", op * (N * IC + OC * IC) + out_bytes * N * OC, f, Unit::kTensorBf16, count});
-    out.push_back(
-        {"GEMM (bf16 tensor cores)", op * (N * OC + OC * IC) + 2 * act * N * IC, f, Unit::kTensorBf16, count});
+    // dinp written, not accumulated (Bf16Copies::dinp_overwrite: no zeroing pass, C not read)
+    out.push_back({"GEMM (bf16 tensor cores)", op * (N * OC + OC * IC) + act * N * IC, f, Unit::kTensorBf16, count});
     out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + N * OC) + 2 * F * OC * IC, f, Unit::kTensorBf16, count});
     if (bias_add) mem("bias, GeLU, residual, bias grad", 2 * N * OC, OC, count);
     if (dbias) mem("bias, GeLU, residual, bias grad", N * OC, 2 * OC, count);

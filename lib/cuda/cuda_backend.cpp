@@ -200,8 +200,9 @@ class CudaBackend final : public ops::Backend {
     }
     if (dinp) {
       MS_ASSIGN_OR_RETURN(auto* wb, Weight(w, OC * IC, kept));
-      // dinp^T (IC, N) += w^T (IC, OC) . dout^T (OC, N)
-      MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, 1.0f, dinp, IC, "linear dinp"));
+      // dinp^T (IC, N) += w^T (IC, OC) . dout^T (OC, N); with dinp_overwrite = (beta 0: C not read)
+      MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, kept.dinp_overwrite ? 0.0f : 1.0f,
+                              dinp, IC, "linear dinp"));
     }
     MS_ASSIGN_OR_RETURN(auto* x, Input(inp, N * IC, kept, 2));
     // dw^T (IC, OC) += inp^T (IC, N) . dout (N, OC)

@@ -630,20 +630,15 @@ Status Gpt::TpGatherRowsThen(std::string_view what, const float* local, float* f
   return Status::Ok();
 }
 
-Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, bool zero, float* full,
-                                        float* local) {
+Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local) {
   const int tp = shard_.tp_size;
   const bool sp = shard_.sequence_parallel && tp > 1;
   const int64_t C = spec_.hidden, N = N_, R = rows_;
   const char* op = sp ? "reduce-scatter" : "all-reduce";
-  auto run = [&](int64_t row0, int64_t rows, float* dst) -> Status {
-    if (zero) MS_RETURN_IF_ERROR(be_->Zero(dst, sizeof(float) * rows * C));
-    return produce(row0, rows, dst);
-  };
   const int k = tp == 1 ? 1 : sp ? sp_chunks_ : ar_chunks_;
   if (k == 1) {
     const double t0 = NowSeconds();
-    MS_RETURN_IF_ERROR(run(0, N, full));
+    MS_RETURN_IF_ERROR(produce(0, N, full));
     GemmSpan(what, 0, 1, t0);
     if (tp == 1) return full;
     MS_RETURN_IF_ERROR(TpCollectiveReady());
@@ -665,9 +660,9 @@ Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& 
     const double t0 = NowSeconds();
     float* buf = sp ? stage_.data() + (j % 2) * stage_rows_ * C : full + r0 * C;
     if (sp) {
-      for (int r = 0; r < tp; ++r) MS_RETURN_IF_ERROR(run(r * R + r0, rc, buf + r * rc * C));
+      for (int r = 0; r < tp; ++r) MS_RETURN_IF_ERROR(produce(r * R + r0, rc, buf + r * rc * C));
     } else {
-      MS_RETURN_IF_ERROR(run(r0, rc, buf));
+      MS_RETURN_IF_ERROR(produce(r0, rc, buf));
     }
     GemmSpan(what, j, k, t0);
     MS_RETURN_IF_ERROR(TpCollectiveReady());
@@ -730,7 +725,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       auto lookup = [&](int64_t row0, int64_t rows, float* dst) {  // other ranks' vocab rows: 0
         return be_->EmbeddingForward(dst, ids + row0, wte, rows, C);
       };
-      MS_ASSIGN_OR_RETURN(float* e, TpProduceRowsReduce("embed", lookup, false, e_full, x0));
+      MS_ASSIGN_OR_RETURN(float* e, TpProduceRowsReduce("embed", lookup, e_full, x0));
       if (!sp) MS_RETURN_IF_ERROR(be_->Copy(x0, e, sizeof(float) * N * C));
     }
     const float* wpe = P(FindParam("embed.wpe"));
@@ -804,13 +799,13 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
       MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D,
                                                spec_.window, k16.AttyOut()));
-      MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, false, part, partR));
+      MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, part, partR));
       MS_RETURN_IF_ERROR(ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
       MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(),
                                                P(w.ln2w), P(w.ln2b), R, C, spec_.norm_eps,
                                                ln_rounds ? k16.FcInOut() : nullptr));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
-      MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_rows, false, part, partR));
+      MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_rows, part, partR));
       MS_RETURN_IF_ERROR(ResidualAdd(out, y.mid.data(), mlp_out, P(w.mprojb), nullptr, R, C));
     } else {
       // One gather feeds both branches' GEMMs.
@@ -828,7 +823,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         MS_RETURN_IF_ERROR(mproj_rows(row0, rows, tmp));
         return be_->AddInPlace(dst, tmp, rows * C);
       };
-      MS_ASSIGN_OR_RETURN(float* both, TpProduceRowsReduce("attn.proj+mlp.proj", both_rows, false, part, partR));
+      MS_ASSIGN_OR_RETURN(float* both, TpProduceRowsReduce("attn.proj+mlp.proj", both_rows, part, partR));
       MS_RETURN_IF_ERROR(ResidualAdd(out, x, both, P(w.projb), P(w.mprojb), R, C));
     }
   }
@@ -975,9 +970,10 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
                                {.w = head16,
                                 .inp = keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr,
                                 .inp_ready = true,
-                                .dout = keep_bf16_ ? Bf16At(a.dlogits_16, row0 * Vl) : nullptr});
+                                .dout = keep_bf16_ ? Bf16At(a.dlogits_16, row0 * Vl) : nullptr,
+                                .dinp_overwrite = true});
   };
-  MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, true, tp ? dln_full : dln, dln));
+  MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, tp ? dln_full : dln, dln));
   const Chunk& ch = chunks_[static_cast<size_t>(num_chunks() - 1)];
   const float* x = a.res.data() + ch.num_layers * R * C;
   MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
@@ -1030,8 +1026,11 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   void* const dfch16 = Dfch32() ? nullptr : Bf16At(dfch_16_, 0);
   void* const dqkv16 = keep_bf16_ ? Bf16At(dqkv_16_, 0) : nullptr;  // written by the attention backward
   bool dres_rounded = false;
-  auto with_dout = [](ops::Bf16Copies c, const void* d) {
+  // A backward GEMM's operand options: the output gradient's rounding `d`, and whether dinp is written (the only
+  // producer of those rows: no zeroing pass, no read of C) or accumulated onto another producer's.
+  auto with_dout = [](ops::Bf16Copies c, const void* d, bool overwrite) {
     c.dout = d;
+    c.dinp_overwrite = overwrite;
     return c;
   };
   // The residual-branch bias gradients of layer l that the LayerNorm backward writing dres (the gradient of layer
@@ -1077,7 +1076,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
                                              Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), rows, Fl, C,
-                                             with_dout(k16.Mproj(row0, true), dres_at(row0))));
+                                             with_dout(k16.Mproj(row0, true), dres_at(row0), true)));
       if (!shard_.fused_kernels) {
         MS_RETURN_IF_ERROR(
             be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl));
@@ -1095,43 +1094,43 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {
       return be_->MatmulBackward(datty + row0 * HlD, G(w.projw), nullptr, dy, y.atty.data() + row0 * HlD, P(w.projw),
-                                 rows, HlD, C, with_dout(k16.Proj(row0, true), dres_at(row0)));
+                                 rows, HlD, C, with_dout(k16.Proj(row0, true), dres_at(row0), true));
     };
-    auto fc_rows = [&](int64_t row0, int64_t rows, float* dst) {  // dfch16: written by the bias + GeLU backward
+    // fc's and qkv's input gradients: each writes dst (overwrite), or the parallel block's qkv adds to fc's.
+    auto fc_rows = [&](int64_t row0, int64_t rows, float* dst, bool overwrite) {  // dfch16: by the bias + GeLU bwd
       return be_->MatmulBackward(
           dst, G(w.fcw), nullptr, Off(dfch, row0 * Fl), Off(ln2in, row0 * C), P(w.fcw), rows, C, Fl,
-          with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr));
+          with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr, overwrite));
     };
-    auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst) {
+    auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst, bool overwrite) {
       return be_->MatmulBackward(
           dst, G(w.qkvw), attn_dbias ? nullptr : G(w.qkvb), Off(dqkv, row0 * 3 * HlD), Off(ln1in, row0 * C), P(w.qkvw),
           rows, C, 3 * HlD,
-          with_dout(k16.Qkv(row0, true), dqkv16 ? static_cast<uint16_t*>(dqkv16) + row0 * 3 * HlD : nullptr));
+          with_dout(k16.Qkv(row0, true), dqkv16 ? static_cast<uint16_t*>(dqkv16) + row0 * 3 * HlD : nullptr,
+                    overwrite));
     };
+    auto fc_only = [&](int64_t row0, int64_t rows, float* dst) { return fc_rows(row0, rows, dst, true); };
+    auto qkv_only = [&](int64_t row0, int64_t rows, float* dst) { return qkv_rows(row0, rows, dst, true); };
     float* dln1 = nullptr;
     if (seq) {
       if (!dres_summed) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
-      MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows));
-      MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_rows, true, dln_full, dln));
+      MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_only, dln_full, dln));
       // dres is now dL/d(mid): attn.proj's output gradient, whose bias gradient the LayerNorm backward sums
       MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w),
                                                 y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16,
                                                 BiasGradsInLn() ? G(w.projb) : nullptr, nullptr));
       dres_rounded = dres16 != nullptr;
       if (!BiasGradsInLn()) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
-      MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
       MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
                                                 Hl_, D, spec_.window, dqkv16, attn_dbias));
-      MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_rows, true, dln_full, dln));
+      MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_only, dln_full, dln));
     } else {
       if (!dres_summed) {
         MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
         MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       }
-      MS_RETURN_IF_ERROR(be_->Zero(dfch_gelu, sizeof(float) * (N * Fl)));
-      MS_RETURN_IF_ERROR(be_->Zero(datty, sizeof(float) * (N * HlD)));
       // One gather of dres feeds both branches' GEMMs.
       auto both_dy_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {
         MS_RETURN_IF_ERROR(mproj_rows(row0, rows, dy));
@@ -1142,10 +1141,10 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
                                                 Hl_, D, spec_.window, dqkv16, attn_dbias));
       // Both branches' LayerNorm-input gradients add up per row: ONE reduction.
       auto both_dln_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
-        MS_RETURN_IF_ERROR(fc_rows(row0, rows, dst));
-        return qkv_rows(row0, rows, dst);
+        MS_RETURN_IF_ERROR(fc_rows(row0, rows, dst, true));
+        return qkv_rows(row0, rows, dst, false);
       };
-      MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("mlp.fc+qkv>dln1", both_dln_rows, true, dln_full, dln));
+      MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("mlp.fc+qkv>dln1", both_dln_rows, dln_full, dln));
     }
     // The key bias shifts every score of a query by the same amount, which softmax ignores: its
     // gradient is exactly zero. Computed, it is rounding noise that Adam would amplify into

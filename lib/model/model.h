@@ -272,11 +272,10 @@ class Gpt {
                      int64_t C);
   Status TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
                           const ConsumeFn& consume);
-  // Runs `produce` for partial outputs of all N rows (zeroing its rows first when `zero`, for
-  // producers that accumulate) and reduces them across tp, chunked and pipelined likewise:
+  // Runs `produce` for partial outputs of all N rows (it writes every row: a producer that accumulates writes its
+  // first term with MatmulBackward's dinp_overwrite) and reduces them across tp, chunked and pipelined likewise:
   // returns `local` [rows_, C] under SP (reduce-scatter), else `full` [N, C] (all-reduce in place).
-  Result<float*> TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, bool zero, float* full,
-                                     float* local);
+  Result<float*> TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local);
   void GemmSpan(std::string_view what, int chunk, int chunks, double start);  // reports a GEMM step's span
   Result<float> HeadForward(Acts& a, const float* x);
   // The bf16 rounding of GEMM weight `p` for the backend's kept operands (null when the backend keeps none): cast

@@ -46,7 +46,8 @@ class CpuBackend final : public Backend {
     return Status::Ok();
   }
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
-                        int64_t N, int64_t IC, int64_t OC, const Bf16Copies&) override {
+                        int64_t N, int64_t IC, int64_t OC, const Bf16Copies& bf16) override {
+    if (dinp && bf16.dinp_overwrite) std::memset(dinp, 0, sizeof(float) * static_cast<size_t>(N * IC));
     ops::MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
     return Status::Ok();
   }

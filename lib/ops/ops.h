@@ -192,6 +192,10 @@ struct Bf16Copies {
   // MatmulForward: write the output rounded to bf16 here (N x OC), instead of the fp32 out (null, and no bias);
   // only where bf16_activations() (runtime.activations: bf16), else refused.
   void* out16 = nullptr;
+  // MatmulBackward: dinp is WRITTEN (= dout . w), not accumulated: the caller holds no partial sum there, so it
+  // need not zero it first and the GEMM reads no C. Honoured by every backend (the CPU backend zeroes, then
+  // accumulates; a GEMM with beta 0: the same values, a -0 may come out where the zeroed sum gave +0).
+  bool dinp_overwrite = false;
 };
 
 class Backend {
@@ -215,7 +219,8 @@ class Backend {
   // dst (n bf16, device memory) = src rounded to nearest even; only where keeps_bf16_copies().
   virtual Status CastToBf16(void* dst, const float* src, int64_t n);
 
-  // The linear layers (ops::MatmulForward / MatmulBackward); `bf16` as above (ignored unless keeps_bf16_copies()).
+  // The linear layers (ops::MatmulForward / MatmulBackward); `bf16` as above (ignored unless keeps_bf16_copies(),
+  // but for dinp_overwrite, which every backend honours).
   virtual Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
                                int64_t OC, const Bf16Copies& bf16) = 0;
   virtual Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,

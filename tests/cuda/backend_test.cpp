@@ -133,6 +133,35 @@ TEST_CASE("cuda backend (emulated): linear layer forward/backward, fp32 GEMMs (r
   }
 }
 
+// Bf16Copies::dinp_overwrite: dinp is written, whatever it held (the model no longer zeroes the scratch it
+// accumulated into): on both backends the values of a zeroed dinp accumulated into (== as floats: a GEMM with beta
+// 0 may give -0 where the zeroed sum gave +0), and the CPU backend within the GEMM tolerance of the CUDA one. Fails
+// when a backend accumulates onto what dinp held.
+TEST_CASE("cuda backend (emulated): linear backward writing dinp (dinp_overwrite), fp32 and bf16 GEMMs") {
+  for (auto [bf16, operands] :
+       {std::pair{false, Bf16Operands::kCast}, {true, Bf16Operands::kCast}, {true, Bf16Operands::kKeep}}) {
+    Pair p(bf16, operands);
+    const float rtol = bf16 ? 2e-2f : 1e-4f, atol = bf16 ? 2e-2f : 1e-5f;
+    for (auto [N, IC, OC] : {std::tuple{1, 1, 1}, {7, 13, 5}, {33, 64, 40}}) {
+      CAPTURE(N);
+      const Inputs in = {Random(N * IC, 1),  Random(OC * IC, 2),         Random(N * OC, 4),          Random(N * IC, 6),
+                         Random(OC * IC, 7), std::vector<float>(N * IC), std::vector<float>(OC * IC)};
+      ops::Bf16Copies overwrite;
+      overwrite.dinp_overwrite = true;
+      Compare(
+          p, in,
+          [&](ops::Backend& be, std::vector<float*>& t) {
+            // t[3] holds garbage and is overwritten; t[5] starts at zero and is accumulated into.
+            REQUIRE(be.MatmulBackward(t[3], t[4], nullptr, t[2], t[0], t[1], N, IC, OC, overwrite).ok());
+            REQUIRE(be.MatmulBackward(t[5], t[6], nullptr, t[2], t[0], t[1], N, IC, OC).ok());
+            const auto written = p.Get(be, t[3], size_t(N * IC)), accumulated = p.Get(be, t[5], size_t(N * IC));
+            CHECK(written == accumulated);
+          },
+          {{3, size_t(N * IC)}}, rtol, atol, "linear dinp (overwrite)");
+    }
+  }
+}
+
 TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cross-entropy, embedding (rtol 1e-4)") {
   Pair p;
   const int64_t N = 37, C = 24;
