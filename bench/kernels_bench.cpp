@@ -1091,6 +1091,15 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
       return k::BiasGeluBackward(dx.get(), dbias.get(), bg_scratch.get(), x.get(), bias.get(), dout.get(), N, C4,
                                  b.stream());
     });
+    // As the model runs it with runtime.activations: bf16: x (the fc output) and dout (the fc projection's input
+    // gradient) in bf16, only dx's rounding written (the fc GEMMs' output gradient).
+    DevBuf<bf16> x16(m, "x bf16"), dout16(m, "dout bf16"), dx16(m, "dx bf16");
+    Fill(x16, 12);
+    Fill(dout16, 13);
+    b.Run("BiasGeluBackward", shape + " bf16 x, dout -> dx16", 2.0 * 3 * m + F * (3 * C4 + 2 * bg_n), 0, [&] {
+      return k::BiasGeluBackward(nullptr, dbias.get(), bg_scratch.get(), x16.get(), bias.get(), dout16.get(), N, C4,
+                                 b.stream(), dx16.get());
+    });
   }
 }
 
@@ -1453,7 +1462,8 @@ struct Launch {
 // the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and
 // with issue #16's items done.
 // kBf16Fc: as built with runtime.activations: bf16 (the fc GEMM writes its output in bf16, which the bias + GeLU
-// reads forward and backward).
+// reads forward and backward; the fc projection's backward writes its input gradient in bf16, which the bias + GeLU
+// backward reads).
 enum class StepVariant { kAsBuilt, kBf16Fc, kCastEveryGemm, kCublasOperands, kAfter16 };
 
 std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
@@ -1471,10 +1481,12 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // A linear layer, IC -> OC, over N rows: forward (bias: a separate bias add) and backward (dinp, dW, dbias).
   // `rounded_input`, `rounded_dout`: with keep, the input's / output gradient's producer writes its bf16 rounding
   // (no cast kernel).
-  // out_bytes: bytes of an output element the forward GEMM writes (0: an activation's, act).
+  // out_bytes / dinp_bytes: bytes of an output element the forward GEMM / the backward's input-gradient GEMM
+  // writes (0: an activation's, act).
   auto linear = [&](double IC, double OC, bool bias_add, bool dbias, double count, bool rounded_input,
-                    bool rounded_dout, double out_bytes = 0) {
+                    bool rounded_dout, double out_bytes = 0, double dinp_bytes = 0) {
     if (out_bytes == 0) out_bytes = act;
+    if (dinp_bytes == 0) dinp_bytes = act;
     if (variant == StepVariant::kCastEveryGemm) {
       mem("casts fp32 -> bf16", 0, 1.5 * (N * IC + OC * IC), count);  // read 4 bytes, write 2 per element
       mem("casts fp32 -> bf16", 0, 1.5 * (N * OC + OC * IC + N * IC), count);
@@ -1486,7 +1498,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
     out.push_back(
         {"GEMM (bf16 tensor cores)", op * (N * IC + OC * IC) + out_bytes * N * OC, f, Unit::kTensorBf16, count});
     // dinp written, not accumulated (Bf16Copies::dinp_overwrite: no zeroing pass, C not read)
-    out.push_back({"GEMM (bf16 tensor cores)", op * (N * OC + OC * IC) + act * N * IC, f, Unit::kTensorBf16, count});
+    out.push_back(
+        {"GEMM (bf16 tensor cores)", op * (N * OC + OC * IC) + dinp_bytes * N * IC, f, Unit::kTensorBf16, count});
     out.push_back({"GEMM (bf16 tensor cores)", op * (N * IC + N * OC) + 2 * F * OC * IC, f, Unit::kTensorBf16, count});
     if (bias_add) mem("bias, GeLU, residual, bias grad", 2 * N * OC, OC, count);
     if (dbias) mem("bias, GeLU, residual, bias grad", N * OC, 2 * OC, count);
@@ -1516,7 +1529,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   linear(C, C, false, false, L, true, true);  // attention projection (input: attention; dout: ln2 backward)
   // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16
   linear(C, F4, false, false, L, true, true, bf16_fc ? 2.0 : act);
-  linear(F4, C, false, false, L, true, true);  // fc projection (input: bias + GeLU; dout: ln1 backward)
+  // fc projection (input: bias + GeLU; dout: ln1 backward); with bf16_fc its input gradient written in bf16
+  linear(F4, C, false, false, L, true, true, 0, bf16_fc ? 2.0 : act);
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
   out.push_back({attn, act * (n_qkv + N * C) + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
   // With tensor cores the attention backward also sums the qkv bias gradient as it stores dqkv (16-row chunk sums
@@ -1529,8 +1543,10 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const double fch_act = bf16_fc ? 0.0 : 1.0, fch_fp32 = bf16_fc ? 0.5 : 0.0;
   mem("bias, GeLU, residual, bias grad", (fch_act + fp32_out) * N * F4, F4 + (rounding + fch_fp32) * N * F4,
       L);  // bias + GeLU fwd
-  // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored)
-  mem("bias, GeLU, residual, bias grad", (1 + fch_act + fp32_out) * N * F4, 3 * F4 + (rounding + fch_fp32) * N * F4, L);
+  // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored);
+  // with bf16_fc its dout (the fc projection's input gradient) is bf16 too
+  mem("bias, GeLU, residual, bias grad", (2 * fch_act + fp32_out) * N * F4, 3 * F4 + (rounding + 2 * fch_fp32) * N * F4,
+      L);
   mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
   // (the bias gradients of proj and fc proj: summed by the LayerNorm backwards that write their output gradient,
   // counted in their scratch)
@@ -1607,8 +1623,8 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                : variant == StepVariant::kCastEveryGemm
                    ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
                : variant == StepVariant::kBf16Fc
-                   ? "as built with runtime.activations: bf16 (as above, the fc GEMM writing its output in bf16 for "
-                     "the bias + GeLU)"
+                   ? "as built with runtime.activations: bf16 (as above, the fc GEMM writing its output and the fc "
+                     "projection's backward its input gradient in bf16 for the bias + GeLU)"
                    : "as built (bf16 weight copies written by the optimizer with its update, each GEMM input and "
                      "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
                      "backward; "

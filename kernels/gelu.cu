@@ -62,17 +62,18 @@ __global__ void __launch_bounds__(kGeluBlock)
 
 // ColumnSumChunk (column_sums.cuh) over dx (N, C) = gelu'(x + bias) * dout, each element computed once, stored to dx
 // and / or dx16 (bf16) where not null, and added into the bias gradient: the dbias of BiasGrad over the stored dx,
-// bit for bit, without reading dx again.
-template <class X>
+// bit for bit, without reading dx again. X, G: float, or __nv_bfloat16 (x: the fc output, dout: its GeLU's output
+// gradient, kept in bf16), widened exactly.
+template <class X, class G>
 __global__ void __launch_bounds__(kColSumThreads)
     bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, float* dbias, float* partial, const X* x,
-                              const float* bias, const float* dout, int64_t N, int64_t C, int64_t chunk_rows) {
+                              const float* bias, const G* dout, int64_t N, int64_t C, int64_t chunk_rows) {
   MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
   ColumnSumChunk(lanes, dbias, partial, N, C, chunk_rows, [=](int64_t r, int64_t c) {
     const int64_t i = r * C + c;
     // __fmul_rn: the product is rounded before the sum adds it (never contracted into an FMA with the sum), so
     // dbias adds exactly the stored values.
-    const float v = __fmul_rn(dout[i], GeluGrad(Widen(x[i]) + bias[c]));
+    const float v = __fmul_rn(Widen(dout[i]), GeluGrad(Widen(x[i]) + bias[c]));
     if (dx) dx[i] = v;
     if (dx16) dx16[i] = __float2bfloat16_rn(v);
     return v;
@@ -108,15 +109,15 @@ cudaError_t LaunchBiasGeluForward(float* out, const X* x, const float* bias, int
   return cudaGetLastError();
 }
 
-template <class X>
+template <class X, class G>
 cudaError_t LaunchBiasGeluBackward(float* dx, float* dbias, float* scratch, const X* x, const float* bias,
-                                   const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
+                                   const G* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
   if (N <= 0 || C <= 0) return cudaSuccess;
   const ColumnSumPlan plan = PlanColumnSums(N, C);  // BiasGrad's tree (BiasGradScratchFloats)
   float* partial = plan.chunks > 1 ? scratch : nullptr;
   const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.tiles));
-  MS_LAUNCH(bias_gelu_backward_kernel<X>, grid, dim3(kColSumCols, kColSumLanes), 0, stream, dx, dx16, dbias, partial, x,
-            bias, dout, N, C, plan.chunk_rows);
+  MS_LAUNCH((bias_gelu_backward_kernel<X, G>), grid, dim3(kColSumCols, kColSumLanes), 0, stream, dx, dx16, dbias,
+            partial, x, bias, dout, N, C, plan.chunk_rows);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || partial == nullptr) return err;
   return FinishColumnSums(dbias, partial, plan.chunks, C, stream);
@@ -138,6 +139,11 @@ cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const floa
 }
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
                              const float* dout, int64_t N, int64_t C, cudaStream_t stream, __nv_bfloat16* dx16) {
+  return LaunchBiasGeluBackward(dx, dbias, scratch, x, bias, dout, N, C, stream, dx16);
+}
+cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
+                             const __nv_bfloat16* dout, int64_t N, int64_t C, cudaStream_t stream,
+                             __nv_bfloat16* dx16) {
   return LaunchBiasGeluBackward(dx, dbias, scratch, x, bias, dout, N, C, stream, dx16);
 }
 

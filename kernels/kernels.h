@@ -47,6 +47,11 @@ cudaError_t BiasGeluForward(float* out, const __nv_bfloat16* x, const float* bia
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
                              const float* dout, int64_t N, int64_t C, cudaStream_t stream,
                              __nv_bfloat16* dx16 = nullptr);
+// ... and with dout in bf16 too (runtime.activations: bf16: the fc-proj backward GEMM writes the GeLU output's
+// gradient rounded to bf16): the fp32 launcher's results on the widened x and dout, bit for bit.
+cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
+                             const __nv_bfloat16* dout, int64_t N, int64_t C, cudaStream_t stream,
+                             __nv_bfloat16* dx16 = nullptr);
 
 // ---- LayerNorm ---- (kernels/layernorm.cu)
 

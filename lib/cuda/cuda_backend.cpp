@@ -193,12 +193,27 @@ class CudaBackend final : public ops::Backend {
   }
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t N, int64_t IC, int64_t OC, const ops::Bf16Copies& kept) override {
+    if (kept.dinp16) {
+      if (!bf16_activations()) {
+        return FailedPrecondition(
+            "MatmulBackward: a bf16 input gradient (runtime.activations: bf16) needs bf16 GEMMs on bf16 operands "
+            "(train.precision: bf16, runtime.bf16_operands: keep or cast)");
+      }
+      if (dinp || !kept.dinp_overwrite) {
+        return InvalidArgument(
+            "MatmulBackward: a bf16 input gradient is written, not accumulated (dinp null, dinp_overwrite set)");
+      }
+    }
     if (N == 0 || OC == 0 || IC == 0) return Status::Ok();
     const void* g = keep_ ? kept.dout : nullptr;  // the output gradient's rounding, made by its producer
     if (!g) {
       MS_ASSIGN_OR_RETURN(g, Bf16(0, dout, N * OC));
     }
-    if (dinp) {
+    if (kept.dinp16) {  // dinp16^T (IC, N) = w^T (IC, OC) . dout^T (OC, N), rounded once from the fp32 accumulation
+      MS_ASSIGN_OR_RETURN(auto* wb, Weight(w, OC * IC, kept));
+      MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, 0.0f, kept.dinp16, IC,
+                              "linear dinp (bf16 out)", CUDA_R_16BF));
+    } else if (dinp) {
       MS_ASSIGN_OR_RETURN(auto* wb, Weight(w, OC * IC, kept));
       // dinp^T (IC, N) += w^T (IC, OC) . dout^T (OC, N); with dinp_overwrite = (beta 0: C not read)
       MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, kept.dinp_overwrite ? 0.0f : 1.0f,
@@ -367,14 +382,22 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::BiasGeluForward(out, static_cast<const __nv_bfloat16*>(x16), bias, R, C, s_, o16),
                   "bias + GeLU forward (bf16 input)");
   }
-  Status BiasGeluBackward16(float* dx, float* dbias, const void* x16, const float* bias, const float* dout, int64_t R,
-                            int64_t C, void* dx16) override {
-    if (!bf16_activations()) return ops::Backend::BiasGeluBackward16(dx, dbias, x16, bias, dout, R, C, dx16);
+  Status BiasGeluBackward16(float* dx, float* dbias, const void* x16, const float* bias, const float* dout,
+                            const void* dout16, int64_t R, int64_t C, void* dx16) override {
+    if (!bf16_activations()) return ops::Backend::BiasGeluBackward16(dx, dbias, x16, bias, dout, dout16, R, C, dx16);
+    if ((dout == nullptr) == (dout16 == nullptr)) {
+      return InvalidArgument("BiasGeluBackward16: exactly one of dout (fp32) and dout16 (bf16) is read");
+    }
     MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "BiasGeluBackward16", dx));
     MS_ASSIGN_OR_RETURN(void* scratch,
                         ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
-    return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch),
-                                            static_cast<const __nv_bfloat16*>(x16), bias, dout, R, C, s_, d16),
+    const auto* x = static_cast<const __nv_bfloat16*>(x16);
+    if (dout16) {
+      return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias,
+                                              static_cast<const __nv_bfloat16*>(dout16), R, C, s_, d16),
+                    "bias + GeLU backward (bf16 input and output gradient)");
+    }
+    return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_, d16),
                   "bias + GeLU backward (bf16 input)");
   }
   Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {

@@ -339,11 +339,11 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   }
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
   // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
-  // dqkv [N,3HlD] (if Dqkv32); dfch_gelu [N,Fl], dfch [N,Fl] (if Dfch32); vstats [N] x 4 (at the end: vocab-parallel
-  // loss). dlogits are written over each slot's logits.
+  // dqkv [N,3HlD] (if Dqkv32); dfch_gelu [N,Fl] (bf16 with Bf16Fc: DfchGeluFloats), dfch [N,Fl] (if Dfch32);
+  // vstats [N] x 4 (at the end: vocab-parallel loss). dlogits are written over each slot's logits.
   MS_RETURN_IF_ERROR(g->scratch_.Allocate(g->be_, 3 * R * C + 5 * N * C + N * HlD +
-                                                      (g->Dqkv32(C / spec.heads) ? 3 * N * HlD : 0) + N * g->Fl_ +
-                                                      (g->Dfch32() ? N * g->Fl_ : 0) + 4 * N));
+                                                      (g->Dqkv32(C / spec.heads) ? 3 * N * HlD : 0) +
+                                                      g->DfchGeluFloats() + (g->Dfch32() ? N * g->Fl_ : 0) + 4 * N));
   // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
   // tp blocks of ceil(R / chunks) rows (all-reduce chunks work in place).
   const bool sp = shard.sequence_parallel && tp > 1;
@@ -1011,7 +1011,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   // Output gradients nothing reads in fp32 have no scratch (Dqkv32, Dfch32): their pointers are null.
   float* dqkv = Dqkv32(D) ? datty + N * HlD : nullptr;
   float* dfch_gelu = datty + N * HlD + (dqkv ? 3 * N * HlD : 0);
-  float* dfch = Dfch32() ? dfch_gelu + N * Fl : nullptr;
+  float* dfch = Dfch32() ? dfch_gelu + DfchGeluFloats() : nullptr;
   auto P = [&](const ParamInfo* p) { return param_data() + p->offset; };
   auto G = [&](const ParamInfo* p) { return grad_data() + p->offset; };
   auto done = [&](int layer) {
@@ -1074,9 +1074,13 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;  // as in the forward
     float* const attn_dbias = attn_bias ? G(w.qkvb) : nullptr;  // summed by the attention as it stores dqkv
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
-      MS_RETURN_IF_ERROR(be_->MatmulBackward(dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
-                                             Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), rows, Fl, C,
-                                             with_dout(k16.Mproj(row0, true), dres_at(row0), true)));
+      // With Bf16Fc the GEMM writes the GeLU output's gradient rounded to bf16 (dg16, in dfch_gelu's scratch), which
+      // the bias + GeLU backward reads; else in fp32.
+      ops::Bf16Copies kc = with_dout(k16.Mproj(row0, true), dres_at(row0), true);
+      uint16_t* const dg16 = Bf16Fc() ? reinterpret_cast<uint16_t*>(dfch_gelu) + row0 * Fl : nullptr;
+      kc.dinp16 = dg16;
+      MS_RETURN_IF_ERROR(be_->MatmulBackward(dg16 ? nullptr : dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,
+                                             Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), rows, Fl, C, kc));
       if (!shard_.fused_kernels) {
         MS_RETURN_IF_ERROR(
             be_->GeluBackward(dfch + row0 * Fl, y.fch.data() + row0 * Fl, dfch_gelu + row0 * Fl, rows * Fl));
@@ -1084,9 +1088,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       }
       // With dfch16 the fc GEMMs read only the rounding: the fp32 fc gradient is not written.
       if (Bf16Fc()) {
-        return be_->BiasGeluBackward16(Off(dfch, row0 * Fl), G(w.fcb), Bf16At(y.fch, row0 * Fl), P(w.fcb),
-                                       dfch_gelu + row0 * Fl, rows, Fl,
-                                       dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
+        return be_->BiasGeluBackward16(Off(dfch, row0 * Fl), G(w.fcb), Bf16At(y.fch, row0 * Fl), P(w.fcb), nullptr,
+                                       dg16, rows, Fl, dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
       }
       return be_->BiasGeluBackward(Off(dfch, row0 * Fl), G(w.fcb), y.fch.data() + row0 * Fl, P(w.fcb),
                                    dfch_gelu + row0 * Fl, rows, Fl,

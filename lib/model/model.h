@@ -103,8 +103,9 @@ struct ShardSpec {
   // each as a pass of its own, to measure what fusion buys (runtime.fused_kernels).
   bool fused_kernels = true;
   // runtime.activations: bf16 — the fc GEMM writes its output (the MLP's pre-GeLU activation, the largest one kept
-  // for the backward) rounded to bf16, which the fused bias + GeLU reads forward and backward
-  // (ops::Backend::bf16_activations; needs fused_kernels).
+  // for the backward) rounded to bf16, which the fused bias + GeLU reads forward and backward, and the fc
+  // projection's backward GEMM writes the GeLU output's gradient rounded to bf16, which the bias + GeLU backward
+  // reads (ops::Backend::bf16_activations; needs fused_kernels).
   bool bf16_fc = false;
 };
 
@@ -301,8 +302,10 @@ class Gpt {
   // gradient dres) are summed by the LayerNorm backward that writes dres (a fused epilogue, off in the
   // runtime.fused_kernels: false ablation, which runs BiasGrad passes over dres).
   bool BiasGradsInLn() const { return shard_.fused_kernels; }
-  // ShardSpec::bf16_fc: the fc output (y.fch) holds bf16, written by the fc GEMM.
+  // ShardSpec::bf16_fc: the fc output (y.fch) holds bf16, written by the fc GEMM; in the backward its GeLU's output
+  // gradient (dfch_gelu) is bf16 too, written by the fc-proj GEMM (Bf16Copies::dinp16).
   bool Bf16Fc() const { return shard_.bf16_fc; }
+  int64_t DfchGeluFloats() const { return Bf16Fc() ? (N_ * Fl_ + 1) / 2 : N_ * Fl_; }  // its scratch, in floats
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   // The final LayerNorm backward writes dres; dsum / dsum2 (the last layer's residual-branch bias gradients, or
   // null): += its column sums (ops::Backend::LayerNormBackward).

@@ -47,6 +47,9 @@ class CpuBackend final : public Backend {
   }
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t N, int64_t IC, int64_t OC, const Bf16Copies& bf16) override {
+    if (bf16.dinp16) {
+      return FailedPrecondition("MatmulBackward: the cpu backend writes no bf16 outputs (runtime.activations: bf16)");
+    }
     if (dinp && bf16.dinp_overwrite) std::memset(dinp, 0, sizeof(float) * static_cast<size_t>(N * IC));
     ops::MatmulBackward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
     return Status::Ok();
@@ -281,7 +284,8 @@ Status Backend::BiasGeluForward16(float*, const void*, const float*, int64_t, in
   return FailedPrecondition("BiasGeluForward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
                             name());
 }
-Status Backend::BiasGeluBackward16(float*, float*, const void*, const float*, const float*, int64_t, int64_t, void*) {
+Status Backend::BiasGeluBackward16(float*, float*, const void*, const float*, const float*, const void*, int64_t,
+                                   int64_t, void*) {
   return FailedPrecondition("BiasGeluBackward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
                             name());
 }

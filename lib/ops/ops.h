@@ -196,6 +196,9 @@ struct Bf16Copies {
   // need not zero it first and the GEMM reads no C. Honoured by every backend (the CPU backend zeroes, then
   // accumulates; a GEMM with beta 0: the same values, a -0 may come out where the zeroed sum gave +0).
   bool dinp_overwrite = false;
+  // MatmulBackward with dinp_overwrite: write dinp rounded to bf16 here (N x IC; fp32 accumulation rounded once)
+  // instead of the fp32 dinp (null); only where bf16_activations() (runtime.activations: bf16), else refused.
+  void* dinp16 = nullptr;
 };
 
 class Backend {
@@ -353,8 +356,10 @@ class Backend {
   // refused.
   virtual bool bf16_activations() const { return false; }
   virtual Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16);
+  // dout16 (R x C bf16), unless null, in place of dout (then null): the GeLU output's gradient kept in bf16 too
+  // (the fc-proj backward's Bf16Copies::dinp16), widened exactly.
   virtual Status BiasGeluBackward16(float* dx, float* dbias, const void* x16, const float* bias, const float* dout,
-                                    int64_t R, int64_t C, void* dx16);
+                                    const void* dout16, int64_t R, int64_t C, void* dx16);
   // db (C) += column sums of dy (R, C), rows in order.
   virtual Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) = 0;
   // x (R, C) += wpe[((row0 + r) % T)] for each row r: learned positions.

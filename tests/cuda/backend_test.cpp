@@ -432,13 +432,61 @@ TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
     REQUIRE(p.gpu->BiasGeluForward(y[0], xw, bias, N, OC).ok());
     REQUIRE(p.gpu->BiasGeluBackward(dx[0], db[0], xw, bias, dout, N, OC).ok());
     REQUIRE(p.gpu->BiasGeluForward16(y[1], out16, bias, N, OC, nullptr).ok());
-    REQUIRE(p.gpu->BiasGeluBackward16(dx[1], db[1], out16, bias, dout, N, OC, nullptr).ok());
+    REQUIRE(p.gpu->BiasGeluBackward16(dx[1], db[1], out16, bias, dout, nullptr, N, OC, nullptr).ok());
     CHECK(p.Get(*p.gpu, y[1], N * OC) == p.Get(*p.gpu, y[0], N * OC));
     CHECK(p.Get(*p.gpu, dx[1], N * OC) == p.Get(*p.gpu, dx[0], N * OC));
     CHECK(p.Get(*p.gpu, db[1], OC) == p.Get(*p.gpu, db[0], OC));
     // An fp32 output or a bias next to the bf16 one: refused.
     CHECK(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC, kc).code() == Code::kInvalidArgument);
     CHECK(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, kc).code() == Code::kInvalidArgument);
+
+    // The backward's bf16 input gradient (Bf16Copies::dinp16, the fc-proj GEMM's: the GeLU output's gradient): the
+    // rounding of the fp32 dinp written with dinp_overwrite (emulated: bit for bit; on a GPU within one bf16 ulp),
+    // and the bias + GeLU backward reading it (dout16) = the fp32 call on it widened.
+    float* dinp = p.On(*p.gpu, Random(N * IC, 55));  // garbage: overwritten
+    float* dw = p.On(*p.gpu, std::vector<float>(OC * IC));
+    uint16_t* dinp16 = p.On(*p.gpu, std::vector<uint16_t>(N * IC, 0xFFFF));
+    ops::Bf16Copies kb;
+    kb.dinp_overwrite = true;
+    REQUIRE(p.gpu->MatmulBackward(dinp, dw, nullptr, dout, inp, w, N, IC, OC, kb).ok());
+    kb.dinp16 = dinp16;
+    REQUIRE(p.gpu->MatmulBackward(nullptr, dw, nullptr, dout, inp, w, N, IC, OC, kb).ok());
+    const auto dinp32 = p.Get(*p.gpu, dinp, N * IC);
+    const auto dinp16h = p.Get(*p.gpu, dinp16, N * IC);
+    std::vector<float> dinpw(N * IC);
+    for (int64_t i = 0; i < N * IC; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(dinp16h[i]) << 16;
+      std::memcpy(&dinpw[i], &bits, sizeof bits);
+#if !defined(MS_TEST_GPU)
+      uint32_t f;
+      std::memcpy(&f, &dinp32[i], sizeof f);
+      CHECK(dinp16h[i] == static_cast<uint16_t>((f + 0x7FFF + ((f >> 16) & 1)) >> 16));
+#endif
+    }
+#if defined(MS_TEST_GPU)
+    ExpectClose(dinp32, dinpw, 1e-2f, 1e-2f, "bf16 GEMM input gradient");
+#endif
+    float* xg = p.On(*p.gpu, dinpw);  // any (N, IC) x will do: the widened dinp again
+    uint16_t* xg16 = dinp16;
+    float* gw = p.On(*p.gpu, dinpw);
+    float* biasg = p.On(*p.gpu, Random(IC, 56));
+    std::vector<float*> dg(2), dbg(2);
+    for (int k = 0; k < 2; ++k) {
+      dg[k] = p.On(*p.gpu, std::vector<float>(N * IC));
+      dbg[k] = p.On(*p.gpu, std::vector<float>(IC));
+    }
+    REQUIRE(p.gpu->BiasGeluBackward(dg[0], dbg[0], xg, biasg, gw, N, IC).ok());
+    REQUIRE(p.gpu->BiasGeluBackward16(dg[1], dbg[1], xg16, biasg, nullptr, dinp16, N, IC, nullptr).ok());
+    CHECK(p.Get(*p.gpu, dg[1], N * IC) == p.Get(*p.gpu, dg[0], N * IC));
+    CHECK(p.Get(*p.gpu, dbg[1], IC) == p.Get(*p.gpu, dbg[0], IC));
+    // Refused: an fp32 dinp beside the bf16 one, dinp16 accumulated, both or neither dout.
+    CHECK(p.gpu->MatmulBackward(dinp, dw, nullptr, dout, inp, w, N, IC, OC, kb).code() == Code::kInvalidArgument);
+    kb.dinp_overwrite = false;
+    CHECK(p.gpu->MatmulBackward(nullptr, dw, nullptr, dout, inp, w, N, IC, OC, kb).code() == Code::kInvalidArgument);
+    CHECK(p.gpu->BiasGeluBackward16(dg[1], dbg[1], xg16, biasg, gw, dinp16, N, IC, nullptr).code() ==
+          Code::kInvalidArgument);
+    CHECK(p.gpu->BiasGeluBackward16(dg[1], dbg[1], xg16, biasg, nullptr, nullptr, N, IC, nullptr).code() ==
+          Code::kInvalidArgument);
   }
   Pair conv(/*bf16=*/true, Bf16Operands::kCublas), fp32;
   ops::Bf16Copies kc;
@@ -450,7 +498,11 @@ TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
     kc.out16 = x;
     CHECK(be->MatmulForward(nullptr, x, x, nullptr, 2, 2, 2, kc).code() == Code::kFailedPrecondition);
     CHECK(be->BiasGeluForward16(x, x, x, 2, 2, nullptr).code() == Code::kFailedPrecondition);
-    CHECK(be->BiasGeluBackward16(x, x, x, x, x, 2, 2, nullptr).code() == Code::kFailedPrecondition);
+    CHECK(be->BiasGeluBackward16(x, x, x, x, x, nullptr, 2, 2, nullptr).code() == Code::kFailedPrecondition);
+    ops::Bf16Copies kb;
+    kb.dinp_overwrite = true;
+    kb.dinp16 = x;
+    CHECK(be->MatmulBackward(nullptr, x, nullptr, x, x, x, 2, 2, 2, kb).code() == Code::kFailedPrecondition);
   }
   // The model refuses the switch where the backend cannot take it.
   const config::ModelSpec m = SpecOf(1, 16, 1, 64, 32, 8);
@@ -711,7 +763,8 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
 // buffers account for, within the allocator's rounding (512 B per block under 1 MiB) and the cast backend's bf16
 // workspaces (counted). With the fp32 activations still allocated, `keep` would hold
 // 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
-// N F x 4 more. With runtime.activations: bf16 (the fc output in bf16) `keep` holds L N F x 2 bytes less again.
+// N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16) `keep` holds
+// (L + 1) N F x 2 bytes less again.
 TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of an activation only GEMMs read") {
   config::ModelSpec m = SpecOf(2, 64, 4, 256, 96, 32);
   m.block = config::BlockKind::kSequential;
@@ -754,10 +807,11 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   CAPTURE(cast_ws);
   CHECK(keep - (cast - cast_ws) <= bf16_in - fp32_out + slack);
   CHECK(4 * 3 * N * C > slack);  // the check above sees any one fp32 buffer come back (the smallest: dqkv, 3 N C)
-  // runtime.activations: bf16 holds each layer's fc output in 2 bytes per element instead of 4.
+  // runtime.activations: bf16 holds each layer's fc output in 2 bytes per element instead of 4, and the backward's
+  // scratch for the GeLU output's gradient likewise.
   const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
   CAPTURE(keep_bf16_fc);
-  CHECK(std::llabs(keep - keep_bf16_fc - L * N * F * 2) <= slack);
+  CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2) <= slack);
 }
 
 // The optimizer writing the GPT's bf16 weight copies with its update (optim::SegmentData::param16, what the

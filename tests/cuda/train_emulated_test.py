@@ -171,7 +171,8 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
      ["train.precision=bf16", "model.block=sequential", "runtime.fused_kernels=false"], KEEP,
      ["runtime.bf16_operands=cast"], check=same_bits)
 # runtime.activations: bf16 (the fc GEMM writes its output in bf16, which the bias + GeLU reads forward and
-# backward): within the bf16 tolerance of the CPU backend's fp32 losses, and `keep` = `cast` bit for bit with it.
+# backward; the fc projection's backward writes the GeLU output's gradient in bf16, which the bias + GeLU backward
+# reads): within the bf16 tolerance of the CPU backend's fp32 losses, and `keep` = `cast` bit for bit with it.
 case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
      ["runtime.activations=bf16"])
 case("bf16-111-bf16-activations-keep-is-cast", "parallel: {micro_batches: 2}",

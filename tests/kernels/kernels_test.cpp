@@ -126,6 +126,27 @@ TEST_CASE("kernels: GeLU and bias+GeLU forward/backward match the reference (rto
     CHECK(std::memcmp(gy16h.data(), wy16h.data(), sizeof(__nv_bfloat16) * n) == 0);
     CHECK(std::memcmp(gg16h.data(), wg16h.data(), sizeof(__nv_bfloat16) * n) == 0);
     if (n > 1) CHECK(gy.Get() != dy.Get());  // the rounding of x shows
+
+    // dout in bf16 too (the fc-proj backward GEMM's bf16 output): the bits of the fp32 launcher on the widened x and
+    // dout (dx, dx16, dbias), and not those of the unrounded dout.
+    const std::vector<float> dout_h = ddout.Get();
+    std::vector<__nv_bfloat16> g16(n);
+    std::vector<float> gw(n);
+    for (int64_t i = 0; i < n; ++i) {
+      g16[i] = __float2bfloat16_rn(dout_h[i]);
+      gw[i] = __bfloat162float(g16[i]);
+    }
+    Dev<__nv_bfloat16> dg16_in(g16), wgg16(n), ggg16(n);
+    Dev<float> dgw_in(gw), wgg(n), ggg(n), wgdb(dbias0), ggdb(dbias0);
+    REQUIRE(BiasGeluBackward(wgg.get(), wgdb.get(), scratch.get(), dxw_in.get(), dbias_in.get(), dgw_in.get(), s.N, s.C,
+                             nullptr, wgg16.get()) == cudaSuccess);
+    REQUIRE(BiasGeluBackward(ggg.get(), ggdb.get(), scratch.get(), dx16_in.get(), dbias_in.get(), dg16_in.get(), s.N,
+                             s.C, nullptr, ggg16.get()) == cudaSuccess);
+    CHECK(ggg.Get() == wgg.Get());
+    CHECK(ggdb.Get() == wgdb.Get());
+    const auto ggg16h = ggg16.Get(), wgg16h = wgg16.Get();
+    CHECK(std::memcmp(ggg16h.data(), wgg16h.data(), sizeof(__nv_bfloat16) * n) == 0);
+    if (n > 1) CHECK(ggg.Get() != gg.Get());  // the rounding of dout shows
   }
   ExpectNoPoisonedReads();
 }
