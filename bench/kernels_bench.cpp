@@ -425,6 +425,22 @@ void SanityLayerNorm(Sanity& s) {
   s.Close("LayerNormBackward dw (accumulated)", d_dw.Download(), dw, 1e-4, 1e-5);
   s.Close("LayerNormBackward db (accumulated)", d_db.Download(), db, 1e-4, 1e-5);
   s.Close("LayerNormBackward dsum (column sums of dx, accumulated)", d_dsum.Download(), dsum, 1e-4, 1e-4);
+  {  // the residual add fused into the LayerNorm: the bits of the unfused pair
+    DevBuf<float> d_part(Random(N * C, 48), "part"), d_res(N * C, "res"), d_out2(N * C, "out"), d_mean2(N, "mean"),
+        d_rstd2(N, "rstd"), d_res_ref(N * C, "res ref");
+    s.Run("ResidualAdd",
+          k::ResidualAdd(d_res_ref.get(), d_x.get(), d_part.get(), d_b.get(), nullptr, N, C, s.stream()));
+    s.Run("LayerNormForward", k::LayerNormForward(d_out.get(), d_mean.get(), d_rstd.get(), d_res_ref.get(), d_w.get(),
+                                                  d_b.get(), N, C, eps, s.stream()));
+    s.Run("ResidualLayerNormForward",
+          k::ResidualLayerNormForward(d_res.get(), d_out2.get(), d_mean2.get(), d_rstd2.get(), d_x.get(), d_part.get(),
+                                      d_b.get(), nullptr, d_w.get(), d_b.get(), N, C, eps, s.stream()));
+    s.Exact("ResidualLayerNormForward res (= ResidualAdd)", d_res.Download(), d_res_ref.Download());
+    // (the emulated tests check these bit for bit; here a tolerance, should nvcc contract the two inlined copies
+    // of the normalization differently)
+    s.Close("ResidualLayerNormForward out (= LayerNormForward of it)", d_out2.Download(), d_out.Download(), 1e-6, 1e-6);
+    s.Close("ResidualLayerNormForward rstd", d_rstd2.Download(), d_rstd.Download(), 1e-6, 1e-7);
+  }
 }
 
 void SanityAttention(Sanity& s) {
@@ -1060,6 +1076,15 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
       return k::LayerNormForward(out.get(), mean.get(), rstd.get(), x.get(), w.get(), bb.get(), N, C, 1e-5f,
                                  b.stream());
     });
+    // As the model runs every LayerNorm but the first and the final one, with the residual add before it (one
+    // bias; sequential block): x and part read, the residual written, the LayerNorm's rounding only (keep).
+    DevBuf<float> part(n, "part"), res(n, "res");
+    DevBuf<bf16> out16(n, "out bf16");
+    Fill(part, 8);
+    b.Run("ResidualLayerNormForward", shape + " +bias -> res, out16", F * (3 * n + 3 * C + 2 * N) + 2.0 * n, 0, [&] {
+      return k::ResidualLayerNormForward(res.get(), nullptr, mean.get(), rstd.get(), x.get(), part.get(), bb.get(),
+                                         nullptr, w.get(), bb.get(), N, C, 1e-5f, b.stream(), out16.get());
+    });
     b.Run("LayerNormBackward", shape, F * (2 * n + C + 2 * N + 2 * n + 4 * C + 2 * dwdb_n), 0, [&] {
       return k::LayerNormBackward(dx.get(), dw.get(), db.get(), scratch.get(), dout.get(), x.get(), w.get(), mean.get(),
                                   rstd.get(), N, C, b.stream());
@@ -1521,7 +1546,10 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // only the rounding, not the fp32 value (`fp32_out`: 0 with keep, 1 else).
   const double rounding = keep ? 0.5 : 0.0, fp32_out = keep ? 0.0 : 1.0;
   // Per layer.
-  mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L);      // forward x2
+  // forward x2: each LayerNorm but the chunk's first takes its input from the residual add before it, fused
+  // (ResidualLayerNormForward: the row it has just written, not read again; the add's traffic is counted below)
+  mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 1);
+  mem("LayerNorm", fp32_out * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L - 1);
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
   // q, k, v, and its bias gradient summed by it as it stores dqkv

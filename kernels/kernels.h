@@ -60,6 +60,14 @@ cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv
 // written; cudaErrorInvalidValue when both are).
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                              int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
+// The residual add that feeds a LayerNorm, fused into it: res (N, C) = x + part (+ rbias) (+ rbias2) (WRITES; as
+// ResidualAdd, kernels/elementwise.h; rbias, rbias2: (C) or null; res may equal x), then LayerNormForward of res
+// (out, mean, rstd, out16 as above), which reads the rows it has just written instead of reading res again: the
+// bits of the two launchers, one pass less over res.
+cudaError_t ResidualLayerNormForward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                     const float* part, const float* rbias, const float* rbias2, const float* w,
+                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t stream,
+                                     __nv_bfloat16* out16 = nullptr);
 // Floats of scratch LayerNormBackward needs: the per-block partial sums of dw, db and dx, 3 * ceil(N / 16) * C.
 int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C);
 // As ms::ops::LayerNormBackward: dx (N, C), dw (C), db (C) ACCUMULATE. scratch: device memory of

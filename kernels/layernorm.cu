@@ -1,5 +1,6 @@
-// defines: layernorm_forward_kernel, layernorm_backward_kernel, layernorm_param_grad_kernel and their
-// launchers (LayerNormForward, LayerNormBackward, LayerNormBackwardScratchFloats).
+// defines: layernorm_forward_kernel, residual_layernorm_forward_kernel, layernorm_backward_kernel,
+// layernorm_param_grad_kernel and their launchers (LayerNormForward, ResidualLayerNormForward, LayerNormBackward,
+// LayerNormBackwardScratchFloats).
 // LayerNorm over the last dim, as ms::ops::LayerNormForward/Backward (biased variance, rstd saved).
 #include "common.cuh"
 #include "kernels.h"
@@ -20,17 +21,12 @@ constexpr int kLnParamThreads = kLnParamCols * kLnParamLanes;
 
 // ---- kernels ----
 
-// One block per row (blockDim.x a multiple of 32): mean and variance by two block reductions (warp
-// shuffles, then shared memory across warps), then the normalized row (also rounded to bf16 into out16 unless null).
-// out, x: (N, C); w, b: (C); mean, rstd: (N); out16: (N, C) or null; out may be null when out16 is not.
-__global__ void __launch_bounds__(kLnForwardMaxThreads)
-    layernorm_forward_kernel(float* out, __nv_bfloat16* out16, float* mean, float* rstd, const float* x, const float* w,
-                             const float* b, int C, float eps) {
-  MS_SHARED_ARRAY(float, scratch, 32);
-  const long row = blockIdx.x;
-  const float* xr = x + row * C;
-  float sum = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) sum += xr[c];
+// Row `row` of a LayerNorm forward, from `sum`, this thread's sum of xr[c] for c = threadIdx.x, + blockDim.x, ... in
+// that order: mean and variance by two block reductions (warp shuffles, then shared memory across warps), then the
+// normalized row (also rounded to bf16 into out16 unless null). Each thread reads back only its own columns of xr.
+__device__ __forceinline__ void LayerNormRow(float* scratch, float sum, const float* xr, float* out,
+                                             __nv_bfloat16* out16, float* mean, float* rstd, const float* w,
+                                             const float* b, int C, float eps, long row) {
   const float m = BlockSum(sum, scratch) / C;
   float var = 0.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -57,6 +53,43 @@ __global__ void __launch_bounds__(kLnForwardMaxThreads)
     mean[row] = m;
     rstd[row] = s;
   }
+}
+
+// One block per row (blockDim.x a multiple of 32), LayerNormRow. out, x: (N, C); w, b: (C); mean, rstd: (N); out16:
+// (N, C) or null; out may be null when out16 is not.
+__global__ void __launch_bounds__(kLnForwardMaxThreads)
+    layernorm_forward_kernel(float* out, __nv_bfloat16* out16, float* mean, float* rstd, const float* x, const float* w,
+                             const float* b, int C, float eps) {
+  MS_SHARED_ARRAY(float, scratch, 32);
+  const long row = blockIdx.x;
+  const float* xr = x + row * C;
+  float sum = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) sum += xr[c];
+  LayerNormRow(scratch, sum, xr, out, out16, mean, rstd, w, b, C, eps, row);
+}
+
+// The residual add fused into the LayerNorm that reads its result: res = x + part (+ rbias) (+ rbias2), as
+// ew_residual_add_kernel computes it, stored and summed in one pass, then LayerNormRow over the row just stored
+// (each thread reads back its own columns: no barrier, and no read of res from memory by another pass). The bits
+// of ResidualAdd then LayerNormForward. res: (N, C) (may equal x); part: (N, C); rbias, rbias2: (C) or null.
+__global__ void __launch_bounds__(kLnForwardMaxThreads)
+    residual_layernorm_forward_kernel(float* res, float* out, __nv_bfloat16* out16, float* mean, float* rstd,
+                                      const float* x, const float* part, const float* rbias, const float* rbias2,
+                                      const float* w, const float* b, int C, float eps) {
+  MS_SHARED_ARRAY(float, scratch, 32);
+  const long row = blockIdx.x;
+  const float* xr = x + row * C;
+  const float* pr = part + row * C;
+  float* rr = res + row * C;
+  float sum = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = xr[c] + pr[c];
+    if (rbias != nullptr) v += rbias[c];
+    if (rbias2 != nullptr) v += rbias2[c];
+    rr[c] = v;
+    sum += v;
+  }
+  LayerNormRow(scratch, sum, rr, out, out16, mean, rstd, w, b, C, eps, row);
 }
 
 // Block g handles rows [16 g, 16 g + 16) of the N: (1) warp w computes dx of rows 16 g + w, 16 g + w + 8 (lane l
@@ -158,6 +191,18 @@ cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* 
   const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
   MS_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, out, out16, mean, rstd, x, w, b,
             static_cast<int>(C), eps);
+  return cudaGetLastError();
+}
+
+cudaError_t ResidualLayerNormForward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                     const float* part, const float* rbias, const float* rbias2, const float* w,
+                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t stream,
+                                     __nv_bfloat16* out16) {
+  if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
+  if (N <= 0 || C <= 0) return cudaSuccess;
+  const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
+  MS_LAUNCH(residual_layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, res, out, out16, mean, rstd,
+            x, part, rbias, rbias2, w, b, static_cast<int>(C), eps);
   return cudaGetLastError();
 }
 

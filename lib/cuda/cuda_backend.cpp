@@ -362,6 +362,14 @@ class CudaBackend final : public ops::Backend {
                      int64_t C) override {
     return Launch(kernels::ResidualAdd(out, x, part, bias, bias2, R, C, s_), "residual add");
   }
+  Status ResidualLayerNormForward(float* res, const float* x, const float* part, const float* bias, const float* bias2,
+                                  float* out, float* mean, float* rstd, const float* w, const float* b, int64_t R,
+                                  int64_t C, float eps, void* out16) override {
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "ResidualLayerNormForward", out));
+    return Launch(
+        kernels::ResidualLayerNormForward(res, out, mean, rstd, x, part, bias, bias2, w, b, R, C, eps, s_, o16),
+        "residual add + LayerNorm forward");
+  }
   Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) override {
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward", out));
     return Launch(kernels::BiasGeluForward(out, x, bias, R, C, s_, o16), "bias + GeLU forward");

@@ -686,6 +686,16 @@ Status Gpt::ResidualAdd(float* out, const float* x, const float* part, const flo
   return bias2 ? be_->AddRowBias(out, bias2, R, C) : Status::Ok();
 }
 
+Status Gpt::ResidualLayerNorm(float* res, const float* x, const float* part, const float* bias, const float* bias2,
+                              float* out, float* mean, float* rstd, const float* w, const float* b, void* out16) {
+  const int64_t R = rows_, C = spec_.hidden;
+  if (shard_.fused_kernels) {
+    return be_->ResidualLayerNormForward(res, x, part, bias, bias2, out, mean, rstd, w, b, R, C, spec_.norm_eps, out16);
+  }
+  MS_RETURN_IF_ERROR(ResidualAdd(res, x, part, bias, bias2, R, C));  // the ablation's passes
+  return be_->LayerNormForward(out, mean, rstd, res, w, b, R, C, spec_.norm_eps, out16);
+}
+
 Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets, const float* x_in,
                                 const std::function<Status(int)>& before_layer) {
   auto before = [&](int layer) { return before_layer ? before_layer(layer) : Status::Ok(); };
@@ -747,8 +757,11 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
   // Column-parallel GEMMs consume the gathered LayerNorm output (kept in ln*_full for backward), row-parallel
   // ones produce partial sums reduced across tp into partR (SP) or part (all-reduce): chunked and pipelined
   // with the collectives, see TpGatherRowsThen / TpProduceRowsReduce.
+  // With the fused kernels a layer's last residual add also runs the next layer's first LayerNorm (one kernel:
+  // ResidualLayerNorm), after that layer's before_layer hook; `ln1_done` then tells the next layer.
+  bool ln1_done = false;
   for (int i = 0; i < ch.num_layers; ++i) {
-    MS_RETURN_IF_ERROR(before(ch.first_layer + i));
+    if (!ln1_done) MS_RETURN_IF_ERROR(before(ch.first_layer + i));
     const LayerW w = Layer(ch.first_layer + i);
     auto& y = a.layers[i];
     const float* x = a.res.data() + i * R * C;
@@ -793,20 +806,33 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       return be_->MatmulForward(dst, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), nullptr, rows, Fl, C,
                                 k16.Mproj(row0, gelu_rounds));
     };
-    MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
-                                             P(w.ln1b), R, C, spec_.norm_eps, ln_rounds ? k16.Ln1Out() : nullptr));
+    if (!ln1_done) {
+      MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
+                                               P(w.ln1b), R, C, spec_.norm_eps, ln_rounds ? k16.Ln1Out() : nullptr));
+    }
+    // The layer's output out = base + part + biases; with the fused kernels and another layer of this chunk next,
+    // fused with that layer's first LayerNorm.
+    auto finish = [&](const float* base, const float* part_out, const float* b1, const float* b2) -> Status {
+      ln1_done = shard_.fused_kernels && i + 1 < ch.num_layers;
+      if (!ln1_done) return ResidualAdd(out, base, part_out, b1, b2, R, C);
+      MS_RETURN_IF_ERROR(before(ch.first_layer + i + 1));  // its parameters (ZeRO: waits for their all-gather)
+      const LayerW wn = Layer(ch.first_layer + i + 1);
+      auto& yn = a.layers[static_cast<size_t>(i + 1)];
+      MS_ASSIGN_OR_RETURN(const LayerBf16 kn, KeptLayer(wn, a, i + 1));
+      return ResidualLayerNorm(out, base, part_out, b1, b2, yn.ln1.data(), yn.ln1_mean.data(), yn.ln1_rstd.data(),
+                               P(wn.ln1w), P(wn.ln1b), ln_rounds ? kn.Ln1Out() : nullptr);
+    };
     if (seq) {
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
       MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D,
                                                spec_.window, k16.AttyOut()));
       MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, part, partR));
-      MS_RETURN_IF_ERROR(ResidualAdd(y.mid.data(), x, attn_out, P(w.projb), nullptr, R, C));
-      MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(), y.mid.data(),
-                                               P(w.ln2w), P(w.ln2b), R, C, spec_.norm_eps,
-                                               ln_rounds ? k16.FcInOut() : nullptr));
+      MS_RETURN_IF_ERROR(ResidualLayerNorm(y.mid.data(), x, attn_out, P(w.projb), nullptr, y.ln2.data(),
+                                           y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
+                                           ln_rounds ? k16.FcInOut() : nullptr));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
       MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_rows, part, partR));
-      MS_RETURN_IF_ERROR(ResidualAdd(out, y.mid.data(), mlp_out, P(w.mprojb), nullptr, R, C));
+      MS_RETURN_IF_ERROR(finish(y.mid.data(), mlp_out, P(w.mprojb), nullptr));
     } else {
       // One gather feeds both branches' GEMMs.
       auto qkv_fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
@@ -824,7 +850,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         return be_->AddInPlace(dst, tmp, rows * C);
       };
       MS_ASSIGN_OR_RETURN(float* both, TpProduceRowsReduce("attn.proj+mlp.proj", both_rows, part, partR));
-      MS_RETURN_IF_ERROR(ResidualAdd(out, x, both, P(w.projb), P(w.mprojb), R, C));
+      MS_RETURN_IF_ERROR(finish(x, both, P(w.projb), P(w.mprojb)));
     }
   }
   a.forward_done = true;

@@ -271,6 +271,10 @@ class Gpt {
   // out = x + part + bias (+ bias2), fused or not (ShardSpec::fused_kernels).
   Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
                      int64_t C);
+  // res = x + part + bias (+ bias2) over the rows_ x C residual stream, then the LayerNorm of res into out / mean /
+  // rstd / out16: one kernel with the fused kernels (Backend::ResidualLayerNormForward), else the ablation's passes.
+  Status ResidualLayerNorm(float* res, const float* x, const float* part, const float* bias, const float* bias2,
+                           float* out, float* mean, float* rstd, const float* w, const float* b, void* out16);
   Status TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
                           const ConsumeFn& consume);
   // Runs `produce` for partial outputs of all N rows (it writes every row: a producer that accumulates writes its

@@ -277,6 +277,13 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+Status Backend::ResidualLayerNormForward(float* res, const float* x, const float* part, const float* bias,
+                                         const float* bias2, float* out, float* mean, float* rstd, const float* w,
+                                         const float* b, int64_t R, int64_t C, float eps, void* out16) {
+  MS_RETURN_IF_ERROR(ResidualAdd(res, x, part, bias, bias2, R, C));
+  return LayerNormForward(out, mean, rstd, res, w, b, R, C, eps, out16);
+}
+
 Status Backend::CastToBf16(void*, const float*, int64_t) {
   return FailedPrecondition("the {} backend keeps no bf16 GEMM operands (CastToBf16)", name());
 }

@@ -335,6 +335,12 @@ class Backend {
   // biases (out may equal x or part).
   virtual Status ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2,
                              int64_t R, int64_t C) = 0;
+  // The residual add that feeds a LayerNorm, fused into it: res = ResidualAdd(x, part, bias, bias2), then
+  // LayerNormForward(out, mean, rstd, res, w, b, eps, out16) — the same bits as the two calls, which is what this
+  // default runs; the CUDA backend's one kernel normalizes the rows as it writes them (one pass less over res).
+  virtual Status ResidualLayerNormForward(float* res, const float* x, const float* part, const float* bias,
+                                          const float* bias2, float* out, float* mean, float* rstd, const float* w,
+                                          const float* b, int64_t R, int64_t C, float eps, void* out16);
   // out (R, C) = gelu(x + bias[c]) (WRITES): the fc bias fused into the GeLU (x is the GEMM output without bias);
   // out16 as LayerNormForward's.
   virtual Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) = 0;

@@ -620,6 +620,46 @@ TEST_CASE("cuda backend: what the attention refuses") {
         Code::kInvalidArgument);
 }
 
+// The residual add fused into the LayerNorm (Backend::ResidualLayerNormForward): the CUDA kernel within the
+// kernels' tolerance of the CPU backend (whose default runs the two ops), and the bits of the CUDA backend's own
+// ResidualAdd then LayerNormForward.
+TEST_CASE("cuda backend (emulated): residual add + LayerNorm forward, fused") {
+  Pair p;
+  const int64_t R = 37, C = 45;
+  const Inputs in = {Random(R * C, 1),
+                     Random(R * C, 2),
+                     Random(C, 3),
+                     Random(C, 4),
+                     Random(C, 5),
+                     Random(C, 6),
+                     std::vector<float>(R * C),
+                     std::vector<float>(R * C),
+                     std::vector<float>(R),
+                     std::vector<float>(R)};
+  Compare(
+      p, in,
+      [&](ops::Backend& be, std::vector<float*>& t) {
+        REQUIRE(be.ResidualLayerNormForward(t[6], t[0], t[1], t[2], t[3], t[7], t[8], t[9], t[4], t[5], R, C, 1e-5f,
+                                            nullptr)
+                    .ok());
+      },
+      {{6, R * C}, {7, R * C}, {8, R}, {9, R}}, 1e-5f, 1e-6f, "residual + LayerNorm");
+  std::vector<float*> t;
+  for (const auto& v : in) t.push_back(p.On(*p.gpu, v));
+  float* res2 = p.On(*p.gpu, std::vector<float>(R * C));
+  float* out2 = p.On(*p.gpu, std::vector<float>(R * C));
+  float* mean2 = p.On(*p.gpu, std::vector<float>(R));
+  float* rstd2 = p.On(*p.gpu, std::vector<float>(R));
+  REQUIRE(
+      p.gpu->ResidualLayerNormForward(t[6], t[0], t[1], t[2], t[3], t[7], t[8], t[9], t[4], t[5], R, C, 1e-5f, nullptr)
+          .ok());
+  REQUIRE(p.gpu->ResidualAdd(res2, t[0], t[1], t[2], t[3], R, C).ok());
+  REQUIRE(p.gpu->LayerNormForward(out2, mean2, rstd2, res2, t[4], t[5], R, C, 1e-5f).ok());
+  CHECK(p.Get(*p.gpu, t[6], R * C) == p.Get(*p.gpu, res2, R * C));
+  CHECK(p.Get(*p.gpu, t[7], R * C) == p.Get(*p.gpu, out2, R * C));
+  CHECK(p.Get(*p.gpu, t[9], R) == p.Get(*p.gpu, rstd2, R));
+}
+
 TEST_CASE("cuda backend (emulated): residual, bias, positions, memory helpers, norms (rtol 1e-5)") {
   Pair p;
   const int64_t R = 13, C = 21, T = 5;

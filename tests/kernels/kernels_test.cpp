@@ -275,6 +275,54 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
   ExpectNoPoisonedReads();
 }
 
+// The residual add fused into the LayerNorm that reads it: res, out, out16, mean and rstd the bits of ResidualAdd
+// then LayerNormForward (with one bias, two, none; out and out16, or only out16; res in place of x), on the shapes
+// of the LayerNorm test. Fails when the fused pass sums the row in another order, or normalizes other values.
+TEST_CASE("kernels: ResidualLayerNormForward gives the bits of ResidualAdd then LayerNormForward") {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {45, 770}, {130, 20}, {1001, 33}}) {
+    CAPTURE(N);
+    CAPTURE(C);
+    const int64_t n = N * C;
+    const float eps = 1e-5f;
+    const auto x = Random(n, 20, -2.0f, 3.0f), part = Random(n, 21), w = Random(C, 22), b = Random(C, 23),
+               rb = Random(C, 24), rb2 = Random(C, 25);
+    Dev<float> d_x(x), d_part(part), d_w(w), d_b(b), d_rb(rb), d_rb2(rb2);
+    for (int biases = 0; biases <= 2; ++biases) {
+      CAPTURE(biases);
+      const float* b1 = biases >= 1 ? d_rb.get() : nullptr;
+      const float* b2 = biases >= 2 ? d_rb2.get() : nullptr;
+      Dev<float> want_res(n), want_out(n), want_mean(N), want_rstd(N);
+      Dev<__nv_bfloat16> want16(n);
+      REQUIRE(ResidualAdd(want_res.get(), d_x.get(), d_part.get(), b1, b2, N, C, nullptr) == cudaSuccess);
+      REQUIRE(LayerNormForward(want_out.get(), want_mean.get(), want_rstd.get(), want_res.get(), d_w.get(), d_b.get(),
+                               N, C, eps, nullptr, want16.get()) == cudaSuccess);
+      Dev<float> res(n), out(n), mean(N), rstd(N);
+      Dev<__nv_bfloat16> out16(n);
+      REQUIRE(ResidualLayerNormForward(res.get(), out.get(), mean.get(), rstd.get(), d_x.get(), d_part.get(), b1, b2,
+                                       d_w.get(), d_b.get(), N, C, eps, nullptr, out16.get()) == cudaSuccess);
+      CHECK(res.Get() == want_res.Get());
+      CHECK(out.Get() == want_out.Get());
+      CHECK(mean.Get() == want_mean.Get());
+      CHECK(rstd.Get() == want_rstd.Get());
+      const auto g16 = out16.Get(), w16 = want16.Get();
+      CHECK(std::memcmp(g16.data(), w16.data(), sizeof(__nv_bfloat16) * n) == 0);
+      // Only the rounding, the residual written over x.
+      Dev<float> inplace(x), mean2(N), rstd2(N);
+      Dev<__nv_bfloat16> only16(n);
+      REQUIRE(ResidualLayerNormForward(inplace.get(), nullptr, mean2.get(), rstd2.get(), inplace.get(), d_part.get(),
+                                       b1, b2, d_w.get(), d_b.get(), N, C, eps, nullptr, only16.get()) == cudaSuccess);
+      CHECK(inplace.Get() == want_res.Get());
+      CHECK(rstd2.Get() == want_rstd.Get());
+      const auto o16 = only16.Get();
+      CHECK(std::memcmp(o16.data(), w16.data(), sizeof(__nv_bfloat16) * n) == 0);
+    }
+  }
+  Dev<float> one(1);
+  CHECK(ResidualLayerNormForward(one.get(), nullptr, one.get(), one.get(), one.get(), one.get(), nullptr, nullptr,
+                                 one.get(), one.get(), 1, 1, 1e-5f, nullptr, nullptr) == cudaErrorInvalidValue);
+  ExpectNoPoisonedReads();
+}
+
 TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (rtol 1e-5, atol 1e-5 / 1e-6)") {
   struct Shape {
     int64_t N, V;
