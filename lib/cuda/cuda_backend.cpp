@@ -179,6 +179,9 @@ class CudaBackend final : public ops::Backend {
             "MatmulForward: with a bf16 output, out and bias must be null (the reader adds the bias)");
       }
     }
+    if (kept.out_accumulate && (bias || kept.out16)) {
+      return InvalidArgument("MatmulForward: an accumulated output takes no bias and no bf16 output");
+    }
     if (N == 0 || OC == 0) return Status::Ok();
     MS_ASSIGN_OR_RETURN(auto* a, Input(inp, N * IC, kept));
     MS_ASSIGN_OR_RETURN(auto* b, Weight(w, OC * IC, kept));
@@ -187,7 +190,8 @@ class CudaBackend final : public ops::Backend {
                   CUDA_R_16BF);
     }
     // out^T (OC, N) = w (OC, IC) . inp^T (IC, N): A = w stored column-major (IC, OC) -> op T.
-    MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, out, OC, "linear forward"));
+    MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, kept.out_accumulate ? 1.0f : 0.0f, out,
+                            OC, "linear forward"));
     if (bias) MS_RETURN_IF_ERROR(Launch(kernels::AddRowBias(out, bias, N, OC, s_), "bias add"));
     return Status::Ok();
   }

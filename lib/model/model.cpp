@@ -338,10 +338,10 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->plant_unwritten_bf16_ = plant && std::strcmp(plant, "optimizer_bf16_unwritten") == 0;
   }
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
-  // Scratch: dres, partR, dln [R,C]; part, part2, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
+  // Scratch: dres, partR, dln [R,C]; part, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
   // dqkv [N,3HlD] (if Dqkv32); dfch_gelu [N,Fl] (bf16 with Bf16Fc: DfchGeluFloats), dfch [N,Fl] (if Dfch32);
   // vstats [N] x 4 (at the end: vocab-parallel loss). dlogits are written over each slot's logits.
-  MS_RETURN_IF_ERROR(g->scratch_.Allocate(g->be_, 3 * R * C + 5 * N * C + N * HlD +
+  MS_RETURN_IF_ERROR(g->scratch_.Allocate(g->be_, 3 * R * C + 4 * N * C + N * HlD +
                                                       (g->Dqkv32(C / spec.heads) ? 3 * N * HlD : 0) +
                                                       g->DfchGeluFloats() + (g->Dfch32() ? N * g->Fl_ : 0) + 4 * N));
   // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
@@ -710,8 +710,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
   float* s = scratch_.data();
   float* partR = s + R * C;
   float* part = s + 3 * R * C;
-  float* part2 = part + N * C;
-  float* e_full = part + 4 * N * C;
+  float* e_full = part + 3 * N * C;
   auto P = [&](const ParamInfo* p) { return param_data() + p->offset; };
 
   if (ch.embedding) {
@@ -802,9 +801,10 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C,
                                 k16.Proj(row0, true));
     };
-    auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst) {
-      return be_->MatmulForward(dst, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), nullptr, rows, Fl, C,
-                                k16.Mproj(row0, gelu_rounds));
+    auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst, bool accumulate) {
+      ops::Bf16Copies kc = k16.Mproj(row0, gelu_rounds);
+      kc.out_accumulate = accumulate;
+      return be_->MatmulForward(dst, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), nullptr, rows, Fl, C, kc);
     };
     if (!ln1_done) {
       MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
@@ -831,7 +831,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
                                            y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
                                            ln_rounds ? k16.FcInOut() : nullptr));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
-      MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_rows, part, partR));
+      auto mproj_only = [&](int64_t row0, int64_t rows, float* dst) { return mproj_rows(row0, rows, dst, false); };
+      MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_only, part, partR));
       MS_RETURN_IF_ERROR(finish(y.mid.data(), mlp_out, P(w.mprojb), nullptr));
     } else {
       // One gather feeds both branches' GEMMs.
@@ -842,12 +843,10 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv+fc", y.ln1.data(), y.ln1_full.data(), true, qkv_fc_rows));
       MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D,
                                                spec_.window, k16.AttyOut()));
-      // Attention + MLP partial sums: ONE reduction.
+      // Attention + MLP partial sums: ONE reduction; the MLP's GEMM adds its product to the attention's.
       auto both_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(proj_rows(row0, rows, dst));
-        float* tmp = part2 + row0 * C;
-        MS_RETURN_IF_ERROR(mproj_rows(row0, rows, tmp));
-        return be_->AddInPlace(dst, tmp, rows * C);
+        return mproj_rows(row0, rows, dst, true);
       };
       MS_ASSIGN_OR_RETURN(float* both, TpProduceRowsReduce("attn.proj+mlp.proj", both_rows, part, partR));
       MS_RETURN_IF_ERROR(finish(x, both, P(w.projb), P(w.mprojb)));
@@ -967,7 +966,7 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
   auto G = [&](const char* name) { return grad_data() + FindParam(name)->offset; };
   float* s = scratch_.data();
   float* dln = s + 2 * R * C;
-  float* dln_full = s + 3 * R * C + 3 * N * C;
+  float* dln_full = s + 3 * R * C + 2 * N * C;
   // dlogits are written over the logits (the logits are not needed again): no second [N, Vl] buffer. With kept
   // bf16 operands only their rounding (dlogits_16) is written: the GEMMs below read nothing else.
   float* dlogits = keep_bf16_ ? nullptr : a.logits.data();
@@ -1031,9 +1030,9 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   float* s = scratch_.data();
   float* dres = s;
   float* dln = s + 2 * R * C;
-  float* dy_full_buf = s + 3 * R * C + 2 * N * C;
+  float* dy_full_buf = s + 3 * R * C + N * C;
   float* dln_full = dy_full_buf + N * C;
-  float* datty = s + 3 * R * C + 5 * N * C;
+  float* datty = s + 3 * R * C + 4 * N * C;
   // Output gradients nothing reads in fp32 have no scratch (Dqkv32, Dfch32): their pointers are null.
   float* dqkv = Dqkv32(D) ? datty + N * HlD : nullptr;
   float* dfch_gelu = datty + N * HlD + (dqkv ? 3 * N * HlD : 0);

@@ -42,6 +42,13 @@ class CpuBackend final : public Backend {
     if (kept.out16) {
       return FailedPrecondition("MatmulForward: the cpu backend writes no bf16 outputs (runtime.activations: bf16)");
     }
+    if (kept.out_accumulate) {
+      if (bias) return InvalidArgument("MatmulForward: an accumulated output takes no bias");
+      std::vector<float> product(static_cast<size_t>(N * OC));
+      ops::MatmulForward(product.data(), inp, w, nullptr, N, IC, OC);
+      ops::AddInPlace(out, product.data(), N * OC);
+      return Status::Ok();
+    }
     ops::MatmulForward(out, inp, w, bias, N, IC, OC);
     return Status::Ok();
   }

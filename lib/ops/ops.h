@@ -196,6 +196,10 @@ struct Bf16Copies {
   // need not zero it first and the GEMM reads no C. Honoured by every backend (the CPU backend zeroes, then
   // accumulates; a GEMM with beta 0: the same values, a -0 may come out where the zeroed sum gave +0).
   bool dinp_overwrite = false;
+  // MatmulForward: out += inp . w^T (no bias, no out16) instead of out =: another GEMM's product summed without a
+  // pass of its own. Honoured by every backend (the CPU backend adds a product computed aside: the bits of
+  // AddInPlace after the GEMM; a GEMM with beta 1 adds its fp32 sum to out once, the same).
+  bool out_accumulate = false;
   // MatmulBackward with dinp_overwrite: write dinp rounded to bf16 here (N x IC; fp32 accumulation rounded once)
   // instead of the fp32 dinp (null); only where bf16_activations() (runtime.activations: bf16), else refused.
   void* dinp16 = nullptr;

@@ -133,6 +133,37 @@ TEST_CASE("cuda backend (emulated): linear layer forward/backward, fp32 GEMMs (r
   }
 }
 
+// Bf16Copies::out_accumulate (the parallel block's MLP projection adding its product to the attention
+// projection's): out += inp . w^T on both backends within the GEMM tolerance, and on each the bits of the product
+// computed aside then AddInPlace (what the model ran before); a bias or a bf16 output beside it is refused.
+TEST_CASE("cuda backend (emulated): linear forward accumulating into out (out_accumulate), fp32 and bf16 GEMMs") {
+  for (auto [bf16, operands] :
+       {std::pair{false, Bf16Operands::kCast}, {true, Bf16Operands::kCast}, {true, Bf16Operands::kKeep}}) {
+    Pair p(bf16, operands);
+    const float rtol = bf16 ? 2e-2f : 1e-4f, atol = bf16 ? 2e-2f : 1e-5f;
+    for (auto [N, IC, OC] : {std::tuple{1, 1, 1}, {7, 13, 5}, {33, 64, 40}}) {
+      CAPTURE(N);
+      const Inputs in = {Random(N * IC, 1), Random(OC * IC, 2), Random(N * OC, 3), Random(N * OC, 3),
+                         std::vector<float>(N * OC)};
+      ops::Bf16Copies acc;
+      acc.out_accumulate = true;
+      Compare(
+          p, in,
+          [&](ops::Backend& be, std::vector<float*>& t) {
+            REQUIRE(be.MatmulForward(t[2], t[0], t[1], nullptr, N, IC, OC, acc).ok());  // t[2] += product
+            REQUIRE(be.MatmulForward(t[4], t[0], t[1], nullptr, N, IC, OC).ok());       // the product aside
+            REQUIRE(be.AddInPlace(t[3], t[4], N * OC).ok());                            // t[3] (= t[2]) += it
+            CHECK(p.Get(be, t[2], size_t(N * OC)) == p.Get(be, t[3], size_t(N * OC)));
+          },
+          {{2, size_t(N * OC)}}, rtol, atol, "linear forward (accumulated)");
+      for (ops::Backend* be : {p.gpu.get(), p.cpu.get()}) {  // with a bias: refused, nothing computed
+        float* x = p.On(*be, std::vector<float>(N * std::max(IC, OC)));
+        CHECK(be->MatmulForward(x, x, x, x, N, IC, OC, acc).code() == Code::kInvalidArgument);
+      }
+    }
+  }
+}
+
 // Bf16Copies::dinp_overwrite: dinp is written, whatever it held (the model no longer zeroes the scratch it
 // accumulated into): on both backends the values of a zeroed dinp accumulated into (== as floats: a GEMM with beta
 // 0 may give -0 where the zeroed sum gave +0), and the CPU backend within the GEMM tolerance of the CUDA one. Fails
