@@ -133,35 +133,43 @@ TEST_CASE("cuda backend (emulated): linear layer forward/backward, fp32 GEMMs (r
   }
 }
 
+// The CUDA backend's GEMM flavors (fp32; bf16 with cast and with kept operands), each with its tolerance against
+// the CPU backend, over odd linear-layer shapes: fn(pair, rtol, atol, N, IC, OC).
+template <class Fn>
+void ForEachGemmFlavor(const Fn& fn) {
+  for (auto [bf16, operands] :
+       {std::pair{false, Bf16Operands::kCast}, {true, Bf16Operands::kCast}, {true, Bf16Operands::kKeep}}) {
+    Pair p(bf16, operands);
+    for (auto [N, IC, OC] : {std::tuple{1, 1, 1}, {7, 13, 5}, {33, 64, 40}}) {
+      CAPTURE(N);
+      fn(p, bf16 ? 2e-2f : 1e-4f, bf16 ? 2e-2f : 1e-5f, N, IC, OC);
+    }
+  }
+}
+
 // Bf16Copies::out_accumulate (the parallel block's MLP projection adding its product to the attention
 // projection's): out += inp . w^T on both backends within the GEMM tolerance, and on each the bits of the product
 // computed aside then AddInPlace (what the model ran before); a bias or a bf16 output beside it is refused.
 TEST_CASE("cuda backend (emulated): linear forward accumulating into out (out_accumulate), fp32 and bf16 GEMMs") {
-  for (auto [bf16, operands] :
-       {std::pair{false, Bf16Operands::kCast}, {true, Bf16Operands::kCast}, {true, Bf16Operands::kKeep}}) {
-    Pair p(bf16, operands);
-    const float rtol = bf16 ? 2e-2f : 1e-4f, atol = bf16 ? 2e-2f : 1e-5f;
-    for (auto [N, IC, OC] : {std::tuple{1, 1, 1}, {7, 13, 5}, {33, 64, 40}}) {
-      CAPTURE(N);
-      const Inputs in = {Random(N * IC, 1), Random(OC * IC, 2), Random(N * OC, 3), Random(N * OC, 3),
-                         std::vector<float>(N * OC)};
-      ops::Bf16Copies acc;
-      acc.out_accumulate = true;
-      Compare(
-          p, in,
-          [&](ops::Backend& be, std::vector<float*>& t) {
-            REQUIRE(be.MatmulForward(t[2], t[0], t[1], nullptr, N, IC, OC, acc).ok());  // t[2] += product
-            REQUIRE(be.MatmulForward(t[4], t[0], t[1], nullptr, N, IC, OC).ok());       // the product aside
-            REQUIRE(be.AddInPlace(t[3], t[4], N * OC).ok());                            // t[3] (= t[2]) += it
-            CHECK(p.Get(be, t[2], size_t(N * OC)) == p.Get(be, t[3], size_t(N * OC)));
-          },
-          {{2, size_t(N * OC)}}, rtol, atol, "linear forward (accumulated)");
-      for (ops::Backend* be : {p.gpu.get(), p.cpu.get()}) {  // with a bias: refused, nothing computed
-        float* x = p.On(*be, std::vector<float>(N * std::max(IC, OC)));
-        CHECK(be->MatmulForward(x, x, x, x, N, IC, OC, acc).code() == Code::kInvalidArgument);
-      }
+  ForEachGemmFlavor([](Pair& p, float rtol, float atol, int N, int IC, int OC) {
+    const Inputs in = {Random(N * IC, 1), Random(OC * IC, 2), Random(N * OC, 3), Random(N * OC, 3),
+                       std::vector<float>(N * OC)};
+    ops::Bf16Copies acc;
+    acc.out_accumulate = true;
+    Compare(
+        p, in,
+        [&](ops::Backend& be, std::vector<float*>& t) {
+          REQUIRE(be.MatmulForward(t[2], t[0], t[1], nullptr, N, IC, OC, acc).ok());  // t[2] += product
+          REQUIRE(be.MatmulForward(t[4], t[0], t[1], nullptr, N, IC, OC).ok());       // the product aside
+          REQUIRE(be.AddInPlace(t[3], t[4], N * OC).ok());                            // t[3] (= t[2]) += it
+          CHECK(p.Get(be, t[2], size_t(N * OC)) == p.Get(be, t[3], size_t(N * OC)));
+        },
+        {{2, size_t(N * OC)}}, rtol, atol, "linear forward (accumulated)");
+    for (ops::Backend* be : {p.gpu.get(), p.cpu.get()}) {  // with a bias: refused, nothing computed
+      float* x = p.On(*be, std::vector<float>(N * std::max(IC, OC)));
+      CHECK(be->MatmulForward(x, x, x, x, N, IC, OC, acc).code() == Code::kInvalidArgument);
     }
-  }
+  });
 }
 
 // Bf16Copies::dinp_overwrite: dinp is written, whatever it held (the model no longer zeroes the scratch it
@@ -169,28 +177,22 @@ TEST_CASE("cuda backend (emulated): linear forward accumulating into out (out_ac
 // 0 may give -0 where the zeroed sum gave +0), and the CPU backend within the GEMM tolerance of the CUDA one. Fails
 // when a backend accumulates onto what dinp held.
 TEST_CASE("cuda backend (emulated): linear backward writing dinp (dinp_overwrite), fp32 and bf16 GEMMs") {
-  for (auto [bf16, operands] :
-       {std::pair{false, Bf16Operands::kCast}, {true, Bf16Operands::kCast}, {true, Bf16Operands::kKeep}}) {
-    Pair p(bf16, operands);
-    const float rtol = bf16 ? 2e-2f : 1e-4f, atol = bf16 ? 2e-2f : 1e-5f;
-    for (auto [N, IC, OC] : {std::tuple{1, 1, 1}, {7, 13, 5}, {33, 64, 40}}) {
-      CAPTURE(N);
-      const Inputs in = {Random(N * IC, 1),  Random(OC * IC, 2),         Random(N * OC, 4),          Random(N * IC, 6),
-                         Random(OC * IC, 7), std::vector<float>(N * IC), std::vector<float>(OC * IC)};
-      ops::Bf16Copies overwrite;
-      overwrite.dinp_overwrite = true;
-      Compare(
-          p, in,
-          [&](ops::Backend& be, std::vector<float*>& t) {
-            // t[3] holds garbage and is overwritten; t[5] starts at zero and is accumulated into.
-            REQUIRE(be.MatmulBackward(t[3], t[4], nullptr, t[2], t[0], t[1], N, IC, OC, overwrite).ok());
-            REQUIRE(be.MatmulBackward(t[5], t[6], nullptr, t[2], t[0], t[1], N, IC, OC).ok());
-            const auto written = p.Get(be, t[3], size_t(N * IC)), accumulated = p.Get(be, t[5], size_t(N * IC));
-            CHECK(written == accumulated);
-          },
-          {{3, size_t(N * IC)}}, rtol, atol, "linear dinp (overwrite)");
-    }
-  }
+  ForEachGemmFlavor([](Pair& p, float rtol, float atol, int N, int IC, int OC) {
+    const Inputs in = {Random(N * IC, 1),  Random(OC * IC, 2),         Random(N * OC, 4),          Random(N * IC, 6),
+                       Random(OC * IC, 7), std::vector<float>(N * IC), std::vector<float>(OC * IC)};
+    ops::Bf16Copies overwrite;
+    overwrite.dinp_overwrite = true;
+    Compare(
+        p, in,
+        [&](ops::Backend& be, std::vector<float*>& t) {
+          // t[3] holds garbage and is overwritten; t[5] starts at zero and is accumulated into.
+          REQUIRE(be.MatmulBackward(t[3], t[4], nullptr, t[2], t[0], t[1], N, IC, OC, overwrite).ok());
+          REQUIRE(be.MatmulBackward(t[5], t[6], nullptr, t[2], t[0], t[1], N, IC, OC).ok());
+          const auto written = p.Get(be, t[3], size_t(N * IC)), accumulated = p.Get(be, t[5], size_t(N * IC));
+          CHECK(written == accumulated);
+        },
+        {{3, size_t(N * IC)}}, rtol, atol, "linear dinp (overwrite)");
+  });
 }
 
 TEST_CASE("cuda backend (emulated): LayerNorm, GeLU, bias + GeLU, attention, cross-entropy, embedding (rtol 1e-4)") {
