@@ -414,6 +414,29 @@ config::ModelSpec SpecOf(int layers, int hidden, int heads, int ffn, int vocab, 
   return m;
 }
 
+// A GEMM's bf16 output (bits got16) against the same GEMM's fp32 output: the nearest-even rounding of it under the
+// emulator (which rounds the fp32 sum once), within one bf16 step on a GPU (cuBLAS choosing its own kernels).
+// Returns got16 widened to fp32.
+std::vector<float> ExpectBf16GemmOutput(const std::vector<float>& fp32, const std::vector<uint16_t>& got16,
+                                        const char* what) {
+  std::vector<float> widened(got16.size());
+  for (size_t i = 0; i < got16.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(got16[i]) << 16;
+    std::memcpy(&widened[i], &bits, sizeof bits);
+#if !defined(MS_TEST_GPU)
+    uint32_t f;
+    std::memcpy(&f, &fp32[i], sizeof f);
+    CHECK(got16[i] == static_cast<uint16_t>((f + 0x7FFF + ((f >> 16) & 1)) >> 16));  // nearest even
+#endif
+  }
+#if defined(MS_TEST_GPU)
+  ExpectClose(fp32, widened, 1e-2f, 1e-2f, what);
+#else
+  (void)what;
+#endif
+  return widened;
+}
+
 // runtime.activations: bf16 — the fc GEMM writes its output rounded to bf16 (Bf16Copies::out16) and the bias + GeLU
 // read it: the GEMM's bf16 output is the rounding of its fp32 output (the emulated cuBLAS rounds the fp32 sum once;
 // on a GPU within one bf16 ulp, cuBLAS choosing its own kernels), and BiasGeluForward16 / BiasGeluBackward16 give the
@@ -434,26 +457,8 @@ TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
     ops::Bf16Copies kc;
     kc.out16 = out16;
     REQUIRE(p.gpu->MatmulForward(nullptr, inp, w, nullptr, N, IC, OC, kc).ok());
-    const auto fp32 = p.Get(*p.gpu, out, N * OC);
-    const auto got16 = p.Get(*p.gpu, out16, N * OC);
-    std::vector<float> widened(N * OC);
-    for (int64_t i = 0; i < N * OC; ++i) {
-      const uint32_t bits = static_cast<uint32_t>(got16[i]) << 16;
-      std::memcpy(&widened[i], &bits, sizeof bits);
-    }
-#if !defined(MS_TEST_GPU)
-    for (int64_t i = 0; i < N * OC; ++i) {
-      const uint32_t f = [&] {
-        uint32_t u;
-        std::memcpy(&u, &fp32[i], sizeof u);
-        return u;
-      }();
-      const uint16_t want = static_cast<uint16_t>((f + 0x7FFF + ((f >> 16) & 1)) >> 16);  // nearest even
-      CHECK(got16[i] == want);
-    }
-#else
-    ExpectClose(fp32, widened, 1e-2f, 1e-2f, "bf16 GEMM output");
-#endif
+    const std::vector<float> widened =
+        ExpectBf16GemmOutput(p.Get(*p.gpu, out, N * OC), p.Get(*p.gpu, out16, N * OC), "bf16 GEMM output");
     // The bias + GeLU on the bf16 output = the fp32 calls on it widened, bit for bit.
     float* xw = p.On(*p.gpu, widened);
     std::vector<float*> y(2), dx(2), db(2);
@@ -484,21 +489,8 @@ TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
     REQUIRE(p.gpu->MatmulBackward(dinp, dw, nullptr, dout, inp, w, N, IC, OC, kb).ok());
     kb.dinp16 = dinp16;
     REQUIRE(p.gpu->MatmulBackward(nullptr, dw, nullptr, dout, inp, w, N, IC, OC, kb).ok());
-    const auto dinp32 = p.Get(*p.gpu, dinp, N * IC);
-    const auto dinp16h = p.Get(*p.gpu, dinp16, N * IC);
-    std::vector<float> dinpw(N * IC);
-    for (int64_t i = 0; i < N * IC; ++i) {
-      const uint32_t bits = static_cast<uint32_t>(dinp16h[i]) << 16;
-      std::memcpy(&dinpw[i], &bits, sizeof bits);
-#if !defined(MS_TEST_GPU)
-      uint32_t f;
-      std::memcpy(&f, &dinp32[i], sizeof f);
-      CHECK(dinp16h[i] == static_cast<uint16_t>((f + 0x7FFF + ((f >> 16) & 1)) >> 16));
-#endif
-    }
-#if defined(MS_TEST_GPU)
-    ExpectClose(dinp32, dinpw, 1e-2f, 1e-2f, "bf16 GEMM input gradient");
-#endif
+    const std::vector<float> dinpw =
+        ExpectBf16GemmOutput(p.Get(*p.gpu, dinp, N * IC), p.Get(*p.gpu, dinp16, N * IC), "bf16 GEMM input gradient");
     float* xg = p.On(*p.gpu, dinpw);  // any (N, IC) x will do: the widened dinp again
     uint16_t* xg16 = dinp16;
     float* gw = p.On(*p.gpu, dinpw);
