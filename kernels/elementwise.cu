@@ -171,11 +171,20 @@ __global__ void __launch_bounds__(kEwBlock)
   }
 }
 
-// Stage 1 of the bias gradient: ColumnSumChunk (column_sums.cuh) over dy.
+__device__ __forceinline__ float WidenDy(float v) {
+  return v;
+}
+__device__ __forceinline__ float WidenDy(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Stage 1 of the bias gradient: ColumnSumChunk (column_sums.cuh) over dy (fp32, or bf16 widened exactly).
+template <class T>
 __global__ void __launch_bounds__(kColSumThreads)
-    ew_bias_grad_chunks_kernel(float* db, float* partial, const float* dy, int64_t R, int64_t C, int64_t chunk_rows) {
+    ew_bias_grad_chunks_kernel(float* db, float* partial, const T* dy, int64_t R, int64_t C, int64_t chunk_rows) {
   MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
-  ColumnSumChunk(lanes, db, partial, R, C, chunk_rows, [dy, C](int64_t r, int64_t c) { return dy[r * C + c]; });
+  ColumnSumChunk(lanes, db, partial, R, C, chunk_rows,
+                 [dy, C](int64_t r, int64_t c) { return WidenDy(dy[r * C + c]); });
 }
 
 // Stage 2: db[c] += sum of partial[k * C + c] over the chunks k in order (one thread per column).
@@ -384,16 +393,26 @@ int64_t BiasGradScratchFloats(int64_t R, int64_t C) {
   return plan.chunks > 1 ? plan.chunks * C : 0;
 }
 
-cudaError_t BiasGrad(float* db, float* scratch, const float* dy, int64_t R, int64_t C, cudaStream_t stream) {
+namespace {
+template <class T>
+cudaError_t LaunchBiasGrad(float* db, float* scratch, const T* dy, int64_t R, int64_t C, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
   const ColumnSumPlan plan = PlanColumnSums(R, C);
   float* partial = plan.chunks > 1 ? scratch : nullptr;
   const dim3 grid(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(plan.tiles));
-  MS_LAUNCH(ew_bias_grad_chunks_kernel, grid, dim3(kColSumCols, kColSumLanes), 0, stream, db, partial, dy, R, C,
+  MS_LAUNCH(ew_bias_grad_chunks_kernel<T>, grid, dim3(kColSumCols, kColSumLanes), 0, stream, db, partial, dy, R, C,
             plan.chunk_rows);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || partial == nullptr) return err;
   return FinishColumnSums(db, partial, plan.chunks, C, stream);
+}
+}  // namespace
+
+cudaError_t BiasGrad(float* db, float* scratch, const float* dy, int64_t R, int64_t C, cudaStream_t stream) {
+  return LaunchBiasGrad(db, scratch, dy, R, C, stream);
+}
+cudaError_t BiasGrad(float* db, float* scratch, const __nv_bfloat16* dy, int64_t R, int64_t C, cudaStream_t stream) {
+  return LaunchBiasGrad(db, scratch, dy, R, C, stream);
 }
 
 cudaError_t FinishColumnSums(float* db, const float* partial, int64_t chunks, int64_t C, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 // deterministic (no float atomics; reductions in fixed orders that depend only on the shapes).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -44,6 +45,8 @@ int64_t BiasGradScratchFloats(int64_t R, int64_t C);
 // ~1e-6 on well-conditioned sums). scratch: BiasGradScratchFloats(R, C) floats of device memory (overwritten).
 // Launches 1 kernel (one chunk) or 2. C < 2^21.
 cudaError_t BiasGrad(float* db, float* scratch, const float* dy, int64_t R, int64_t C, cudaStream_t stream);
+// The same over a bf16 dy (widened exactly; the fc gradient the cuBLASLt GeLU-gradient epilogue writes in bf16).
+cudaError_t BiasGrad(float* db, float* scratch, const __nv_bfloat16* dy, int64_t R, int64_t C, cudaStream_t stream);
 
 // ---- learned positions ---- (kernels/elementwise.cu)
 

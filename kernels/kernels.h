@@ -41,14 +41,18 @@ cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const floa
                              const float* dout, int64_t N, int64_t C, cudaStream_t stream,
                              __nv_bfloat16* dx16 = nullptr);
 // The same two with x in bf16 (runtime.activations: bf16, the fc GEMM writing its output rounded to bf16): x is
-// widened to fp32 exactly, so the results are those of the fp32 launchers on the widened x, bit for bit.
+// widened to fp32 exactly, so the results are those of the fp32 launchers on the widened x, bit for bit. pre16
+// (N, C), unless null, = x + bias rounded to bf16 (the GeLU input, as cuBLASLt's GELU_AUX_BIAS epilogue stores
+// it; pre16 may equal x).
 cudaError_t BiasGeluForward(float* out, const __nv_bfloat16* x, const float* bias, int64_t N, int64_t C,
-                            cudaStream_t stream, __nv_bfloat16* out16 = nullptr);
+                            cudaStream_t stream, __nv_bfloat16* out16 = nullptr, __nv_bfloat16* pre16 = nullptr);
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
                              const float* dout, int64_t N, int64_t C, cudaStream_t stream,
                              __nv_bfloat16* dx16 = nullptr);
 // ... and with dout in bf16 too (runtime.activations: bf16: the fc-proj backward GEMM writes the GeLU output's
-// gradient rounded to bf16): the fp32 launcher's results on the widened x and dout, bit for bit.
+// gradient rounded to bf16): the fp32 launcher's results on the widened x and dout, bit for bit. Here bias may be
+// null (x is then the GeLU input itself, as the GELU_AUX_BIAS epilogue stores it: the cuBLASLt fallback); elsewhere
+// a null bias is cudaErrorInvalidValue.
 cudaError_t BiasGeluBackward(float* dx, float* dbias, float* scratch, const __nv_bfloat16* x, const float* bias,
                              const __nv_bfloat16* dout, int64_t N, int64_t C, cudaStream_t stream,
                              __nv_bfloat16* dx16 = nullptr);

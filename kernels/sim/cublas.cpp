@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/blas_core.h"
 #include "sim/internal.h"
 #include "sim/runtime_hooks.h"
 
@@ -65,39 +66,10 @@ cublasStatus_t Fail(cublasStatus_t status, const std::string& message) {
   return status;
 }
 
-float Bf16ToFloat(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-uint16_t FloatToBf16(float f) {  // round to nearest even; NaN stays a (quiet) NaN
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float RoundToBf16(float f) {
-  return Bf16ToFloat(FloatToBf16(f));
-}
-
-size_t ElementBytes(cudaDataType t) {
-  return t == CUDA_R_16BF ? 2 : 4;
-}
-
-float Load(const void* base, cudaDataType type, int64_t index) {
-  if (type == CUDA_R_16BF) return Bf16ToFloat(static_cast<const uint16_t*>(base)[index]);
-  return static_cast<const float*>(base)[index];
-}
-
-// Bytes spanned by a column-major rows x cols matrix with leading dimension ld (0 when empty).
-size_t Extent(int64_t rows, int64_t cols, int64_t ld, cudaDataType type) {
-  if (rows <= 0 || cols <= 0) return 0;
-  return static_cast<size_t>((cols - 1) * ld + rows) * ElementBytes(type);
-}
+using blas::ElementBytes;
+using blas::Extent;
+using blas::Load;
+using blas::Where;
 
 bool IsTrans(cublasOperation_t op) {
   return op == CUBLAS_OP_T || op == CUBLAS_OP_C;
@@ -122,85 +94,18 @@ struct Gemm {
   cublasComputeType_t compute;
 };
 
-// op(A) (m x k) packed as ap[p * m + i], op(B) (k x n) as bp[j * k + p]: both contiguous in the inner loops.
-void Pack(const Gemm& g, const void* A, const void* B, bool round_inputs, std::vector<float>& ap,
-          std::vector<float>& bp) {
-  const int64_t m = g.m, n = g.n, k = g.k;
-  ap.resize(static_cast<size_t>(m * k));
-  bp.resize(static_cast<size_t>(k * n));
-  if (!IsTrans(g.transa)) {  // A is m x k: A(i, p) = A[i + p * lda]
-    for (int64_t p = 0; p < k; ++p)
-      for (int64_t i = 0; i < m; ++i) ap[p * m + i] = Load(A, g.Atype, i + p * g.lda);
-  } else {  // A is k x m: op(A)(i, p) = A[p + i * lda]
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t p = 0; p < k; ++p) ap[p * m + i] = Load(A, g.Atype, p + i * g.lda);
-  }
-  if (!IsTrans(g.transb)) {  // B is k x n: B(p, j) = B[p + j * ldb]
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < k; ++p) bp[j * k + p] = Load(B, g.Btype, p + j * g.ldb);
-  } else {  // B is n x k: op(B)(p, j) = B[j + p * ldb]
-    for (int64_t p = 0; p < k; ++p)
-      for (int64_t j = 0; j < n; ++j) bp[j * k + p] = Load(B, g.Btype, j + p * g.ldb);
-  }
-  if (round_inputs) {
-    for (float& x : ap) x = RoundToBf16(x);
-    for (float& x : bp) x = RoundToBf16(x);
-  }
-}
-
+// C(i, j) = alpha * acc + beta * C(i, j) (C not read when beta == 0), stored as Ctype.
 void Store(const Gemm& g, void* C, int64_t i, int64_t j, float acc, float alpha, float beta) {
   const int64_t idx = i + j * g.ldc;
   float v = alpha * acc;
   if (beta != 0.0f) v += beta * Load(C, g.Ctype, idx);
-  if (g.Ctype == CUDA_R_16BF) {
-    static_cast<uint16_t*>(C)[idx] = FloatToBf16(v);
-  } else {
-    static_cast<float*>(C)[idx] = v;
-  }
-}
-
-// C (rows i0.., JB columns j0..) from the packed operands: each element accumulates its k products in order, in
-// fp32; JB columns at a time so that every load of op(A) serves JB products.
-constexpr int64_t kRowBlock = 64;
-template <int JB>
-void Block(const Gemm& g, const float* ap, const float* bp, void* C, int64_t i0, int64_t ib, int64_t j0, float alpha,
-           float beta) {
-  float acc[JB][kRowBlock] = {};
-  const float* b[JB];
-  for (int jj = 0; jj < JB; ++jj) b[jj] = bp + (j0 + jj) * g.k;
-  for (int64_t p = 0; p < g.k; ++p) {
-    const float* a = ap + p * g.m + i0;
-    for (int jj = 0; jj < JB; ++jj) {
-      const float bv = b[jj][p];
-      float* out = acc[jj];
-      for (int64_t i = 0; i < ib; ++i) out[i] += a[i] * bv;
-    }
-  }
-  for (int jj = 0; jj < JB; ++jj)
-    for (int64_t i = 0; i < ib; ++i) Store(g, C, i0 + i, j0 + jj, acc[jj][i], alpha, beta);
-}
-
-void Multiply(const Gemm& g, const float* ap, const float* bp, void* C, float alpha, float beta) {
-  for (int64_t i0 = 0; i0 < g.m; i0 += kRowBlock) {
-    const int64_t ib = std::min(kRowBlock, g.m - i0);
-    int64_t j0 = 0;
-    for (; j0 + 4 <= g.n; j0 += 4) Block<4>(g, ap, bp, C, i0, ib, j0, alpha, beta);
-    for (; j0 < g.n; ++j0) Block<1>(g, ap, bp, C, i0, ib, j0, alpha, beta);
-  }
+  blas::StoreAs(C, g.Ctype, idx, v);
 }
 
 // C = beta * C (alpha == 0 or k == 0): C is not read when beta == 0.
 void Scale(const Gemm& g, void* C, float beta) {
   for (int64_t j = 0; j < g.n; ++j)
     for (int64_t i = 0; i < g.m; ++i) Store(g, C, i, j, 0.0f, 0.0f, beta);
-}
-
-std::string Where(const char* api, const char* what, const void* p, size_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%p", p);
-  return std::string(api) + ": " + what + " (" + std::to_string(bytes) + " bytes at " + buf +
-         ") is not inside one cudaMalloc'd buffer (a GPU would fault: a host pointer, a freed buffer, or a wrong "
-         "leading dimension / stride?)";
 }
 
 cublasStatus_t ReadScalar(const char* api, const cublasContext* h, const void* p, const char* what, float* out) {
@@ -284,8 +189,11 @@ cublasStatus_t Run(cublasHandle_t handle, const Gemm& g) {
         Scale(g, c, beta);
         continue;
       }
-      Pack(g, a, b, round_inputs, ap, bp);
-      Multiply(g, ap.data(), bp.data(), c, alpha, beta);
+      const blas::Operands ops{
+          IsTrans(g.transa), IsTrans(g.transb), g.m, g.n, g.k, a, g.Atype, g.lda, b, g.Btype, g.ldb};
+      blas::Pack(ops, round_inputs, ap, bp);
+      blas::Multiply(g.m, g.n, g.k, ap.data(), bp.data(),
+                     [&](int64_t i, int64_t j, float acc) { Store(g, c, i, j, acc, alpha, beta); });
     }
     return cudaSuccess;
   });

@@ -2,6 +2,7 @@
 // of kernels/ (launchers in kernels/kernels.h) and cuBLAS GEMMs with bf16 operands and fp32 accumulation.
 // Compiled twice (lib/cuda/CMakeLists.txt): against libcudart + cuBLAS + the nvcc-built kernels, and against
 // the SIMT emulator's runtime + cuBLAS subset + the emulated kernels.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -96,6 +97,7 @@ class CudaBackend final : public ops::Backend {
       return InvalidArgument("the CUDA backend needs a device made by MakeCudaDevice, got {}", device->name());
     MS_BLAS_OK(cublasCreate(&b->blas_), "cublasCreate");
     MS_BLAS_OK(cublasSetStream(b->blas_, b->s_), "cublasSetStream");
+    MS_BLAS_OK(cublasLtCreate(&b->lt_), "cublasLtCreate");
     return std::unique_ptr<ops::Backend>(std::move(b));
   }
   ~CudaBackend() override {
@@ -105,6 +107,7 @@ class CudaBackend final : public ops::Backend {
       if (st.host) (void)cudaFreeHost(st.host);
     }
     if (blas_) (void)cublasDestroy(blas_);
+    if (lt_) (void)cublasLtDestroy(lt_);
   }
 
   const char* name() const override { return LinkedFlavor() == Flavor::kEmulated ? "cuda (emulated)" : "cuda"; }
@@ -168,6 +171,7 @@ class CudaBackend final : public ops::Backend {
   using ops::Backend::MatmulForward;
   Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
                        int64_t OC, const ops::Bf16Copies& kept) override {
+    if (kept.gelu16) return MatmulBiasGelu(inp, w, bias, N, IC, OC, kept, out);
     if (kept.out16) {
       if (!bf16_activations()) {
         return FailedPrecondition(
@@ -197,6 +201,18 @@ class CudaBackend final : public ops::Backend {
   }
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t N, int64_t IC, int64_t OC, const ops::Bf16Copies& kept) override {
+    if (kept.dgelu_aux16) {
+      if (!gemm_gelu_epilogue()) {
+        return FailedPrecondition(
+            "MatmulBackward: the GeLU gradient in the GEMM (dgelu_aux16) needs runtime.bf16_operands: keep and "
+            "runtime.activations: bf16");
+      }
+      if (!kept.dinp16 || !kept.dgelu_dbias) {
+        return InvalidArgument("MatmulBackward: dgelu_aux16 needs dinp16 (the output) and dgelu_dbias");
+      }
+    } else if (kept.dgelu_dbias) {
+      return InvalidArgument("MatmulBackward: dgelu_dbias without dgelu_aux16");
+    }
     if (kept.dinp16) {
       if (!bf16_activations()) {
         return FailedPrecondition(
@@ -213,7 +229,10 @@ class CudaBackend final : public ops::Backend {
     if (!g) {
       MS_ASSIGN_OR_RETURN(g, Bf16(0, dout, N * OC));
     }
-    if (kept.dinp16) {  // dinp16^T (IC, N) = w^T (IC, OC) . dout^T (OC, N), rounded once from the fp32 accumulation
+    if (kept.dgelu_aux16) {  // dinp16 = gelu'(aux) * (dout . w): the GeLU gradient in the GEMM's epilogue
+      MS_ASSIGN_OR_RETURN(auto* wb, Weight(w, OC * IC, kept));
+      MS_RETURN_IF_ERROR(DgeluGemm(wb, g, N, IC, OC, kept));
+    } else if (kept.dinp16) {  // dinp16^T (IC, N) = w^T (IC, OC) . dout^T (OC, N), rounded once from the fp32 sum
       MS_ASSIGN_OR_RETURN(auto* wb, Weight(w, OC * IC, kept));
       MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, 0.0f, kept.dinp16, IC,
                               "linear dinp (bf16 out)", CUDA_R_16BF));
@@ -388,6 +407,8 @@ class CudaBackend final : public ops::Backend {
                   "bias + GeLU backward");
   }
   bool bf16_activations() const override { return bf16_ && !cublas_converts_; }
+  bool gemm_gelu_epilogue() const override { return keep_; }
+  EpilogueStats epilogue_stats() const { return epilogue_stats_; }
   Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16) override {
     if (!bf16_activations()) return ops::Backend::BiasGeluForward16(out, x16, bias, R, C, out16);
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward16", out));
@@ -481,7 +502,8 @@ class CudaBackend final : public ops::Backend {
   }
 
  private:
-  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kNumWorkspaces };
+  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kNumWorkspaces };
+  static constexpr size_t kLtWorkspaceBytes = kCublasLtWorkspaceBytes;
   // Pinned staging of small host-to-device copies (token ids, targets, loss weights): a ring of kStageSlots
   // page-locked buffers of kStageBytes, each with the event of its last copy. Allocated on first use.
   static constexpr int kStageSlots = 4;
@@ -544,10 +566,131 @@ class CudaBackend final : public ops::Backend {
     return Status::Ok();
   }
 
+  // The fc GEMM with its bias and GeLU (MatmulForward with Bf16Copies::gelu16): cuBLASLt's GELU_AUX_BIAS epilogue
+  // where cuBLASLt has an algorithm for it, else the GEMM writing its bf16 output and the bias + GeLU kernel
+  // writing the GeLU input with its bias back over it (the same contract, rounded twice instead of once).
+  Status MatmulBiasGelu(const float* inp, const float* w, const float* bias, int64_t N, int64_t IC, int64_t OC,
+                        const ops::Bf16Copies& kept, const float* out) {
+    if (!gemm_gelu_epilogue()) {
+      return FailedPrecondition(
+          "MatmulForward: the bias + GeLU in the GEMM (gelu16) needs runtime.bf16_operands: keep and "
+          "runtime.activations: bf16");
+    }
+    if (!kept.out16 || !bias || out || kept.out_accumulate) {
+      return InvalidArgument("MatmulForward: gelu16 needs out16 (the GeLU input) and the bias, and no fp32 out");
+    }
+    if (N == 0 || OC == 0) return Status::Ok();
+    MS_ASSIGN_OR_RETURN(auto* a, Input(inp, N * IC, kept));
+    MS_ASSIGN_OR_RETURN(auto* b, Weight(w, OC * IC, kept));
+    auto* pre16 = static_cast<__nv_bfloat16*>(kept.out16);
+    auto* gelu16 = static_cast<__nv_bfloat16*>(kept.gelu16);
+    // cuBLASLt's bias has D's type (bf16): the fp32 bias rounded into a small workspace.
+    MS_ASSIGN_OR_RETURN(void* b16, ws_[kBias16].Get(device_, s_, sizeof(__nv_bfloat16) * OC));
+    MS_RETURN_IF_ERROR(Launch(kernels::CastFloatToBf16(static_cast<__nv_bfloat16*>(b16), bias, OC, s_), "bias cast"));
+    // D^T (OC, N) = w (OC, IC) . inp^T (IC, N), as the plain forward.
+    MS_ASSIGN_OR_RETURN(const bool ran, LtGemm(CUBLAS_OP_T, OC, N, IC, b, IC, a, IC, gelu16, OC,
+                                               CUBLASLT_EPILOGUE_GELU_AUX_BIAS, b16, pre16, "linear + bias + GeLU"));
+    if (ran) return Status::Ok();
+    MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, pre16, OC,
+                            "linear forward (bf16 out)", CUDA_R_16BF));
+    return Launch(kernels::BiasGeluForward(nullptr, pre16, bias, N, OC, s_, gelu16, pre16),
+                  "bias + GeLU forward (after the GEMM)");
+  }
+  // The fc-proj backward's input gradient with the GeLU gradient (MatmulBackward with dgelu_aux16): cuBLASLt's
+  // DGELU epilogue, then the fc bias gradient over the bf16 result; else the GEMM writing its bf16 output and the
+  // GeLU backward over it in place (summing the bias gradient as it goes).
+  Status DgeluGemm(const void* wb, const void* g, int64_t N, int64_t IC, int64_t OC, const ops::Bf16Copies& kept) {
+    auto* d16 = static_cast<__nv_bfloat16*>(kept.dinp16);
+    const auto* aux = static_cast<const __nv_bfloat16*>(kept.dgelu_aux16);
+    MS_ASSIGN_OR_RETURN(void* scratch,
+                        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(N, IC)));
+    // dinp16^T (IC, N) = gelu'(aux) * (w^T (IC, OC) . dout^T (OC, N))
+    MS_ASSIGN_OR_RETURN(const bool ran,
+                        LtGemm(CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, d16, IC, CUBLASLT_EPILOGUE_DGELU, nullptr,
+                               const_cast<__nv_bfloat16*>(aux), "linear dinp + GeLU backward"));
+    if (ran) {
+      return Launch(kernels::BiasGrad(kept.dgelu_dbias, static_cast<float*>(scratch), d16, N, IC, s_),
+                    "bias gradient (bf16)");
+    }
+    MS_RETURN_IF_ERROR(
+        Gemm(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, wb, IC, g, OC, 0.0f, d16, IC, "linear dinp (bf16 out)", CUDA_R_16BF));
+    return Launch(kernels::BiasGeluBackward(nullptr, kept.dgelu_dbias, static_cast<float*>(scratch), aux, nullptr, d16,
+                                            N, IC, s_, d16),
+                  "GeLU backward (after the GEMM)");
+  }
+  // Column-major D (m, n) = epilogue(op(A) . B) by cuBLASLt, A and B bf16 (op(A) = A^T for ta = T), D bf16, fp32
+  // accumulation; `aux` (m, n, ld m) and `bias16` (m) as the epilogue takes them. Returns false, having run nothing,
+  // where cuBLASLt has no algorithm for the problem (the caller runs its fallback); an error for a failed call.
+  Result<bool> LtGemm(cublasOperation_t ta, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda, const void* B,
+                      int64_t ldb, void* D, int64_t ldd, cublasLtEpilogue_t epilogue, const void* bias16, void* aux,
+                      const char* what) {
+    struct Guard {  // the descriptors of one call
+      cublasLtMatmulDesc_t desc = nullptr;
+      cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+      cublasLtMatmulPreference_t pref = nullptr;
+      ~Guard() {
+        if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
+        if (d) (void)cublasLtMatrixLayoutDestroy(d);
+        if (b) (void)cublasLtMatrixLayoutDestroy(b);
+        if (a) (void)cublasLtMatrixLayoutDestroy(a);
+        if (desc) (void)cublasLtMatmulDescDestroy(desc);
+      }
+    } g;
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& v) {
+      return BlasStatus(cublasLtMatmulDescSetAttribute(g.desc, attr, &v, sizeof v), what);
+    };
+    MS_BLAS_OK(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+    const cublasOperation_t tb = CUBLAS_OP_N;
+    MS_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSA, ta));
+    MS_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_TRANSB, tb));
+    MS_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue));
+    if (bias16) MS_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias16));
+    if (aux) {
+      MS_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux));
+      MS_RETURN_IF_ERROR(set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, m));
+    }
+    const bool at = ta == CUBLAS_OP_T;
+    MS_BLAS_OK(cublasLtMatrixLayoutCreate(&g.a, CUDA_R_16BF, at ? k : m, at ? m : k, lda), what);
+    MS_BLAS_OK(cublasLtMatrixLayoutCreate(&g.b, CUDA_R_16BF, k, n, ldb), what);
+    MS_BLAS_OK(cublasLtMatrixLayoutCreate(&g.d, CUDA_R_16BF, m, n, ldd), what);
+    MS_BLAS_OK(cublasLtMatmulPreferenceCreate(&g.pref), what);
+    MS_ASSIGN_OR_RETURN(void* ws, ws_[kLt].Get(device_, s_, kLtWorkspaceBytes));
+    const uint64_t ws_bytes = kLtWorkspaceBytes;
+    MS_BLAS_OK(cublasLtMatmulPreferenceSetAttribute(g.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                    sizeof ws_bytes),
+               what);
+    // The alignment the pointers have (an algorithm otherwise assumes 256 bytes).
+    const void* ptrs[4] = {A, B, D, D};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i) {
+      uint32_t align = 256;
+      while (align > 1 && reinterpret_cast<uintptr_t>(ptrs[i]) % align != 0) align /= 2;
+      MS_BLAS_OK(cublasLtMatmulPreferenceSetAttribute(g.pref, align_attr[i], &align, sizeof align), what);
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t hs =
+        cublasLtMatmulAlgoGetHeuristic(lt_, g.desc, g.a, g.b, g.d, g.d, g.pref, 1, &result, &found);
+    if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
+      ++epilogue_stats_.fallback;
+      return false;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    MS_BLAS_OK(cublasLtMatmul(lt_, g.desc, &alpha, A, g.a, B, g.b, &beta, D, g.d, D, g.d, &result.algo, ws,
+                              kLtWorkspaceBytes, s_),
+               what);
+    ++epilogue_stats_.cublaslt;
+    return true;
+  }
+
   device::Device* device_ = nullptr;
   std::unique_ptr<device::Stream> stream_;
   cudaStream_t s_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  EpilogueStats epilogue_stats_;
   bool bf16_ = true;
   bool cublas_converts_ = false;  // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
   bool keep_ = false;             // bf16 GEMMs take the caller's kept operand roundings (ops::Bf16Copies)
@@ -562,6 +705,11 @@ class CudaBackend final : public ops::Backend {
 void* BackendStream(ops::Backend& backend) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);
   return b ? static_cast<void*>(b->stream()) : nullptr;
+}
+
+EpilogueStats GetEpilogueStats(ops::Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  return b ? b->epilogue_stats() : EpilogueStats{};
 }
 
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm, Bf16Operands operands) {

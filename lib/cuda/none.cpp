@@ -31,6 +31,9 @@ void ReleaseCachedMemory(device::Device&) {}
 void* BackendStream(ops::Backend&) {
   return nullptr;
 }
+EpilogueStats GetEpilogueStats(ops::Backend&) {
+  return {};
+}
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }

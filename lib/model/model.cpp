@@ -784,6 +784,10 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       if (Bf16Fc()) {
         ops::Bf16Copies kc = k16.Fc(row0, !seq || ln_rounds);
         kc.out16 = Bf16At(y.fch, row0 * Fl);
+        if (GeluInGemm()) {  // the bias and GeLU in the GEMM's epilogue: fch holds the GeLU input with the bias
+          kc.gelu16 = k16.GeluOut(row0);
+          return be_->MatmulForward(nullptr, src, P(w.fcw), P(w.fcb), rows, C, Fl, kc);
+        }
         MS_RETURN_IF_ERROR(be_->MatmulForward(nullptr, src, P(w.fcw), nullptr, rows, C, Fl, kc));
         return be_->BiasGeluForward16(Off(y.fch_gelu.data(), row0 * Fl), kc.out16, P(w.fcb), rows, Fl,
                                       gelu_rounds ? k16.GeluOut(row0) : nullptr);
@@ -1102,6 +1106,13 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       // With Bf16Fc the GEMM writes the GeLU output's gradient rounded to bf16 (dg16, in dfch_gelu's scratch), which
       // the bias + GeLU backward reads; else in fp32.
       ops::Bf16Copies kc = with_dout(k16.Mproj(row0, true), dres_at(row0), true);
+      if (GeluInGemm()) {  // the GeLU gradient in the GEMM's epilogue: it writes the fc gradient's rounding
+        kc.dinp16 = static_cast<uint16_t*>(dfch16) + row0 * Fl;
+        kc.dgelu_aux16 = Bf16At(y.fch, row0 * Fl);
+        kc.dgelu_dbias = G(w.fcb);
+        return be_->MatmulBackward(nullptr, G(w.mprojw), nullptr, dy, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw),
+                                   rows, Fl, C, kc);
+      }
       uint16_t* const dg16 = Bf16Fc() ? reinterpret_cast<uint16_t*>(dfch_gelu) + row0 * Fl : nullptr;
       kc.dinp16 = dg16;
       MS_RETURN_IF_ERROR(be_->MatmulBackward(dg16 ? nullptr : dfch_gelu + row0 * Fl, G(w.mprojw), nullptr, dy,

@@ -107,6 +107,9 @@ struct ShardSpec {
   // projection's backward GEMM writes the GeLU output's gradient rounded to bf16, which the bias + GeLU backward
   // reads (ops::Backend::bf16_activations; needs fused_kernels).
   bool bf16_fc = false;
+  // With bf16_fc and kept bf16 operands: the fc bias + GeLU in the fc GEMM's epilogue and their gradient in the fc
+  // projection's backward GEMM's (ops::Backend::gemm_gelu_epilogue; runtime.gemm_epilogues).
+  bool gemm_epilogues = true;
 };
 
 // Communicators the model uses inside a layer (TP). Null when tp_size == 1.
@@ -309,7 +312,13 @@ class Gpt {
   // ShardSpec::bf16_fc: the fc output (y.fch) holds bf16, written by the fc GEMM; in the backward its GeLU's output
   // gradient (dfch_gelu) is bf16 too, written by the fc-proj GEMM (Bf16Copies::dinp16).
   bool Bf16Fc() const { return shard_.bf16_fc; }
-  int64_t DfchGeluFloats() const { return Bf16Fc() ? (N_ * Fl_ + 1) / 2 : N_ * Fl_; }  // its scratch, in floats
+  // The fc bias + GeLU run in the fc GEMM's epilogue and their gradient in the fc-proj backward GEMM's (Bf16Copies::
+  // gelu16 / dgelu_aux16, ops::Backend::gemm_gelu_epilogue): fch then holds the GeLU input with its bias, and the
+  // GeLU output's gradient is never stored.
+  bool GeluInGemm() const { return Bf16Fc() && shard_.gemm_epilogues && RoundedGelu() && be_->gemm_gelu_epilogue(); }
+  int64_t DfchGeluFloats() const {  // the GeLU output gradient's scratch, in floats
+    return GeluInGemm() ? 0 : Bf16Fc() ? (N_ * Fl_ + 1) / 2 : N_ * Fl_;
+  }
   Result<const float*> LossWeights(float dloss);  // [N] copies of dloss on the device (uploaded when it changes)
   // The final LayerNorm backward writes dres; dsum / dsum2 (the last layer's residual-branch bias gradients, or
   // null): += its column sums (ops::Backend::LayerNormBackward).

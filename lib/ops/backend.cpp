@@ -39,7 +39,7 @@ class CpuBackend final : public Backend {
   using Backend::MatmulForward;
   Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,
                        int64_t OC, const Bf16Copies& kept) override {  // fp32 GEMMs: no bf16 roundings
-    if (kept.out16) {
+    if (kept.out16 || kept.gelu16) {
       return FailedPrecondition("MatmulForward: the cpu backend writes no bf16 outputs (runtime.activations: bf16)");
     }
     if (kept.out_accumulate) {
@@ -54,7 +54,7 @@ class CpuBackend final : public Backend {
   }
   Status MatmulBackward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w,
                         int64_t N, int64_t IC, int64_t OC, const Bf16Copies& bf16) override {
-    if (bf16.dinp16) {
+    if (bf16.dinp16 || bf16.dgelu_aux16 || bf16.dgelu_dbias) {
       return FailedPrecondition("MatmulBackward: the cpu backend writes no bf16 outputs (runtime.activations: bf16)");
     }
     if (dinp && bf16.dinp_overwrite) std::memset(dinp, 0, sizeof(float) * static_cast<size_t>(N * IC));

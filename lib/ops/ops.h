@@ -203,6 +203,18 @@ struct Bf16Copies {
   // MatmulBackward with dinp_overwrite: write dinp rounded to bf16 here (N x IC; fp32 accumulation rounded once)
   // instead of the fp32 dinp (null); only where bf16_activations() (runtime.activations: bf16), else refused.
   void* dinp16 = nullptr;
+  // The fc GEMM fused with its bias and GeLU (only where gemm_gelu_epilogue(), else refused). MatmulForward with
+  // out16, the bias and no fp32 out: out16 = (inp . w^T + bias) rounded to bf16 (the GeLU's input, kept for the
+  // backward) and gelu16 (N x OC bf16) = gelu(inp . w^T + bias) rounded to bf16 — the fp32 sum rounded once where
+  // cuBLASLt's GELU_AUX_BIAS epilogue runs it (with the bias rounded to bf16, the epilogue's type), or the GEMM's
+  // bf16 output plus the fp32 bias, then rounded, by the fallback.
+  void* gelu16 = nullptr;
+  // MatmulBackward with dinp16 and dinp_overwrite: dinp16 = gelu'(dgelu_aux16) * (dout . w) rounded to bf16 — the
+  // gradient of the GeLU's input, dgelu_aux16 (N x IC bf16) being the forward's out16 (cuBLASLt's DGELU epilogue,
+  // or the GEMM's bf16 output times gelu' by the fallback) — and dgelu_dbias (IC) += its column sums (the fc bias
+  // gradient; required with dgelu_aux16, refused without it).
+  const void* dgelu_aux16 = nullptr;
+  float* dgelu_dbias = nullptr;
 };
 
 class Backend {
@@ -365,6 +377,9 @@ class Backend {
   // bf16 operands: the CUDA backend with train.precision: bf16 and runtime.bf16_operands keep or cast), else
   // refused.
   virtual bool bf16_activations() const { return false; }
+  // Whether MatmulForward takes Bf16Copies::gelu16 and MatmulBackward dgelu_aux16 (the bias + GeLU and its gradient
+  // in the fc GEMMs' epilogues): the CUDA backend with bf16_activations() and kept operands.
+  virtual bool gemm_gelu_epilogue() const { return false; }
   virtual Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16);
   // dout16 (R x C bf16), unless null, in place of dout (then null): the GeLU output's gradient kept in bf16 too
   // (the fc-proj backward's Bf16Copies::dinp16), widened exactly.

@@ -393,6 +393,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   shard.tp_comm_chunks = par.tp_comm_chunks;
   shard.fused_kernels = spec.runtime.fused_kernels;
   shard.bf16_fc = spec.runtime.activations == "bf16";
+  shard.gemm_epilogues = spec.runtime.gemm_epilogues;
   if (shard.bf16_fc) LogInfo("runtime.activations: bf16 (the fc GEMM writes its output in bf16 for the bias + GeLU)");
   model::ModelComms mcomms;
   if (par.tp > 1) mcomms.tp = &tp_timed;
@@ -936,6 +937,12 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     return summary;
   }
   if (rank0) {
+    // Which path ran the GeLU in the GEMMs (gpu_check.sh reads this line).
+    const cuda::EpilogueStats es = cuda::GetEpilogueStats(*compute.backend);
+    if (es.cublaslt + es.fallback > 0) {
+      LogInfo("fc GEMMs with the bias + GeLU epilogue: {} by cuBLASLt, {} by the GEMM + kernel fallback", es.cublaslt,
+              es.fallback);
+    }
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,
             summary.final_val_loss, run_dir);

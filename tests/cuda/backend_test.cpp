@@ -830,6 +830,145 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
 // 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
 // N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16) `keep` holds
 // (L + 1) N F x 2 bytes less again.
+float HostGelu(float v) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+}
+float HostGeluGrad(float v) {
+  const float k = 0.7978845608028654f;
+  const float t = std::tanh(k * (v + 0.044715f * v * v * v));
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v);
+}
+std::vector<float> Widen16(const std::vector<uint16_t>& h) {
+  std::vector<float> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+    std::memcpy(&out[i], &bits, sizeof bits);
+  }
+  return out;
+}
+uint16_t Round16(float f) {  // nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// The fc bias + GeLU in the fc GEMM (Bf16Copies::gelu16) and their gradient in the fc-proj backward GEMM
+// (dgelu_aux16, dgelu_dbias), on a backend with kept operands: out16 = x w^T + b and gelu16 = gelu(x w^T + b), each
+// rounded to bf16; dinp16 = gelu'(aux) (dout w) rounded, dbias += its column sums — against fp32 references within
+// the bf16 roundings, by cuBLASLt's epilogues where OC is a multiple of 8 (emulated: the bits of rounding the fp32
+// GEMM's sum plus the bf16 bias once) and by the fallback (GEMM, then the bias + GeLU kernel) where cuBLASLt has no
+// algorithm (OC 37: an aux leading dimension not a multiple of 8) — the backend's counters tell which ran. Refused
+// without kept operands, on the CPU backend, and with a missing or extra argument.
+TEST_CASE("cuda backend: the fc bias + GeLU and its gradient in the GEMMs' epilogues (cuBLASLt, or the fallback)") {
+  for (const int64_t OC : {40, 37}) {
+    CAPTURE(OC);
+    const bool lt = OC % 8 == 0;
+    Pair p(/*bf16=*/true, Bf16Operands::kKeep);
+    REQUIRE(p.gpu->gemm_gelu_epilogue());
+    const int64_t N = 29, IC = 24;
+    float* inp = p.On(*p.gpu, Random(N * IC, 61));
+    float* w = p.On(*p.gpu, Random(OC * IC, 62));
+    const std::vector<float> bias_h = Random(OC, 63);
+    float* bias = p.On(*p.gpu, bias_h);
+    float* out = p.On(*p.gpu, std::vector<float>(N * OC));
+    REQUIRE(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC).ok());  // x w^T, fp32 (bf16 operands)
+    const std::vector<float> acc = p.Get(*p.gpu, out, N * OC);
+    uint16_t* pre16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
+    uint16_t* gelu16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
+    ops::Bf16Copies kc;
+    kc.out16 = pre16;
+    kc.gelu16 = gelu16;
+    const EpilogueStats before = GetEpilogueStats(*p.gpu);
+    REQUIRE(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, kc).ok());
+    const EpilogueStats after = GetEpilogueStats(*p.gpu);
+    CHECK(after.cublaslt - before.cublaslt == (lt ? 1 : 0));
+    CHECK(after.fallback - before.fallback == (lt ? 0 : 1));
+    const std::vector<uint16_t> pre_bits = p.Get(*p.gpu, pre16, N * OC);
+    const std::vector<float> pre = Widen16(pre_bits), gel = Widen16(p.Get(*p.gpu, gelu16, N * OC));
+    std::vector<float> ref_pre(N * OC), ref_gelu(N * OC);
+    for (int64_t i = 0; i < N * OC; ++i) {
+      ref_pre[i] = acc[i] + bias_h[i % OC];
+      ref_gelu[i] = HostGelu(ref_pre[i]);
+#if !defined(MS_TEST_GPU)
+      if (lt) {  // the emulated epilogue: the fp32 sum plus the bias rounded to bf16 (its type), rounded once
+        const float b16 = Widen16({Round16(bias_h[i % OC])})[0];
+        CHECK(pre_bits[i] == Round16(acc[i] + b16));
+      }
+#endif
+    }
+    ExpectClose(ref_pre, pre, 1e-2f, 1e-2f, "GeLU input (aux)");
+    ExpectClose(ref_gelu, gel, 1e-2f, 1e-2f, "GeLU output");
+
+    // Backward: the fc-proj GEMM (its input: the GeLU output, IC_proj = OC) writes the gradient of the GeLU input.
+    const int64_t C2 = 16;  // the projection's output width
+    float* w2 = p.On(*p.gpu, Random(C2 * OC, 64));
+    float* dy = p.On(*p.gpu, Random(N * C2, 65));
+    float* xin = p.On(*p.gpu, Widen16(p.Get(*p.gpu, gelu16, N * OC)));
+    float* dg = p.On(*p.gpu, std::vector<float>(N * OC));
+    float* dw = p.On(*p.gpu, std::vector<float>(C2 * OC));
+    ops::Bf16Copies plain;
+    plain.dinp_overwrite = true;
+    REQUIRE(p.gpu->MatmulBackward(dg, dw, nullptr, dy, xin, w2, N, OC, C2, plain).ok());  // dout w, fp32
+    const std::vector<float> dgh = p.Get(*p.gpu, dg, N * OC);
+    uint16_t* dfc16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
+    const std::vector<float> dbias0 = Random(OC, 66);
+    float* dbias = p.On(*p.gpu, dbias0);
+    ops::Bf16Copies kb;
+    kb.dinp_overwrite = true;
+    kb.dinp16 = dfc16;
+    kb.dgelu_aux16 = pre16;
+    kb.dgelu_dbias = dbias;
+    const EpilogueStats b2 = GetEpilogueStats(*p.gpu);
+    REQUIRE(p.gpu->MatmulBackward(nullptr, dw, nullptr, dy, xin, w2, N, OC, C2, kb).ok());
+    const EpilogueStats a2 = GetEpilogueStats(*p.gpu);
+    CHECK(a2.cublaslt - b2.cublaslt == (lt ? 1 : 0));
+    CHECK(a2.fallback - b2.fallback == (lt ? 0 : 1));
+    std::vector<float> ref_d(N * OC), ref_db = dbias0;
+    for (int64_t i = 0; i < N * OC; ++i) {
+      ref_d[i] = dgh[i] * HostGeluGrad(pre[i]);
+      ref_db[i % OC] += ref_d[i];
+    }
+    ExpectClose(ref_d, Widen16(p.Get(*p.gpu, dfc16, N * OC)), 1e-2f, 1e-2f, "GeLU input gradient");
+    // (cuBLASLt's path sums the rounded gradient: N roundings of up to 2^-9 relative each)
+    ExpectClose(ref_db, p.Get(*p.gpu, dbias, OC), 1e-2f, 5e-2f, "fc bias gradient");
+
+    // Refused: a missing bias or out16, an fp32 out beside them; dgelu_aux16 without dinp16 or dgelu_dbias, and
+    // dgelu_dbias alone.
+    CHECK(p.gpu->MatmulForward(nullptr, inp, w, nullptr, N, IC, OC, kc).code() == Code::kInvalidArgument);
+    CHECK(p.gpu->MatmulForward(out, inp, w, bias, N, IC, OC, kc).code() == Code::kInvalidArgument);
+    ops::Bf16Copies no_out16 = kc;
+    no_out16.out16 = nullptr;
+    CHECK(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, no_out16).code() == Code::kInvalidArgument);
+    ops::Bf16Copies bad = kb;
+    bad.dgelu_dbias = nullptr;
+    CHECK(p.gpu->MatmulBackward(nullptr, dw, nullptr, dy, xin, w2, N, OC, C2, bad).code() == Code::kInvalidArgument);
+    bad = kb;
+    bad.dinp16 = nullptr;
+    CHECK(p.gpu->MatmulBackward(nullptr, dw, nullptr, dy, xin, w2, N, OC, C2, bad).code() == Code::kInvalidArgument);
+    bad = plain;
+    bad.dgelu_dbias = dbias;
+    CHECK(p.gpu->MatmulBackward(dg, dw, nullptr, dy, xin, w2, N, OC, C2, bad).code() == Code::kInvalidArgument);
+  }
+  // Without kept operands (cast) and on the CPU backend: refused.
+  Pair cast(/*bf16=*/true, Bf16Operands::kCast);
+  for (ops::Backend* be : {cast.gpu.get(), cast.cpu.get()}) {
+    CAPTURE(be->name());
+    CHECK_FALSE(be->gemm_gelu_epilogue());
+    float* x = cast.On(*be, std::vector<float>(16));
+    ops::Bf16Copies kc;
+    kc.out16 = x;
+    kc.gelu16 = x;
+    CHECK(be->MatmulForward(nullptr, x, x, x, 2, 2, 2, kc).code() == Code::kFailedPrecondition);
+    ops::Bf16Copies kb;
+    kb.dinp_overwrite = true;
+    kb.dinp16 = x;
+    kb.dgelu_aux16 = x;
+    kb.dgelu_dbias = x;
+    CHECK(be->MatmulBackward(nullptr, x, nullptr, x, x, x, 2, 2, 2, kb).code() == Code::kFailedPrecondition);
+  }
+}
+
 TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of an activation only GEMMs read") {
   config::ModelSpec m = SpecOf(2, 64, 4, 256, 96, 32);
   m.block = config::BlockKind::kSequential;
@@ -841,11 +980,12 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
     inputs.push_back(static_cast<int32_t>((i * 7) % m.vocab));
     targets.push_back(static_cast<int32_t>((i * 5 + 1) % m.vocab));
   }
-  auto held = [&](Bf16Operands operands, int64_t* params, bool bf16_fc = false) {
+  auto held = [&](Bf16Operands operands, int64_t* params, bool bf16_fc = false, bool epilogues = false) {
     Pair p(/*bf16=*/true, operands);
     const size_t before = p.gpu_dev->bytes_in_use();
     model::ShardSpec shard;
     shard.bf16_fc = bf16_fc;
+    shard.gemm_epilogues = epilogues;
     auto g = model::Gpt::Create(m, shard, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
     REQUIRE_MESSAGE(g.ok(), g.status().ToString());
     REQUIRE((*g)->Forward(inputs.data(), targets.data()).ok());
@@ -877,6 +1017,11 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
   CAPTURE(keep_bf16_fc);
   CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2) <= slack);
+  // With the GeLU in the GEMMs' epilogues the GeLU output's gradient has no scratch at all; the backend holds
+  // cuBLASLt's workspace instead.
+  const int64_t keep_epilogues = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true, /*epilogues=*/true);
+  CAPTURE(keep_epilogues);
+  CHECK(std::llabs(keep_bf16_fc - keep_epilogues + static_cast<int64_t>(kCublasLtWorkspaceBytes) - N * F * 2) <= slack);
 }
 
 // The optimizer writing the GPT's bf16 weight copies with its update (optim::SegmentData::param16, what the

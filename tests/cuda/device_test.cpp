@@ -3,6 +3,7 @@
 // events; cuBLAS GEMMs against a double-precision reference, and its argument checks.
 #include <doctest/doctest.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -750,6 +751,141 @@ TEST_CASE("cublas emulation: argument checks and status codes") {
   CHECK(std::string(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED)) ==
         "the functionality requested is not supported");
   CHECK(std::string(cublasGetStatusName(CUBLAS_STATUS_INVALID_VALUE)) == "CUBLAS_STATUS_INVALID_VALUE");
+}
+
+// ---- cuBLASLt subset -----------------------------------------------------------------------------------------
+
+// One cublasLtMatmul problem: D (m, n) = epilogue(op(A) B), A stored (k, m) (op T), B (k, n), bf16, column-major.
+struct LtCall {
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtCall(int m, int n, int k, cudaDataType dtype, cublasLtEpilogue_t epi) {
+    REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+    const cublasOperation_t t = CUBLAS_OP_T;
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, m, k) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, n, k) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&d, dtype, m, n, m) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+  }
+  ~LtCall() {
+    CHECK(cublasLtMatmulPreferenceDestroy(pref) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatrixLayoutDestroy(d) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatrixLayoutDestroy(b) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatrixLayoutDestroy(a) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatmulDescDestroy(desc) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtDestroy(h) == CUBLAS_STATUS_SUCCESS);
+  }
+  template <class T>
+  cublasStatus_t Set(cublasLtMatmulDescAttributes_t attr, const T& v) {
+    return cublasLtMatmulDescSetAttribute(desc, attr, &v, sizeof v);
+  }
+  // The heuristic's answer (count of algorithms), and the matmul with its algorithm when there is one.
+  int Algos(cublasLtMatmulHeuristicResult_t* r) {
+    int found = -1;
+    (void)cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 1, r, &found);
+    return found;
+  }
+  cublasStatus_t Run(const void* A, const void* B, void* D) {
+    cublasLtMatmulHeuristicResult_t r{};
+    if (Algos(&r) != 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float one = 1.0f, zero = 0.0f;
+    return cublasLtMatmul(h, desc, &one, A, a, B, b, &zero, D, d, D, d, &r.algo, nullptr, 0, nullptr);
+  }
+};
+
+// The emulated cuBLASLt: its DEFAULT epilogue is cublasGemmEx to the bit (the same fp32 sums, rounded once); the
+// GELU_AUX_BIAS epilogue stores v = sum + bias (bf16: D's type) as the aux matrix and gelu(v) as D; DGELU multiplies
+// the sum by gelu'(aux) — against cublasGemmEx's fp32 sums. Refused as cuBLASLt documents: an aux leading dimension
+// not a multiple of 8, a bias of another type than D's, fp32 A and B (NOT_SUPPORTED, no algorithm), and a D
+// pointer aligned less than the algorithm was chosen for (INVALID_VALUE).
+TEST_CASE("cublaslt emulation: the DEFAULT, GELU_AUX_BIAS and DGELU epilogues, and what it refuses") {
+  auto dev = MakeDevice();
+  Cublas cb;
+  const int m = 24, n = 13, k = 19;
+  std::vector<float> A = RandomFloats(static_cast<size_t>(k) * m, 71), B = RandomFloats(static_cast<size_t>(k) * n, 72);
+  const std::vector<float> bias = RandomFloats(m, 73);
+  std::vector<uint16_t> A16(A.size()), B16(B.size()), bias16(m);
+  for (size_t i = 0; i < A.size(); ++i) A16[i] = ToBf16(A[i]);
+  for (size_t i = 0; i < B.size(); ++i) B16[i] = ToBf16(B[i]);
+  for (int i = 0; i < m; ++i) bias16[i] = ToBf16(bias[i]);
+  DevVec<uint16_t> dA(*dev, A16), dB(*dev, B16), dbias(*dev, bias16);
+  const size_t mn = static_cast<size_t>(m) * n;
+  const float one = 1.0f, zero = 0.0f;
+  // cublasGemmEx's fp32 sums and bf16 output, for comparison.
+  DevVec<float> sum(*dev, std::vector<float>(mn));
+  DevVec<uint16_t> sum16(*dev, std::vector<uint16_t>(mn));
+  REQUIRE(cublasGemmEx(cb.h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA.ptr, CUDA_R_16BF, k, dB.ptr, CUDA_R_16BF, k,
+                       &zero, sum.ptr, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasGemmEx(cb.h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA.ptr, CUDA_R_16BF, k, dB.ptr, CUDA_R_16BF, k,
+                       &zero, sum16.ptr, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> s = sum.Get();
+  auto gelu = [](float v) {
+    const float c = 0.7978845608028654f;
+    return 0.5f * v * (1.0f + std::tanh(c * (v + 0.044715f * v * v * v)));
+  };
+  auto gelu_grad = [](float v) {
+    const float c = 0.7978845608028654f;
+    const float t = std::tanh(c * (v + 0.044715f * v * v * v));
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * v * v);
+  };
+  {
+    LtCall lt(m, n, k, CUDA_R_16BF, CUBLASLT_EPILOGUE_DEFAULT);
+    DevVec<uint16_t> d(*dev, std::vector<uint16_t>(mn, 0xFFFF));
+    REQUIRE(lt.Run(dA.ptr, dB.ptr, d.ptr) == CUBLAS_STATUS_SUCCESS);
+    CHECK(d.Get() == sum16.Get());
+  }
+  DevVec<uint16_t> aux(*dev, std::vector<uint16_t>(mn, 0xFFFF));
+  {
+    LtCall lt(m, n, k, CUDA_R_16BF, CUBLASLT_EPILOGUE_GELU_AUX_BIAS);
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(dbias.ptr)) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.ptr) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{m}) == CUBLAS_STATUS_SUCCESS);
+    DevVec<uint16_t> d(*dev, std::vector<uint16_t>(mn, 0xFFFF));
+    REQUIRE(lt.Run(dA.ptr, dB.ptr, d.ptr) == CUBLAS_STATUS_SUCCESS);
+    const std::vector<uint16_t> got = d.Get(), got_aux = aux.Get();
+    for (size_t i = 0; i < mn; ++i) {
+      const float v = s[i] + FromBf16(bias16[i % m]);
+      CHECK(got_aux[i] == ToBf16(v));
+      CHECK(got[i] == ToBf16(gelu(v)));
+    }
+    // Refused: an aux leading dimension not a multiple of 8; a bias in fp32 next to a bf16 D.
+    cublasLtMatmulHeuristicResult_t r{};
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{m + 4}) == CUBLAS_STATUS_SUCCESS);
+    CHECK(lt.Algos(&r) == 0);
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{m}) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t{CUDA_R_32F}) == CUBLAS_STATUS_SUCCESS);
+    CHECK(lt.Algos(&r) == 0);
+  }
+  {
+    LtCall lt(m, n, k, CUDA_R_16BF, CUBLASLT_EPILOGUE_DGELU);
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.ptr) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(lt.Set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{m}) == CUBLAS_STATUS_SUCCESS);
+    DevVec<uint16_t> d(*dev, std::vector<uint16_t>(mn, 0xFFFF));
+    REQUIRE(lt.Run(dA.ptr, dB.ptr, d.ptr) == CUBLAS_STATUS_SUCCESS);
+    const std::vector<uint16_t> got = d.Get(), got_aux = aux.Get();
+    for (size_t i = 0; i < mn; ++i) CHECK(got[i] == ToBf16(s[i] * gelu_grad(FromBf16(got_aux[i]))));
+    // A D pointer 2 bytes off the 256-byte alignment an algorithm chosen without a preference assumes: refused.
+    cublasLtMatmulHeuristicResult_t r{};
+    REQUIRE(lt.Algos(&r) == 1);
+    CHECK(cublasLtMatmul(lt.h, lt.desc, &one, dA.ptr, lt.a, dB.ptr, lt.b, &zero, static_cast<uint16_t*>(d.ptr) + 1,
+                         lt.d, static_cast<uint16_t*>(d.ptr) + 1, lt.d, &r.algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+  }
+  {  // fp32 A and B: not emulated (the backend's epilogue GEMMs are bf16).
+    LtCall lt(m, n, k, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT);
+    REQUIRE(cublasLtMatrixLayoutDestroy(lt.a) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&lt.a, CUDA_R_32F, k, m, k) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t r{};
+    CHECK(lt.Algos(&r) == 0);
+  }
 }
 
 TEST_CASE("emulated runtime: device queries, host functions, events") {

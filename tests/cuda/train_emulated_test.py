@@ -68,9 +68,9 @@ runtime: {{threads: 1}}
 {extra}""")
 
 
-def compare(name, extra, sets, rtol, emu_sets=()):
+def compare(name, extra, sets, rtol, emu_sets=(), log_has=None):
     """The CPU backend (fp32 GEMMs) and the emulated CUDA backend (sets, then emu_sets: keys only it takes) give
-    the same losses and gradient norms within rtol."""
+    the same losses and gradient norms within rtol (and the emulated run's log holds the line log_has, if given)."""
     cpu_dir, emu_dir = os.path.join(WORK, name + "-cpu"), os.path.join(WORK, name + "-emu")
     path = os.path.join(WORK, name + ".yaml")
     spec(path, cpu_dir, extra)
@@ -88,6 +88,8 @@ def compare(name, extra, sets, rtol, emu_sets=()):
                             else "logs/rank-0.log")).read()
     if f"compute: {EXPECT}" not in log:
         return f"the run's log does not say it computed on the backend '{EXPECT}'"
+    if log_has and log_has not in log:
+        return f"the run's log has no line with '{log_has}'"
     for key, tol in (("loss", rtol), ("grad_norm", rtol)):
         a, b = series(cpu_dir, key), series(emu_dir, key)
         if sorted(a) != sorted(b) or not a:
@@ -173,10 +175,21 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
 # runtime.activations: bf16 (the fc GEMM writes its output in bf16, which the bias + GeLU reads forward and
 # backward; the fc projection's backward writes the GeLU output's gradient in bf16, which the bias + GeLU backward
 # reads): within the bf16 tolerance of the CPU backend's fp32 losses, and `keep` = `cast` bit for bit with it.
+# With `keep` the fc bias + GeLU run in the fc GEMM's cuBLASLt epilogue (GELU_AUX_BIAS) and their gradient in the
+# fc projection's backward GEMM's (DGELU; runtime.gemm_epilogues, on by default): within the same tolerance. Where
+# cuBLASLt has no algorithm (here: 4C = 180 columns, an aux leading dimension that is not a multiple of 8) the
+# backend's fallback (the GEMM, then the bias + GeLU kernel) keeps the same contract.
+EPI = "fc GEMMs with the bias + GeLU epilogue: "
 case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
-     ["runtime.activations=bf16"])
+     ["runtime.activations=bf16"], EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback")
+case("bf16-111-gemm-epilogue-fallback", "", ["train.precision=bf16", "model.heads=3", "model.hidden=45"], 5e-3,
+     ["runtime.activations=bf16"], EPI + "0 by cuBLASLt, 32 by the GEMM + kernel fallback")
 case("bf16-111-bf16-activations-keep-is-cast", "parallel: {micro_batches: 2}",
-     ["train.precision=bf16", "runtime.activations=bf16"], KEEP, ["runtime.bf16_operands=cast"], check=same_bits)
+     ["train.precision=bf16", "runtime.activations=bf16"], [*KEEP, "runtime.gemm_epilogues=false"],
+     ["runtime.bf16_operands=cast"], check=same_bits)
+# ... and the epilogues do change the numerics (the switch is not ignored).
+case("gemm-epilogues-take-effect", "", ["train.precision=bf16", "runtime.activations=bf16"],
+     ["runtime.gemm_epilogues=false"], ["runtime.gemm_epilogues=true"], None, True, check=same_bits)
 # ... and it does change the numerics (the switch is not ignored).
 case("bf16-activations-take-effect", "", ["train.precision=bf16"], ["runtime.activations=fp32"],
      ["runtime.activations=bf16"], None, True, check=same_bits)

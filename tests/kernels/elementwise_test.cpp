@@ -170,6 +170,18 @@ TEST_CASE("kernels elementwise: BiasGrad accumulates column sums (rtol 1e-5, ato
     ExpectClose(ddb.Get(), want, 1e-5f, 1e-5f, "bias grad (accumulated)");
     REQUIRE(BiasGrad(ddb_again.get(), ps, ddy.get(), s.R, s.C, nullptr) == cudaSuccess);
     CHECK(ddb_again.Get() == ddb.Get());  // same bits run after run
+    // Over a bf16 dy (the cuBLASLt GeLU-gradient epilogue's output): the bits of the fp32 launcher on dy widened.
+    std::vector<__nv_bfloat16> dy16(dy.size());
+    std::vector<float> dyw(dy.size());
+    for (size_t i = 0; i < dy.size(); ++i) {
+      dy16[i] = __float2bfloat16_rn(dy[i]);
+      dyw[i] = __bfloat162float(dy16[i]);
+    }
+    Dev<__nv_bfloat16> ddy16(dy16);
+    Dev<float> ddyw(dyw), db16(db0), dbw(db0);
+    REQUIRE(BiasGrad(db16.get(), ps, ddy16.get(), s.R, s.C, nullptr) == cudaSuccess);
+    REQUIRE(BiasGrad(dbw.get(), ps, ddyw.get(), s.R, s.C, nullptr) == cudaSuccess);
+    CHECK(db16.Get() == dbw.Get());
   }
   ExpectNoPoisonedReads();
 }
