@@ -1486,10 +1486,14 @@ struct Launch {
 // gradient, weight and input again), with cuBLAS converting the fp32 operands (runtime.bf16_operands: cublas, assuming
 // the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and
 // with issue #16's items done.
-// kBf16Fc: as built with runtime.activations: bf16 (the fc GEMM writes its output in bf16, which the bias + GeLU
-// reads forward and backward; the fc projection's backward writes its input gradient in bf16, which the bias + GeLU
-// backward reads).
-enum class StepVariant { kAsBuilt, kBf16Fc, kCastEveryGemm, kCublasOperands, kAfter16 };
+// kBf16Fc: as built with runtime.activations: bf16 and runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt
+// epilogue adds the bias (a bf16 copy cast per call) and applies the GeLU, writing the GeLU input (kept for the
+// backward) and output in bf16; the fc projection's backward GEMM's applies gelu' to its input gradient and writes it
+// in bf16; a BiasGrad over it sums the fc bias gradient. No bias + GeLU kernel.
+// kBf16FcKernels: the same with runtime.gemm_epilogues: false (the fc GEMM writes its output in bf16, which the bias
+// + GeLU reads forward and backward; the fc projection's backward writes its input gradient in bf16, which the bias +
+// GeLU backward reads).
+enum class StepVariant { kAsBuilt, kBf16Fc, kBf16FcKernels, kCastEveryGemm, kCublasOperands, kAfter16 };
 
 std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const bool after16 = variant == StepVariant::kAfter16, cublas_converts = variant == StepVariant::kCublasOperands;
@@ -1501,7 +1505,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   auto mem = [&](const char* group, double elems_act, double elems_fp32, double count) {
     out.push_back({group, act * elems_act + F * elems_fp32, 0.0, Unit::kMemory, count});
   };
-  const bool bf16_fc = variant == StepVariant::kBf16Fc;
+  const bool epilogues = variant == StepVariant::kBf16Fc;
+  const bool bf16_fc = epilogues || variant == StepVariant::kBf16FcKernels;
   const bool keep = variant == StepVariant::kAsBuilt || bf16_fc;
   // A linear layer, IC -> OC, over N rows: forward (bias: a separate bias add) and backward (dinp, dW, dbias).
   // `rounded_input`, `rounded_dout`: with keep, the input's / output gradient's producer writes its bf16 rounding
@@ -1555,10 +1560,12 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // q, k, v, and its bias gradient summed by it as it stores dqkv
   linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true);
   linear(C, C, false, false, L, true, true);  // attention projection (input: attention; dout: ln2 backward)
-  // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16
-  linear(C, F4, false, false, L, true, true, bf16_fc ? 2.0 : act);
-  // fc projection (input: bias + GeLU; dout: ln1 backward); with bf16_fc its input gradient written in bf16
-  linear(F4, C, false, false, L, true, true, 0, bf16_fc ? 2.0 : act);
+  // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16; with the epilogue also
+  // the GeLU output (2 + 2 bytes per element)
+  linear(C, F4, false, false, L, true, true, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
+  // fc projection (input: bias + GeLU; dout: ln1 backward); with bf16_fc its input gradient written in bf16; with the
+  // epilogue it also reads the GeLU input (2 + 2 bytes per element)
+  linear(F4, C, false, false, L, true, true, 0, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
   out.push_back({attn, act * (n_qkv + N * C) + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
   // With tensor cores the attention backward also sums the qkv bias gradient as it stores dqkv (16-row chunk sums
@@ -1569,12 +1576,17 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
        attn_bwd * attn_fwd, attn_unit, L});
   // The fc output the bias + GeLU reads: an activation (act bytes), or with bf16_fc 2 bytes (half an fp32 element).
   const double fch_act = bf16_fc ? 0.0 : 1.0, fch_fp32 = bf16_fc ? 0.5 : 0.0;
-  mem("bias, GeLU, residual, bias grad", (fch_act + fp32_out) * N * F4, F4 + (rounding + fch_fp32) * N * F4,
-      L);  // bias + GeLU fwd
-  // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored);
-  // with bf16_fc its dout (the fc projection's input gradient) is bf16 too
-  mem("bias, GeLU, residual, bias grad", (2 * fch_act + fp32_out) * N * F4, 3 * F4 + (rounding + 2 * fch_fp32) * N * F4,
-      L);
+  if (epilogues) {
+    mem("bias, GeLU, residual, bias grad", 0, 1.5 * F4, L);               // the fc bias cast to bf16 for the epilogue
+    mem("bias, GeLU, residual, bias grad", 0, 0.5 * N * F4 + 2 * F4, L);  // fc bias gradient: BiasGrad over bf16
+  } else {
+    mem("bias, GeLU, residual, bias grad", (fch_act + fp32_out) * N * F4, F4 + (rounding + fch_fp32) * N * F4,
+        L);  // bias + GeLU fwd
+    // bias + GeLU backward, the bias gradient summed as dx is computed (BiasGradScratchFloats partials: ignored);
+    // with bf16_fc its dout (the fc projection's input gradient) is bf16 too
+    mem("bias, GeLU, residual, bias grad", (2 * fch_act + fp32_out) * N * F4,
+        3 * F4 + (rounding + 2 * fch_fp32) * N * F4, L);
+  }
   mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
   // (the bias gradients of proj and fc proj: summed by the LayerNorm backwards that write their output gradient,
   // counted in their scratch)
@@ -1623,8 +1635,8 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       "full causal attention, one GPU, at the roofline of {}\n",
       s.name, micro_batches, s.tokens, s.tokens / s.seq, s.seq, r.name);
   const double model = ModelFlops(s) * static_cast<double>(micro_batches);
-  for (StepVariant variant : {StepVariant::kAsBuilt, StepVariant::kBf16Fc, StepVariant::kCastEveryGemm,
-                              StepVariant::kCublasOperands, StepVariant::kAfter16}) {
+  for (StepVariant variant : {StepVariant::kAsBuilt, StepVariant::kBf16Fc, StepVariant::kBf16FcKernels,
+                              StepVariant::kCastEveryGemm, StepVariant::kCublasOperands, StepVariant::kAfter16}) {
     const bool after16 = variant == StepVariant::kAfter16;
     std::vector<std::pair<std::string, double>> groups;  // insertion order
     double total = 0;
@@ -1641,7 +1653,9 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
       }
     };
     add(StepLaunches(s, variant), static_cast<double>(micro_batches));
-    add(OptimizerLaunches(s, after16 || variant == StepVariant::kAsBuilt || variant == StepVariant::kBf16Fc), 1.0);
+    add(OptimizerLaunches(s, after16 || variant == StepVariant::kAsBuilt || variant == StepVariant::kBf16Fc ||
+                                 variant == StepVariant::kBf16FcKernels),
+        1.0);
     fmt::print("  {}:\n",
                after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, 5-product "
                          "attention backward)"
@@ -1651,8 +1665,13 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                : variant == StepVariant::kCastEveryGemm
                    ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
                : variant == StepVariant::kBf16Fc
-                   ? "as built with runtime.activations: bf16 (as above, the fc GEMM writing its output and the fc "
-                     "projection's backward its input gradient in bf16 for the bias + GeLU)"
+                   ? "as built with runtime.activations: bf16 (as above; the fc bias + GeLU in the fc GEMM's cuBLASLt "
+                     "epilogue, writing the GeLU input and output in bf16, and gelu' in the fc projection's backward "
+                     "GEMM's, runtime.gemm_epilogues)"
+               : variant == StepVariant::kBf16FcKernels
+                   ? "as built with runtime.activations: bf16, runtime.gemm_epilogues: false (the fc GEMM writing "
+                     "its output and the fc projection's backward its input gradient in bf16 for the bias + GeLU "
+                     "kernels)"
                    : "as built (bf16 weight copies written by the optimizer with its update, each GEMM input and "
                      "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
                      "backward; "

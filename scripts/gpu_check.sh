@@ -6,8 +6,9 @@
 #   tests      ctest -L gpu -LE sanitizer: the kernels, the backend and training on the GPU against the references
 #   kernels    kernels_bench --preset gpu-configs: every launcher timed against its H100 roofline (+ JSON)
 #   train-*    megascale train configs/gpt2-small-gpu.yaml with runtime.bf16_operands keep, keep with
-#              runtime.activations: bf16, cast and cublas: step time and MFU against the detected GPU's datasheet
-#              bf16 peak
+#              runtime.activations: bf16 (the fc bias + GeLU in the GEMMs' cuBLASLt epilogues), the same with
+#              runtime.gemm_epilogues: false (the bias + GeLU kernels), cast and cublas: step time and MFU against the
+#              detected GPU's datasheet bf16 peak, and which path ran the GeLU epilogues
 #   sanitizer  with the time left: ctest -L sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 # The machine (nvidia-smi) is printed first, a table of stages (exit status, seconds) last; the exit status is 1
 # when a stage failed. The training stages need data/fortunes.* (scripts/make_demo_data.sh): carry data/ to the
@@ -43,7 +44,7 @@ stage() {
   local room
   room=$(left)
   if ((room < 20)); then
-    summary+=("$(printf '%-12s %-8s %6s' "$name" skipped "-")")
+    summary+=("$(printf '%-24s %-8s %6s' "$name" skipped "-")")
     echo "== $name: skipped, $room s of the budget left"
     return
   fi
@@ -57,7 +58,7 @@ stage() {
   ((rc != 0)) && failed=1
   local what="rc $rc"
   ((rc == 124 || rc == 137)) && what="timeout"
-  summary+=("$(printf '%-12s %-8s %6d' "$name" "$what" $(($(date +%s) - t0)))")
+  summary+=("$(printf '%-24s %-8s %6d' "$name" "$what" $(($(date +%s) - t0)))")
 }
 
 {
@@ -78,15 +79,16 @@ fi
 stage tests 240 ctest --test-dir "$build" -L gpu -LE sanitizer --no-tests=error --output-on-failure --timeout 200
 stage kernels 150 "$build/kernels_bench" --preset gpu-configs --json "$out/kernels.json"
 if [[ -f data/fortunes.bin ]]; then
-  for run in keep keep-bf16act cast cublas; do
+  for run in keep keep-bf16act keep-bf16act-noepi cast cublas; do
     extra=()
-    [[ $run == *-bf16act ]] && extra=(--set runtime.activations=bf16)
+    [[ $run == *-bf16act* ]] && extra+=(--set runtime.activations=bf16)
+    [[ $run == *-noepi ]] && extra+=(--set runtime.gemm_epilogues=false)
     stage "train-$run" 90 "$build/megascale" train configs/gpt2-small-gpu.yaml --no-progress \
-      --set train.steps=12 --set runtime.bf16_operands="${run%-bf16act}" ${extra[@]+"${extra[@]}"} \
+      --set train.steps=12 --set runtime.bf16_operands="${run%%-*}" ${extra[@]+"${extra[@]}"} \
       --set log.run_dir="$out/train-$run"
   done
 else
-  summary+=("$(printf '%-12s %-8s %6s' train "no data" "-")")
+  summary+=("$(printf '%-24s %-8s %6s' train "no data" "-")")
   echo "== train: data/fortunes.bin is missing (scripts/make_demo_data.sh; carry data/ to the device machine)"
   failed=1
 fi
@@ -94,7 +96,7 @@ stage sanitizer 900 ctest --test-dir "$build" -L sanitizer --no-tests=error --ou
 
 {
   echo
-  echo "stage        result   seconds"
+  echo "stage                    result   seconds"
   printf '%s\n' "${summary[@]}"
   echo "training (median over steps 4..: step time, tokens/s, MFU against the detected GPU's datasheet peak):"
   for m in "$out"/train-*/metrics.jsonl; do
@@ -104,10 +106,13 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
 rows = [r for r in rows if r.get("step", 0) >= 4] or rows
 med = lambda k: statistics.median(r[k] for r in rows if k in r)
-print(f"  {sys.argv[1].split('/')[-2]:12s} {med('step_s') * 1e3:8.1f} ms  {med('tokens_per_s'):10.0f} tokens/s  "
+print(f"  {sys.argv[1].split('/')[-2]:24s} {med('step_s') * 1e3:8.1f} ms  {med('tokens_per_s'):10.0f} tokens/s  "
       f"MFU {100 * med('mfu'):5.1f} %  ({len(rows)} steps)")
 PY
   done
+  # Which path ran the fc GEMMs' GeLU epilogues (cuBLASLt, or the GEMM + kernel fallback where it had no algorithm).
+  grep -h "fc GEMMs with the bias + GeLU epilogue" "$out"/train-*/train.log "$out"/train-*/logs/rank-0.log \
+    2>/dev/null | sed 's/^/  /' || true
   echo "logs: $out"
 } | tee "$out/summary.txt"
 exit $failed
