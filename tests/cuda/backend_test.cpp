@@ -830,14 +830,16 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
 // 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
 // N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16) `keep` holds
 // (L + 1) N F x 2 bytes less again.
-float HostGelu(float v) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+float HostGelu(float v) {  // the reference op (in double)
+  float out = 0;
+  ops::ref::GeluForward(&out, &v, 1);
+  return out;
 }
 float HostGeluGrad(float v) {
-  const float k = 0.7978845608028654f;
-  const float t = std::tanh(k * (v + 0.044715f * v * v * v));
-  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v);
+  float dx = 0;
+  const float one = 1.0f;
+  ops::ref::GeluBackward(&dx, &v, &one, 1);
+  return dx;
 }
 std::vector<float> Widen16(const std::vector<uint16_t>& h) {
   std::vector<float> out(h.size());
