@@ -938,7 +938,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   }
   if (rank0) {
     // Which path ran the GeLU in the GEMMs (gpu_check.sh reads this line).
-    const cuda::EpilogueStats es = cuda::GetEpilogueStats(*compute.backend);
+    const cuda::EpilogueStats es = compute.backend ? cuda::GetEpilogueStats(*compute.backend) : cuda::EpilogueStats{};
     if (es.cublaslt + es.fallback > 0) {
       LogInfo("fc GEMMs with the bias + GeLU epilogue: {} by cuBLASLt, {} by the GEMM + kernel fallback", es.cublaslt,
               es.fallback);
