@@ -1486,7 +1486,8 @@ struct Launch {
 // gradient, weight and input again), with cuBLAS converting the fp32 operands (runtime.bf16_operands: cublas, assuming
 // the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and
 // with issue #16's items done.
-// kBf16Fc: as built with runtime.activations: bf16 and runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt
+// kBf16Fc: as built with runtime.activations: bf16 (at tp 1 the logits in bf16 too, the cross-entropy writing their
+// gradient's rounding over them) and runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt
 // epilogue adds the bias (a bf16 copy cast per call) and applies the GeLU, writing the GeLU input (kept for the
 // backward) and output in bf16; the fc projection's backward GEMM's applies gelu' to its input gradient and writes it
 // in bf16; a BiasGrad over it sums the fc bias gradient. No bias + GeLU kernel.
@@ -1597,9 +1598,14 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   mem("embedding, positions, loss", N * C, N + 2 * std::min(N, V) * C, 1);  // embedding backward
   mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 1);
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 1);
-  linear(C, V, false, false, 1, true, true);  // classifier (input: final LayerNorm; dout: the cross-entropy)
-  // fused cross-entropy over the logits
-  mem("embedding, positions, loss", (1 + fp32_out) * N * V, 4 * N + rounding * N * V, 1);
+  // classifier (input: final LayerNorm; dout: the cross-entropy); with bf16_fc (tp 1) its logits written in bf16
+  linear(C, V, false, false, 1, true, true, bf16_fc ? 2.0 : act);
+  // fused cross-entropy over the logits; with bf16_fc it reads bf16 logits and writes the gradient's rounding over them
+  if (bf16_fc) {
+    mem("embedding, positions, loss", 0, 4 * N + 0.5 * N * V + 0.5 * N * V, 1);
+  } else {
+    mem("embedding, positions, loss", (1 + fp32_out) * N * V, 4 * N + rounding * N * V, 1);
+  }
   return out;
 }
 
@@ -1665,13 +1671,13 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
                : variant == StepVariant::kCastEveryGemm
                    ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
                : variant == StepVariant::kBf16Fc
-                   ? "as built with runtime.activations: bf16 (as above; the fc bias + GeLU in the fc GEMM's cuBLASLt "
-                     "epilogue, writing the GeLU input and output in bf16, and gelu' in the fc projection's backward "
-                     "GEMM's, runtime.gemm_epilogues)"
+                   ? "as built with runtime.activations: bf16 (as above; the logits in bf16; the fc bias + GeLU in the "
+                     "fc GEMM's cuBLASLt epilogue, writing the GeLU input and output in bf16, and gelu' in the fc "
+                     "projection's backward GEMM's, runtime.gemm_epilogues)"
                : variant == StepVariant::kBf16FcKernels
-                   ? "as built with runtime.activations: bf16, runtime.gemm_epilogues: false (the fc GEMM writing "
-                     "its output and the fc projection's backward its input gradient in bf16 for the bias + GeLU "
-                     "kernels)"
+                   ? "as built with runtime.activations: bf16, runtime.gemm_epilogues: false (the logits in bf16; the "
+                     "fc GEMM writing its output and the fc projection's backward its input gradient in bf16 for the "
+                     "bias + GeLU kernels)"
                    : "as built (bf16 weight copies written by the optimizer with its update, each GEMM input and "
                      "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
                      "backward; "

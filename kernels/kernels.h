@@ -106,6 +106,18 @@ cudaError_t CrossEntropyBackward(float* dlogits, const float* logits, const floa
 cudaError_t CrossEntropyFused(float* losses, float* lse, float* logits, const int32_t* targets, const float* dloss,
                               int64_t N, int64_t V, cudaStream_t stream, __nv_bfloat16* d16 = nullptr,
                               bool fp32_dlogits = true);
+// The same three on bf16 logits (runtime.activations: bf16, the classifier GEMM writing them rounded to bf16), widened
+// exactly (the bits of the fp32 launchers on the widened logits where Vv = V), over the first Vv of the V columns
+// (1 <= Vv <= V, else cudaErrorInvalidValue): the others (the vocabulary padding) are out of the softmax and get a
+// zero gradient. The gradient is written in bf16 only (d16; the backward's may be the logits themselves), and the
+// fused launcher writes it over the logits.
+cudaError_t CrossEntropyForward(float* losses, float* lse, const __nv_bfloat16* logits, const int32_t* targets,
+                                int64_t N, int64_t V, int64_t Vv, cudaStream_t stream);
+cudaError_t CrossEntropyBackward(__nv_bfloat16* d16, const __nv_bfloat16* logits, const float* lse,
+                                 const int32_t* targets, const float* dloss, int64_t N, int64_t V, int64_t Vv,
+                                 cudaStream_t stream);
+cudaError_t CrossEntropyFused(float* losses, float* lse, __nv_bfloat16* logits, const int32_t* targets,
+                              const float* dloss, int64_t N, int64_t V, int64_t Vv, cudaStream_t stream);
 
 // ---- Embedding ---- (kernels/embedding.cu)
 

@@ -225,7 +225,11 @@ class CudaBackend final : public ops::Backend {
       }
     }
     if (N == 0 || OC == 0 || IC == 0) return Status::Ok();
-    const void* g = keep_ ? kept.dout : nullptr;  // the output gradient's rounding, made by its producer
+    // The output gradient's rounding, made by its producer: taken with kept operands, and wherever there is no fp32
+    // dout (the bf16 logits' gradient, runtime.activations: bf16, also with `cast`).
+    const void* g = keep_ || !dout ? kept.dout : nullptr;
+    if (!g && !dout) return InvalidArgument("MatmulBackward: no output gradient (dout or its bf16 rounding)");
+    if (dbias && !dout) return InvalidArgument("MatmulBackward: a bias gradient needs the fp32 dout");
     if (!g) {
       MS_ASSIGN_OR_RETURN(g, Bf16(0, dout, N * OC));
     }
@@ -432,6 +436,30 @@ class CudaBackend final : public ops::Backend {
     }
     return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_, d16),
                   "bias + GeLU backward (bf16 input)");
+  }
+  Status CrossEntropyForward16(float* losses, float* lse, const void* logits16, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t Vv) override {
+    if (!bf16_activations()) return ops::Backend::CrossEntropyForward16(losses, lse, logits16, targets, N, V, Vv);
+    return Launch(
+        kernels::CrossEntropyForward(losses, lse, static_cast<const __nv_bfloat16*>(logits16), targets, N, V, Vv, s_),
+        "cross-entropy forward (bf16 logits)");
+  }
+  Status CrossEntropyBackward16(void* dlogits16, const void* logits16, const float* lse, const int32_t* targets,
+                                const float* dloss, int64_t N, int64_t V, int64_t Vv) override {
+    if (!bf16_activations()) {
+      return ops::Backend::CrossEntropyBackward16(dlogits16, logits16, lse, targets, dloss, N, V, Vv);
+    }
+    return Launch(
+        kernels::CrossEntropyBackward(static_cast<__nv_bfloat16*>(dlogits16),
+                                      static_cast<const __nv_bfloat16*>(logits16), lse, targets, dloss, N, V, Vv, s_),
+        "cross-entropy backward (bf16 logits)");
+  }
+  Status CrossEntropyFused16(float* losses, float* lse, void* logits16, const int32_t* targets, const float* dloss,
+                             int64_t N, int64_t V, int64_t Vv) override {
+    if (!bf16_activations()) return ops::Backend::CrossEntropyFused16(losses, lse, logits16, targets, dloss, N, V, Vv);
+    return Launch(
+        kernels::CrossEntropyFused(losses, lse, static_cast<__nv_bfloat16*>(logits16), targets, dloss, N, V, Vv, s_),
+        "cross-entropy fused (bf16 logits)");
   }
   Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) override {
     MS_ASSIGN_OR_RETURN(void* scratch,

@@ -136,6 +136,7 @@ struct Gpt::Acts {
   DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;  // logits: dlogits after the loss
   DeviceArray<float> lnf_16;      // the head GEMM's input, bf16 (lnf then unallocated: RoundedLn)
   DeviceArray<float> dlogits_16;  // dlogits rounded to bf16 by the cross-entropy: then no fp32 dlogits are written
+  DeviceArray<float> logits_16;   // Bf16Logits: the logits in bf16 (no fp32 logits), their gradient written over them
   bool dlogits_ready = false;     // the fused classifier loss wrote dlogits over the logits, for weight dlogits_weight
   float dlogits_weight = 0.0f;
   DeviceArray<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
@@ -516,10 +517,14 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(a.lnf_mean.Allocate(be, R));
     MS_RETURN_IF_ERROR(a.lnf_rstd.Allocate(be, R));
     if (sp) MS_RETURN_IF_ERROR(a.lnf_full.Allocate(be, N * C));
-    MS_RETURN_IF_ERROR(a.logits.Allocate(be, N * Vl_));
+    if (Bf16Logits()) {
+      MS_RETURN_IF_ERROR(AllocateBf16(a.logits_16, be, N * Vl_));
+    } else {
+      MS_RETURN_IF_ERROR(a.logits.Allocate(be, N * Vl_));
+    }
     if (keep_bf16_) {
       MS_RETURN_IF_ERROR(AllocateBf16(a.lnf_16, be, N * C));
-      MS_RETURN_IF_ERROR(AllocateBf16(a.dlogits_16, be, N * Vl_));
+      if (!Bf16Logits()) MS_RETURN_IF_ERROR(AllocateBf16(a.dlogits_16, be, N * Vl_));
     }
     MS_RETURN_IF_ERROR(a.ce_lse.Allocate(be, N));
     MS_RETURN_IF_ERROR(a.losses.Allocate(be, N));
@@ -877,12 +882,26 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   MS_ASSIGN_OR_RETURN(const void* head16,
                       KeptWeight(FindParam(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight")));
   auto logit_rows = [&](int64_t row0, int64_t rows, const float* src) {
-    return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl,
-                              {head16, keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr, ln_rounds});
+    ops::Bf16Copies kc{head16, keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr, ln_rounds};
+    if (Bf16Logits()) {  // the logits in bf16 only; the padding is kept out of the softmax by the cross-entropy
+      kc.out16 = Bf16At(a.logits_16, row0 * Vl);
+      return be_->MatmulForward(nullptr, src, head, nullptr, rows, C, Vl, kc);
+    }
+    return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl, kc);
   };
   MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
   a.dlogits_ready = false;
-  if (!tp && deferred_cap_ > 0 && fused_dloss_ > 0) {
+  const int64_t Vv = std::min<int64_t>(Vl, spec_.vocab);                 // at tp 1: the columns that are not padding
+  if (Bf16Logits() && deferred_cap_ > 0 && fused_dloss_ > 0) {  // as below, the gradient written over the logits
+    MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(fused_dloss_));
+    MS_RETURN_IF_ERROR(be_->CrossEntropyFused16(a.losses.data(), a.ce_lse.data(), Bf16At(a.logits_16, 0),
+                                                a.targets.data(), dl, N, Vl, Vv));
+    a.dlogits_ready = true;
+    a.dlogits_weight = fused_dloss_;
+  } else if (Bf16Logits()) {
+    MS_RETURN_IF_ERROR(be_->CrossEntropyForward16(a.losses.data(), a.ce_lse.data(), Bf16At(a.logits_16, 0),
+                                                  a.targets.data(), N, Vl, Vv));
+  } else if (!tp && deferred_cap_ > 0 && fused_dloss_ > 0) {
     // Training with the backward's loss weight known: the fused classifier loss writes dlogits over the logits
     // in the same pass over each row (with kept bf16 operands only their rounding, which is all the classifier's
     // backward GEMMs read); HeadBackward starts from them.
@@ -973,12 +992,18 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
   float* dln_full = s + 3 * R * C + 2 * N * C;
   // dlogits are written over the logits (the logits are not needed again): no second [N, Vl] buffer. With kept
   // bf16 operands only their rounding (dlogits_16) is written: the GEMMs below read nothing else.
-  float* dlogits = keep_bf16_ ? nullptr : a.logits.data();
+  float* dlogits = keep_bf16_ || Bf16Logits() ? nullptr : a.logits.data();
+  // Bf16Logits: the gradient's rounding is written over the bf16 logits (by the fused loss or here).
+  void* const dlogits16 = Bf16Logits() ? Bf16At(a.logits_16, 0) : keep_bf16_ ? Bf16At(a.dlogits_16, 0) : nullptr;
   if (a.dlogits_ready) {  // the fused classifier loss of the forward already wrote them
     if (std::memcmp(&a.dlogits_weight, &dloss, sizeof dloss) != 0) {
       return Status(Code::kInternal, fmt::format("head backward with loss weight {} after a fused forward for {}",
                                                  dloss, a.dlogits_weight));
     }
+  } else if (Bf16Logits()) {
+    MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(dloss));
+    MS_RETURN_IF_ERROR(be_->CrossEntropyBackward16(dlogits16, dlogits16, a.ce_lse.data(), a.targets.data(), dl, N, Vl,
+                                                   std::min<int64_t>(Vl, spec_.vocab)));
   } else if (!tp) {
     MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(dloss));
     MS_RETURN_IF_ERROR(be_->CrossEntropyBackward(dlogits, a.logits.data(), a.ce_lse.data(), a.targets.data(), dl, N, Vl,
@@ -999,7 +1024,7 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
                                {.w = head16,
                                 .inp = keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr,
                                 .inp_ready = true,
-                                .dout = keep_bf16_ ? Bf16At(a.dlogits_16, row0 * Vl) : nullptr,
+                                .dout = dlogits16 ? static_cast<uint16_t*>(dlogits16) + row0 * Vl : nullptr,
                                 .dinp_overwrite = true});
   };
   MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, tp ? dln_full : dln, dln));

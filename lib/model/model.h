@@ -312,6 +312,9 @@ class Gpt {
   // ShardSpec::bf16_fc: the fc output (y.fch) holds bf16, written by the fc GEMM; in the backward its GeLU's output
   // gradient (dfch_gelu) is bf16 too, written by the fc-proj GEMM (Bf16Copies::dinp16).
   bool Bf16Fc() const { return shard_.bf16_fc; }
+  // runtime.activations: bf16 at tp 1: the classifier writes the logits in bf16 (no fp32 logits; the padding kept out
+  // of the softmax by the cross-entropy, not by a bias) and the cross-entropy writes their gradient over them.
+  bool Bf16Logits() const { return Bf16Fc() && shard_.tp_size == 1; }
   // The fc bias + GeLU run in the fc GEMM's epilogue and their gradient in the fc-proj backward GEMM's (Bf16Copies::
   // gelu16 / dgelu_aux16, ops::Backend::gemm_gelu_epilogue): fch then holds the GeLU input with its bias, and the
   // GeLU output's gradient is never stored.

@@ -303,6 +303,19 @@ Status Backend::BiasGeluBackward16(float*, float*, const void*, const float*, co
   return FailedPrecondition("BiasGeluBackward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
                             name());
 }
+Status Backend::CrossEntropyForward16(float*, float*, const void*, const int32_t*, int64_t, int64_t, int64_t) {
+  return FailedPrecondition("CrossEntropyForward16: the {} backend keeps no bf16 logits (runtime.activations: bf16)",
+                            name());
+}
+Status Backend::CrossEntropyBackward16(void*, const void*, const float*, const int32_t*, const float*, int64_t, int64_t,
+                                       int64_t) {
+  return FailedPrecondition("CrossEntropyBackward16: the {} backend keeps no bf16 logits (runtime.activations: bf16)",
+                            name());
+}
+Status Backend::CrossEntropyFused16(float*, float*, void*, const int32_t*, const float*, int64_t, int64_t, int64_t) {
+  return FailedPrecondition("CrossEntropyFused16: the {} backend keeps no bf16 logits (runtime.activations: bf16)",
+                            name());
+}
 
 std::unique_ptr<Backend> MakeCpuBackend(device::Device* device) {
   return std::make_unique<CpuBackend>(device);

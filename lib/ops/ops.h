@@ -385,6 +385,18 @@ class Backend {
   // (the fc-proj backward's Bf16Copies::dinp16), widened exactly.
   virtual Status BiasGeluBackward16(float* dx, float* dbias, const void* x16, const float* bias, const float* dout,
                                     const void* dout16, int64_t R, int64_t C, void* dx16);
+  // runtime.activations: bf16 at tp 1 — the logits kept in bf16: the classifier's MatmulForward writes them rounded to
+  // bf16 (Bf16Copies::out16, no mask bias) and these read them (logits16, N x V bf16, widened exactly) over their first
+  // Vv columns (1 <= Vv <= V; the others, the vocabulary padding, are out of the softmax and get a zero gradient),
+  // writing only the gradient's rounding: CrossEntropyFused16 over the logits, CrossEntropyBackward16 into dlogits16
+  // (which may be logits16 itself). The results of the fp32 calls on the widened logits where Vv = V. Only where
+  // bf16_activations(), else refused.
+  virtual Status CrossEntropyForward16(float* losses, float* lse, const void* logits16, const int32_t* targets,
+                                       int64_t N, int64_t V, int64_t Vv);
+  virtual Status CrossEntropyBackward16(void* dlogits16, const void* logits16, const float* lse, const int32_t* targets,
+                                        const float* dloss, int64_t N, int64_t V, int64_t Vv);
+  virtual Status CrossEntropyFused16(float* losses, float* lse, void* logits16, const int32_t* targets,
+                                     const float* dloss, int64_t N, int64_t V, int64_t Vv);
   // db (C) += column sums of dy (R, C), rows in order.
   virtual Status BiasGrad(float* db, const float* dy, int64_t R, int64_t C) = 0;
   // x (R, C) += wpe[((row0 + r) % T)] for each row r: learned positions.

@@ -528,6 +528,10 @@ TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
     kb.dinp_overwrite = true;
     kb.dinp16 = x;
     CHECK(be->MatmulBackward(nullptr, x, nullptr, x, x, x, 2, 2, 2, kb).code() == Code::kFailedPrecondition);
+    const int32_t* t = reinterpret_cast<const int32_t*>(x);
+    CHECK(be->CrossEntropyForward16(x, x, x, t, 2, 2, 2).code() == Code::kFailedPrecondition);
+    CHECK(be->CrossEntropyBackward16(x, x, x, t, x, 2, 2, 2).code() == Code::kFailedPrecondition);
+    CHECK(be->CrossEntropyFused16(x, x, x, t, x, 2, 2, 2).code() == Code::kFailedPrecondition);
   }
   // The model refuses the switch where the backend cannot take it.
   const config::ModelSpec m = SpecOf(1, 16, 1, 64, 32, 8);
@@ -1015,10 +1019,11 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   CHECK(keep - (cast - cast_ws) <= bf16_in - fp32_out + slack);
   CHECK(4 * 3 * N * C > slack);  // the check above sees any one fp32 buffer come back (the smallest: dqkv, 3 N C)
   // runtime.activations: bf16 holds each layer's fc output in 2 bytes per element instead of 4, and the backward's
-  // scratch for the GeLU output's gradient likewise.
+  // scratch for the GeLU output's gradient likewise; and (tp 1) the logits in bf16 alone, their gradient written
+  // over them: 2 bytes per logit instead of 4 + 2.
   const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
   CAPTURE(keep_bf16_fc);
-  CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2) <= slack);
+  CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2 - N * V * 4) <= slack);
   // With the GeLU in the GEMMs' epilogues the GeLU output's gradient has no scratch at all; the backend holds
   // cuBLASLt's workspace instead.
   const int64_t keep_epilogues = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true, /*epilogues=*/true);

@@ -174,7 +174,8 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
      ["runtime.bf16_operands=cast"], check=same_bits)
 # runtime.activations: bf16 (the fc GEMM writes its output in bf16, which the bias + GeLU reads forward and
 # backward; the fc projection's backward writes the GeLU output's gradient in bf16, which the bias + GeLU backward
-# reads): within the bf16 tolerance of the CPU backend's fp32 losses, and `keep` = `cast` bit for bit with it.
+# reads; at tp 1 the logits are bf16): within the bf16 tolerance of the CPU backend's fp32 losses, and `keep` =
+# `cast` bit for bit with it.
 # With `keep` the fc bias + GeLU run in the fc GEMM's cuBLASLt epilogue (GELU_AUX_BIAS) and their gradient in the
 # fc projection's backward GEMM's (DGELU; runtime.gemm_epilogues, on by default): within the same tolerance. Where
 # cuBLASLt has no algorithm (here: 4C = 180 columns, an aux leading dimension that is not a multiple of 8) the
@@ -182,6 +183,10 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
 EPI = "fc GEMMs with the bias + GeLU epilogue: "
 case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
      ["runtime.activations=bf16"], EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback")
+# ... and at tp 1 the logits in bf16 too (the classifier GEMM writes them rounded, the cross-entropy reads them and
+# writes their gradient over them), with a padded vocabulary kept out of the softmax by the cross-entropy itself.
+case("bf16-111-bf16-logits-padded-vocab", "", ["train.precision=bf16", "model.vocab=300", "model.vocab_pad_to=128"],
+     5e-3, ["runtime.activations=bf16"])
 case("bf16-111-gemm-epilogue-fallback", "", ["train.precision=bf16", "model.heads=3", "model.hidden=45"], 5e-3,
      ["runtime.activations=bf16"], EPI + "0 by cuBLASLt, 32 by the GEMM + kernel fallback")
 case("bf16-111-bf16-activations-keep-is-cast", "parallel: {micro_batches: 2}",

@@ -417,6 +417,70 @@ TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (
   ExpectNoPoisonedReads();
 }
 
+// bf16 logits (runtime.activations: bf16) over the first Vv of V columns: the bits of the fp32 kernels on the logits
+// widened, with the padding columns (from Vv on) at -inf — out of the max and the sum (exp gives exactly 0, and
+// adding 0 changes no partial sum), gradient 0 — for the losses, lse and the gradient's rounding; the fused kernel
+// writes that rounding over the logits, the backward may too. Vv outside [1, V]: refused.
+TEST_CASE("kernels: cross-entropy on bf16 logits with padding columns = the fp32 kernels on the widened logits") {
+  struct Shape {
+    int64_t N, V, Vv;
+  };
+  for (Shape s : {Shape{4, 1000, 1000}, Shape{3, 384, 300}, Shape{2, 1, 1}, Shape{5, 513, 257}}) {
+    CAPTURE(s.N);
+    CAPTURE(s.V);
+    CAPTURE(s.Vv);
+    const auto raw = Random(s.N * s.V, 22, -4.0f, 4.0f);
+    std::vector<__nv_bfloat16> l16(raw.size());
+    std::vector<float> wide(raw.size());
+    for (size_t i = 0; i < raw.size(); ++i) {
+      l16[i] = __float2bfloat16_rn(raw[i]);
+      wide[i] = static_cast<int64_t>(i) % s.V < s.Vv ? __bfloat162float(l16[i]) : -INFINITY;
+    }
+    std::vector<int32_t> targets(s.N);
+    for (int64_t i = 0; i < s.N; ++i) targets[i] = static_cast<int32_t>((i * 7919) % s.Vv);
+    if (s.N > 1) targets[1] = -1;  // ignored
+    const auto dloss = Random(s.N, 23, 0.1f, 1.0f);
+    Dev<float> d_wide(wide), d_dloss(dloss), want_losses(s.N), want_lse(s.N);
+    Dev<int32_t> d_targets(targets);
+    Dev<__nv_bfloat16> want16(s.N * s.V);
+    REQUIRE(CrossEntropyForward(want_losses.get(), want_lse.get(), d_wide.get(), d_targets.get(), s.N, s.V, nullptr) ==
+            cudaSuccess);
+    REQUIRE(CrossEntropyBackward(nullptr, d_wide.get(), want_lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                                 nullptr, want16.get()) == cudaSuccess);
+    const auto w16 = want16.Get();
+    auto same16 = [&](Dev<__nv_bfloat16>& got, const char* what) {
+      INFO(what);
+      const auto g = got.Get();
+      CHECK(std::memcmp(g.data(), w16.data(), sizeof(__nv_bfloat16) * w16.size()) == 0);
+    };
+    Dev<__nv_bfloat16> d_l16(l16), inout(l16), sep(s.N * s.V);
+    Dev<float> losses(s.N), lse(s.N), losses2(s.N), lse2(s.N);
+    REQUIRE(CrossEntropyForward(losses.get(), lse.get(), d_l16.get(), d_targets.get(), s.N, s.V, s.Vv, nullptr) ==
+            cudaSuccess);
+    CHECK(losses.Get() == want_losses.Get());
+    CHECK(lse.Get() == want_lse.Get());
+    REQUIRE(CrossEntropyBackward(sep.get(), d_l16.get(), lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V, s.Vv,
+                                 nullptr) == cudaSuccess);
+    same16(sep, "backward, separate output");
+    Dev<__nv_bfloat16> inplace(l16);
+    REQUIRE(CrossEntropyBackward(inplace.get(), inplace.get(), lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                                 s.Vv, nullptr) == cudaSuccess);
+    same16(inplace, "backward, over the logits");
+    REQUIRE(CrossEntropyFused(losses2.get(), lse2.get(), inout.get(), d_targets.get(), d_dloss.get(), s.N, s.V, s.Vv,
+                              nullptr) == cudaSuccess);
+    CHECK(losses2.Get() == want_losses.Get());
+    CHECK(lse2.Get() == want_lse.Get());
+    same16(inout, "fused, over the logits");
+    for (int64_t bad : {int64_t{0}, s.V + 1}) {
+      CHECK(CrossEntropyForward(losses.get(), lse.get(), d_l16.get(), d_targets.get(), s.N, s.V, bad, nullptr) ==
+            cudaErrorInvalidValue);
+      CHECK(CrossEntropyFused(losses.get(), lse.get(), inout.get(), d_targets.get(), d_dloss.get(), s.N, s.V, bad,
+                              nullptr) == cudaErrorInvalidValue);
+    }
+  }
+  ExpectNoPoisonedReads();
+}
+
 TEST_CASE("kernels: embedding forward matches exactly; backward is bit-identical to the reference") {
   enum class Ids { kRandom, kAllEqual, kAllNegative, kDistinct };
   struct Shape {
