@@ -526,6 +526,26 @@ void SanityCrossEntropy(Sanity& s) {
                                                   d_dloss.get(), N, V, s.stream()));
   s.Close("CrossEntropyFused losses", d_losses2.Download(), losses, 1e-5, 1e-5);
   s.Close("CrossEntropyFused dlogits (over the logits)", d_inout.Download(), dlogits, 1e-5, 1e-6);
+  // On bf16 logits over the first V0 columns: the bits of the fp32 kernel on the widened logits with the rest at -inf
+  // (losses, and the gradient's rounding, written over the logits).
+  {
+    const std::vector<bf16> l16 = ToBf16(logits);
+    std::vector<float> wide(logits.size());
+    std::vector<int32_t> t16(targets);
+    for (auto& t : t16) t = t >= V0 ? static_cast<int32_t>(t % V0) : t;
+    for (size_t i = 0; i < wide.size(); ++i) {
+      wide[i] = static_cast<int64_t>(i) % V < V0 ? __bfloat162float(l16[i]) : -INFINITY;
+    }
+    DevBuf<bf16> d_l16(l16, "logits16"), want16(N * V, "dlogits16 (fp32 kernel)");
+    DevBuf<float> d_wide(wide, "widened logits"), l3(N, "losses"), z3(N, "lse"), l4(N, "losses"), z4(N, "lse");
+    DevBuf<int32_t> d_t16(t16, "targets");
+    s.Run("CrossEntropyFused (fp32, widened)", k::CrossEntropyFused(l3.get(), z3.get(), d_wide.get(), d_t16.get(),
+                                                                    d_dloss.get(), N, V, s.stream(), want16.get()));
+    s.Run("CrossEntropyFused (bf16 logits)",
+          k::CrossEntropyFused(l4.get(), z4.get(), d_l16.get(), d_t16.get(), d_dloss.get(), N, V, V0, s.stream()));
+    s.Exact("CrossEntropyFused bf16 logits: losses (= fp32 on the widened logits)", l4.Download(), l3.Download());
+    s.Exact("CrossEntropyFused bf16 logits: dlogits16 over the logits", d_l16.Download(), want16.Download());
+  }
 
   // Vocab-parallel pieces, tensor parallelism 2 simulated: the cross-rank reductions are done on the host.
   const int64_t vstart[2] = {0, V0}, vlen[2] = {V0, V - V0};
@@ -1241,6 +1261,14 @@ void BenchCrossEntropy(Bench& b, const Shape& s) {
   b.Run("CrossEntropyFused", shape, F * (2 * N * V + 4 * N), 0, [&] {
     return k::CrossEntropyFused(losses.get(), lse.get(), dlogits.get(), targets.get(), dloss.get(), N, V, b.stream());
   });
+  // On bf16 logits (runtime.activations: bf16, tp 1), the gradient's rounding written over them: 2 bytes read and 2
+  // written per logit. Repeated launches run on the gradients of the first, as fast.
+  DevBuf<bf16> logits16(N * V, "logits16");
+  Fill(logits16, 33);
+  b.Run("CrossEntropyFused", shape + " bf16 logits, dlogits16 over them", 4.0 * N * V + F * 4 * N, 0, [&] {
+    return k::CrossEntropyFused(losses.get(), lse.get(), logits16.get(), targets.get(), dloss.get(), N, V, V,
+                                b.stream());
+  });
   // This rank's shard (vstart 0): the first N * (V / tp) floats of the logits buffer as an (N, V / tp) matrix.
   const int64_t Vl = V / s.tp;
   const std::string vshape = fmt::format("N={} V/tp={} (tp={})", N, Vl, s.tp);
@@ -1320,6 +1348,12 @@ void BenchElementwise(Bench& b, const Shape& s) {
     const std::string shape = fmt::format("n={} (N x 4C)", m);
     b.Run("CastFloatToBf16", shape, 6.0 * m, 0, [&] { return k::CastFloatToBf16(h.get(), x.get(), m, b.stream()); });
     b.Run("CastBf16ToFloat", shape, 6.0 * m, 0, [&] { return k::CastBf16ToFloat(back.get(), h.get(), m, b.stream()); });
+    // The fc bias gradient over the fc gradient in bf16, as the model runs it after the cuBLASLt DGELU epilogue.
+    const int64_t bg_n = k::BiasGradScratchFloats(N, 4 * C);
+    DevBuf<float> db(4 * C, "db"), bg_scratch(static_cast<size_t>(std::max<int64_t>(bg_n, 1)), "bias-grad scratch");
+    Fill(h, 57);
+    b.Run("BiasGrad", fmt::format("R={} C={} bf16 dy (fc)", N, 4 * C), 2.0 * m + F * (2 * 4 * C + 2 * bg_n), 0,
+          [&] { return k::BiasGrad(db.get(), bg_scratch.get(), h.get(), N, 4 * C, b.stream()); });
   }
 }
 

@@ -986,13 +986,14 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
     inputs.push_back(static_cast<int32_t>((i * 7) % m.vocab));
     targets.push_back(static_cast<int32_t>((i * 5 + 1) % m.vocab));
   }
-  auto held = [&](Bf16Operands operands, int64_t* params, bool bf16_fc = false, bool epilogues = false) {
+  auto held = [&](Bf16Operands operands, int64_t* params, bool bf16_fc = false, bool epilogues = false,
+                  const config::ModelSpec* spec = nullptr) {
     Pair p(/*bf16=*/true, operands);
     const size_t before = p.gpu_dev->bytes_in_use();
     model::ShardSpec shard;
     shard.bf16_fc = bf16_fc;
     shard.gemm_epilogues = epilogues;
-    auto g = model::Gpt::Create(m, shard, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
+    auto g = model::Gpt::Create(spec ? *spec : m, shard, B, 11, p.gpu_dev.get(), {}, p.gpu.get());
     REQUIRE_MESSAGE(g.ok(), g.status().ToString());
     REQUIRE((*g)->Forward(inputs.data(), targets.data()).ok());
     REQUIRE((*g)->Backward(0.1f).ok());
@@ -1024,6 +1025,14 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
   CAPTURE(keep_bf16_fc);
   CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2 - N * V * 4) <= slack);
+  // The logits' share seen on its own: a vocabulary large enough that 4 bytes per logit exceed the slack.
+  config::ModelSpec big_vocab = m;
+  big_vocab.vocab = 1000;
+  const int64_t V2 = big_vocab.padded_vocab();
+  REQUIRE(N * V2 * 4 > 4 * slack);
+  const int64_t fp32_logits = held(Bf16Operands::kKeep, &params, false, false, &big_vocab);
+  const int64_t bf16_logits = held(Bf16Operands::kKeep, &params, true, false, &big_vocab);
+  CHECK(std::llabs(fp32_logits - bf16_logits - (L + 1) * N * F * 2 - N * V2 * 4) <= slack);
   // With the GeLU in the GEMMs' epilogues the GeLU output's gradient has no scratch at all; the backend holds
   // cuBLASLt's workspace instead.
   const int64_t keep_epilogues = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true, /*epilogues=*/true);
