@@ -93,6 +93,25 @@ bool Find(std::map<const void*, T>& m, const void* key, T* out) {
   return true;
 }
 
+// A new object of the opaque type Obj (allocated only to give it a unique address), registered with its record.
+template <class Obj, class Rec>
+Obj* Register(std::map<const void*, Rec>& m, const Rec& rec) {
+  auto* obj = new Obj{};
+  std::lock_guard<std::mutex> lock(Live().mu);
+  m[obj] = rec;
+  return obj;
+}
+// Unregisters and frees an object Register made; false for one it did not (or a null one).
+template <class Obj, class Rec>
+bool Unregister(std::map<const void*, Rec>& m, Obj* obj) {
+  {
+    std::lock_guard<std::mutex> lock(Live().mu);
+    if (!obj || m.erase(obj) != 1) return false;
+  }
+  delete obj;
+  return true;
+}
+
 cublasStatus_t Fail(cublasStatus_t status, const std::string& message) {
   internal::ReportError(message);
   return status;
@@ -200,20 +219,13 @@ using namespace ms::sim::cublaslt;  // NOLINT(google-build-using-namespace): thi
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
   if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
   // Any unique address serves: the handle is never dereferenced.
-  auto* h = reinterpret_cast<cublasLtHandle_t>(new char);
-  std::lock_guard<std::mutex> lock(Live().mu);
-  Live().handles[h] = true;
-  *handle = h;
+  *handle = reinterpret_cast<cublasLtHandle_t>(Register<char>(Live().handles, true));
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
-  {
-    std::lock_guard<std::mutex> lock(Live().mu);
-    if (!handle || Live().handles.erase(handle) != 1) return CUBLAS_STATUS_NOT_INITIALIZED;
-  }
-  delete reinterpret_cast<char*>(handle);
-  return CUBLAS_STATUS_SUCCESS;
+  return Unregister(Live().handles, reinterpret_cast<char*>(handle)) ? CUBLAS_STATUS_SUCCESS
+                                                                     : CUBLAS_STATUS_NOT_INITIALIZED;
 }
 
 const char* cublasLtGetStatusName(cublasStatus_t status) {
@@ -225,23 +237,15 @@ const char* cublasLtGetStatusString(cublasStatus_t status) {
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
   if (!desc) return CUBLAS_STATUS_INVALID_VALUE;
-  auto* d = new cublasLtMatmulDescOpaque_t{};
   Desc rec;
   rec.compute = compute;
   rec.scale = scale;
-  std::lock_guard<std::mutex> lock(Live().mu);
-  Live().descs[d] = rec;
-  *desc = d;
+  *desc = Register<cublasLtMatmulDescOpaque_t>(Live().descs, rec);
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
-  {
-    std::lock_guard<std::mutex> lock(Live().mu);
-    if (!desc || Live().descs.erase(desc) != 1) return CUBLAS_STATUS_INVALID_VALUE;
-  }
-  delete desc;
-  return CUBLAS_STATUS_SUCCESS;
+  return Unregister(Live().descs, desc) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
@@ -287,38 +291,23 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
                                           uint64_t cols, int64_t ld) {
   if (!layout || rows > (1ull << 62) || cols > (1ull << 62)) return CUBLAS_STATUS_INVALID_VALUE;
-  auto* l = new cublasLtMatrixLayoutOpaque_t{};
-  std::lock_guard<std::mutex> lock(Live().mu);
-  Live().layouts[l] = Layout{type, static_cast<int64_t>(rows), static_cast<int64_t>(cols), ld};
-  *layout = l;
+  *layout = Register<cublasLtMatrixLayoutOpaque_t>(
+      Live().layouts, Layout{type, static_cast<int64_t>(rows), static_cast<int64_t>(cols), ld});
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
-  {
-    std::lock_guard<std::mutex> lock(Live().mu);
-    if (!layout || Live().layouts.erase(layout) != 1) return CUBLAS_STATUS_INVALID_VALUE;
-  }
-  delete layout;
-  return CUBLAS_STATUS_SUCCESS;
+  return Unregister(Live().layouts, layout) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
   if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
-  auto* p = new cublasLtMatmulPreferenceOpaque_t{};
-  std::lock_guard<std::mutex> lock(Live().mu);
-  Live().prefs[p] = Pref{};
-  *pref = p;
+  *pref = Register<cublasLtMatmulPreferenceOpaque_t>(Live().prefs, Pref{});
   return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
-  {
-    std::lock_guard<std::mutex> lock(Live().mu);
-    if (!pref || Live().prefs.erase(pref) != 1) return CUBLAS_STATUS_INVALID_VALUE;
-  }
-  delete pref;
-  return CUBLAS_STATUS_SUCCESS;
+  return Unregister(Live().prefs, pref) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
