@@ -494,6 +494,34 @@ void SanityAttention(Sanity& s) {
           k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
                                    T, H, D, window, s.stream(), d_dqkv16.get(), nullptr, d_dbias.get()));
     s.Close("AttentionBackwardBf16 qkv bias gradient", d_dbias.Download(), dbias, 1e-4, 1e-4);
+    // qkv read in bf16 (runtime.activations: bf16), with the qkv bias: the bits of the fp32-qkv kernels on the
+    // widened qkv (the tiles hold the same bf16 values either way).
+    std::vector<bf16> q16(n_qkv);
+    std::vector<float> wide(n_qkv);
+    for (int64_t i = 0; i < n_qkv; ++i) {
+      q16[i] = __float2bfloat16(qkv[i]);
+      wide[i] = __bfloat162float(q16[i]);
+    }
+    DevBuf<bf16> d_q16(q16, "qkv16"), d_g16(n_qkv, "dqkv16 (bf16 qkv)");
+    DevBuf<float> d_wide(wide, "widened qkv"), d_bias(Random(cols, 103), "qkv bias"), d_out2(n_out, "out"),
+        d_lse2(n_lse, "lse"), d_db1(std::vector<float>(cols, 0.0f), "qkv bias gradient"),
+        d_db2(std::vector<float>(cols, 0.0f), "qkv bias gradient (bf16 qkv)");
+    s.Run("AttentionForwardBf16 (widened qkv + bias)",
+          k::AttentionForwardBf16(d_out.get(), d_lse.get(), d_wide.get(), B, T, H, D, window, s.stream(), nullptr,
+                                  d_bias.get()));
+    s.Run("AttentionForwardBf16 (bf16 qkv + bias)",
+          k::AttentionForwardBf16(d_out2.get(), d_lse2.get(), d_q16.get(), B, T, H, D, window, s.stream(), nullptr,
+                                  d_bias.get()));
+    s.Exact("AttentionForwardBf16 bf16 qkv: out (= on the widened qkv)", d_out2.Download(), d_out.Download());
+    s.Exact("AttentionForwardBf16 bf16 qkv: lse (= on the widened qkv)", d_lse2.Download(), d_lse.Download());
+    s.Run("AttentionBackwardBf16 (widened qkv + bias)",
+          k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout.get(), d_wide.get(), d_out.get(), d_lse.get(), B,
+                                   T, H, D, window, s.stream(), d_dqkv16.get(), d_bias.get(), d_db1.get()));
+    s.Run("AttentionBackwardBf16 (bf16 qkv + bias)",
+          k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout.get(), d_q16.get(), d_out.get(), d_lse.get(), B,
+                                   T, H, D, window, s.stream(), d_g16.get(), d_bias.get(), d_db2.get()));
+    s.Exact("AttentionBackwardBf16 bf16 qkv: dqkv16 (= on the widened qkv)", d_g16.Download(), d_dqkv16.Download());
+    s.Exact("AttentionBackwardBf16 bf16 qkv: qkv bias gradient", d_db2.Download(), d_db1.Download());
   }
 }
 
@@ -1036,7 +1064,7 @@ class Bench {
   }
   void Emit(Row r) {
     if (g_dry) {
-      fmt::print("{:<28} {:<44} {:>10.2f} {:>10.3f} {:>8} {:>6} {:>9.4f}\n", r.kernel, r.shape, r.bytes / 1e6,
+      fmt::print("{:<28} {:<56} {:>10.2f} {:>10.3f} {:>8} {:>6} {:>9.4f}\n", r.kernel, r.shape, r.bytes / 1e6,
                  r.flops / 1e9, UnitName(r.unit),
                  r.unit != Unit::kMemory &&
                          r.flops / (r.roof_ms * 1e-3) > 0.999 * (r.unit == Unit::kTensorBf16 ? roof_.bf16 : roof_.fp32)
@@ -1053,7 +1081,7 @@ class Bench {
       ref = fmt::format("{:.2f}", r.ref_tflops());
       ratio = fmt::format("{:.1f}%", 100.0 * r.tflops() / r.ref_tflops());
     }
-    fmt::print("{:<28} {:<44} {:>9.4f} {:>9.4f} {:>8.1f} {:>6.1f}% {:>8} {:>8} {:>9} {:>9.4f} {:>6.1f}%\n", r.kernel,
+    fmt::print("{:<28} {:<56} {:>9.4f} {:>9.4f} {:>8.1f} {:>6.1f}% {:>8} {:>8} {:>9} {:>9.4f} {:>6.1f}%\n", r.kernel,
                r.shape, r.t.median_ms, r.t.min_ms, r.gbps(), 100.0 * r.gbps() * 1e9 / peak_bw_, flops, ref, ratio,
                r.roof_ms, 100.0 * r.roof_ms / r.t.median_ms);
     std::fflush(stdout);
@@ -1187,8 +1215,11 @@ void BenchAttention(Bench& b, const Shape& s) {
   const int64_t bias_n = k::AttentionBiasGradScratchFloats(B, T, H, D);
   DevBuf<float> keep_scratch(static_cast<size_t>(scratch_n + bias_n), "attention scratch (qkv bias gradient)"),
       dbias(3 * H * D, "qkv bias gradient");
-  DevBuf<bf16> dqkv16(n_qkv, "dqkv16");
+  DevBuf<bf16> dqkv16(n_qkv, "dqkv16"), qkv16(n_qkv, "qkv16");
+  DevBuf<float> qkv_bias(3 * H * D, "qkv bias");
   Fill(qkv, 24, -2.0f, 2.0f);
+  Fill(qkv16, 26);
+  Fill(qkv_bias, 27);
   Fill(dout, 25);
   std::vector<int64_t> windows = {0};
   if (s.window > 0) windows.push_back(s.window);
@@ -1239,6 +1270,25 @@ void BenchAttention(Bench& b, const Shape& s) {
     tk.ref_flops = ref_flops;
     tk.ref_what = f.ref_what;
     b.Emit(tk);
+    // runtime.activations: bf16: qkv read in bf16 (the qkv GEMM's output), the qkv bias added at load.
+    const double q16_fwd_bytes = 2.0 * n_qkv + F * (n_out + n_lse),
+                 q16_bwd_bytes = keep_bytes - F * n_qkv + 2.0 * n_qkv;
+    Row qf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias", q16_fwd_bytes, fwd_flops, [&] {
+      return k::AttentionForwardBf16(out.get(), lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), nullptr,
+                                     qkv_bias.get());
+    });
+    qf.ref = ref;
+    qf.ref_flops = ref_flops;
+    qf.ref_what = f.ref_what;
+    b.Emit(qf);
+    Row qb = b.Measure("AttentionBackwardBf16", shape + " bf16 qkv, dqkv16+dbias", q16_bwd_bytes, bwd_flops, [&] {
+      return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout.get(), qkv16.get(), out.get(), lse.get(), B, T,
+                                      H, D, window, b.stream(), dqkv16.get(), qkv_bias.get(), dbias.get());
+    });
+    qb.ref = ref;
+    qb.ref_flops = ref_flops;
+    qb.ref_what = f.ref_what;
+    b.Emit(qb);
   }
 }
 
@@ -1521,7 +1571,8 @@ struct Launch {
 // the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and
 // with issue #16's items done.
 // kBf16Fc: as built with runtime.activations: bf16 (at tp 1 the logits in bf16 too, the cross-entropy writing their
-// gradient's rounding over them) and runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt
+// gradient's rounding over them; with the tensor-core attention qkv in bf16, written by its GEMM, read by the
+// attention forward and backward) and runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt
 // epilogue adds the bias (a bf16 copy cast per call) and applies the GeLU, writing the GeLU input (kept for the
 // backward) and output in bf16; the fc projection's backward GEMM's applies gelu' to its input gradient and writes it
 // in bf16; a BiasGrad over it sums the fc bias gradient. No bias + GeLU kernel.
@@ -1581,6 +1632,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const Unit attn_unit = tc_attention ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
   const char* attn = tc_attention ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
   const double attn_bwd = after16 ? 2.5 : 3.5;  // backward products / forward products
+  // With bf16_fc and the tensor-core attention the qkv GEMM writes qkv in bf16 and the attention reads it (2 bytes).
+  const double qkv_bytes = bf16_fc && tc_attention ? 2.0 : act;
   // keep: the LayerNorms, bias + GeLU (forward and backward) and the cross-entropy write bf16 (2 bytes); where
   // nothing but a GEMM reads the output (the LayerNorm and bias + GeLU forwards, the bias + GeLU backward, dlogits)
   // only the rounding, not the fp32 value (`fp32_out`: 0 with keep, 1 else).
@@ -1593,7 +1646,7 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
   // q, k, v, and its bias gradient summed by it as it stores dqkv
-  linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true);
+  linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true, qkv_bytes);
   linear(C, C, false, false, L, true, true);  // attention projection (input: attention; dout: ln2 backward)
   // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16; with the epilogue also
   // the GeLU output (2 + 2 bytes per element)
@@ -1602,13 +1655,14 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // epilogue it also reads the GeLU input (2 + 2 bytes per element)
   linear(F4, C, false, false, L, true, true, 0, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
-  out.push_back({attn, act * (n_qkv + N * C) + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
+  out.push_back({attn, qkv_bytes * n_qkv + act * N * C + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
   // With tensor cores the attention backward also sums the qkv bias gradient as it stores dqkv (16-row chunk sums
   // written and read once; no pass over dqkv); with keep it then writes only dqkv's rounding, not its fp32 value.
   const double dqkv_fp32 = keep && tc_attention ? 0.0 : 1.0, bias_parts = tc_attention ? 2.0 * n_qkv / 16 : 0.0;
-  out.push_back(
-      {attn, act * (2 * N * C + n_qkv + dqkv_fp32 * n_qkv) + F * (n_lse + 2 * scratch + rounding * n_qkv + bias_parts),
-       attn_bwd * attn_fwd, attn_unit, L});
+  out.push_back({attn,
+                 act * (2 * N * C + dqkv_fp32 * n_qkv) + qkv_bytes * n_qkv +
+                     F * (n_lse + 2 * scratch + rounding * n_qkv + bias_parts),
+                 attn_bwd * attn_fwd, attn_unit, L});
   // The fc output the bias + GeLU reads: an activation (act bytes), or with bf16_fc 2 bytes (half an fp32 element).
   const double fch_act = bf16_fc ? 0.0 : 1.0, fch_fp32 = bf16_fc ? 0.5 : 0.0;
   if (epilogues) {
@@ -1696,27 +1750,29 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
     add(OptimizerLaunches(s, after16 || variant == StepVariant::kAsBuilt || variant == StepVariant::kBf16Fc ||
                                  variant == StepVariant::kBf16FcKernels),
         1.0);
-    fmt::print("  {}:\n",
-               after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, 5-product "
-                         "attention backward)"
-               : variant == StepVariant::kCublasOperands
-                   ? "as built with runtime.bf16_operands: cublas (no cast kernels; GEMMs read fp32 operands, "
-                     "assuming cuBLAS converts them as it loads them)"
-               : variant == StepVariant::kCastEveryGemm
-                   ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
-               : variant == StepVariant::kBf16Fc
-                   ? "as built with runtime.activations: bf16 (as above; the logits in bf16; the fc bias + GeLU in the "
-                     "fc GEMM's cuBLASLt epilogue, writing the GeLU input and output in bf16, and gelu' in the fc "
-                     "projection's backward GEMM's, runtime.gemm_epilogues)"
-               : variant == StepVariant::kBf16FcKernels
-                   ? "as built with runtime.activations: bf16, runtime.gemm_epilogues: false (the logits in bf16; the "
-                     "fc GEMM writing its output and the fc projection's backward its input gradient in bf16 for the "
-                     "bias + GeLU kernels)"
-                   : "as built (bf16 weight copies written by the optimizer with its update, each GEMM input and "
-                     "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
-                     "backward; "
-                     "activations fp32 except those only GEMMs read, kept as bf16 alone; tensor-core attention with "
-                     "fp32 I/O and a 7-product backward)");
+    fmt::print(
+        "  {}:\n",
+        after16 ? "with issue #16's items done (bf16 activations and GEMM outputs, no casts, 5-product "
+                  "attention backward)"
+        : variant == StepVariant::kCublasOperands
+            ? "as built with runtime.bf16_operands: cublas (no cast kernels; GEMMs read fp32 operands, "
+              "assuming cuBLAS converts them as it loads them)"
+        : variant == StepVariant::kCastEveryGemm
+            ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
+        : variant == StepVariant::kBf16Fc
+            ? "as built with runtime.activations: bf16 (as above; the logits and qkv in bf16; the fc bias + GeLU in "
+              "the "
+              "fc GEMM's cuBLASLt epilogue, writing the GeLU input and output in bf16, and gelu' in the fc "
+              "projection's backward GEMM's, runtime.gemm_epilogues)"
+        : variant == StepVariant::kBf16FcKernels
+            ? "as built with runtime.activations: bf16, runtime.gemm_epilogues: false (the logits and qkv in bf16; the "
+              "fc GEMM writing its output and the fc projection's backward its input gradient in bf16 for the "
+              "bias + GeLU kernels)"
+            : "as built (bf16 weight copies written by the optimizer with its update, each GEMM input and "
+              "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
+              "backward; "
+              "activations fp32 except those only GEMMs read, kept as bf16 alone; tensor-core attention with "
+              "fp32 I/O and a 7-product backward)");
     for (const auto& [group, sec] : groups) {
       fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
     }
@@ -1867,10 +1923,10 @@ void BenchShape(Bench& bench, const Shape& s, const Roofline& roof, int micro_ba
              s.name, s.tokens, s.tokens / s.seq, s.seq, s.hidden, s.heads, s.hidden / s.heads, s.vocab, s.window,
              s.layers, s.tp);
   if (g_dry) {
-    fmt::print("{:<28} {:<44} {:>10} {:>10} {:>8} {:>6} {:>9}\n", "kernel", "shape", "MB", "GFLOP", "unit", "bound",
+    fmt::print("{:<28} {:<56} {:>10} {:>10} {:>8} {:>6} {:>9}\n", "kernel", "shape", "MB", "GFLOP", "unit", "bound",
                "roof ms");
   } else {
-    fmt::print("{:<28} {:<44} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}\n", "kernel", "shape", "median ms",
+    fmt::print("{:<28} {:<56} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7}\n", "kernel", "shape", "median ms",
                "min ms", "GB/s", "%peak", "TFLOP/s", "cuBLAS", "vs cuBLAS", "roof ms", "%roof");
   }
   BenchLayerNormGelu(bench, s);

@@ -24,14 +24,19 @@ __device__ __forceinline__ bool Meets(int ra, int rb, int ka, int kb, int window
   return ka <= rb && (window == 0 || kb > ra - window);
 }
 
-// Where the rows of one (b, h) start: q, k, v of token 0 in qkv (B, T, 3, H, D), each `row` floats apart, and
-// dout (B, T, H, D), `orow` floats apart (g is null when dout is).
-struct HeadRows {
-  const float *q, *k, *v, *g;
+// Where the rows of one (b, h) start: q, k, v of token 0 in qkv (B, T, 3, H, D) of element type S (float, or bf16
+// for the tensor-core kernels), each `row` elements apart, and dout (B, T, H, D), `orow` floats apart (g is null when
+// dout is).
+template <typename S>
+struct HeadRowsT {
+  const S *q, *k, *v;
+  const float* g;
   long row, orow;
 };
-__device__ __forceinline__ HeadRows HeadRowsOf(const float* qkv, const float* dout, int b, int h, int T, int H, int D) {
-  HeadRows r;
+using HeadRows = HeadRowsT<float>;
+template <typename S>
+__device__ __forceinline__ HeadRowsT<S> HeadRowsOf(const S* qkv, const float* dout, int b, int h, int T, int H, int D) {
+  HeadRowsT<S> r;
   r.row = 3L * H * D;
   r.orow = static_cast<long>(H) * D;
   r.q = qkv + static_cast<long>(b) * T * r.row + static_cast<long>(h) * D;

@@ -7,7 +7,8 @@
 // Tiles: a block has 4 warps and owns 64 query rows (forward, dQ) or 64 keys (dK/dV) of one (b, h); each
 // warp owns 16 of them, and the block loops over 64-wide tiles of the other side, visiting only those that
 // meet the band t - window < s <= t of some row of its tile. q, k, v and dout are rounded to bf16 as they
-// are copied into shared memory (rows past T are zero); the warp's own 16 x D operand rows stay in wmma
+// are copied into shared memory (rows past T are zero; q, k, v may also be read in bf16, widened exactly: the
+// qkv GEMM's output kept in bf16, then only the bias add rounds); the warp's own 16 x D operand rows stay in wmma
 // fragments for the whole loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync into a
 // per-warp fp32 area, then two lanes per row apply the mask and the softmax terms in fp32 (scale, max, exp,
 // sums), round the probabilities (or dS) to bf16 into a per-warp area, and mma_sync them against the V, dout,
@@ -35,8 +36,8 @@ namespace ms::kernels {
 
 namespace wmma = nvcuda::wmma;
 using attention_detail::AllowSharedBytes;
-using attention_detail::HeadRows;
 using attention_detail::HeadRowsOf;
+using attention_detail::HeadRowsT;
 using attention_detail::Meets;
 using attention_detail::Sees;
 
@@ -76,21 +77,42 @@ __device__ __forceinline__ HeadBias HeadBiasOf(const float* qkv_bias, int h, int
   return {q, q + static_cast<long>(H) * D, q + 2L * H * D};
 }
 
+// Four consecutive elements of a q, k, v or dout row, widened to fp32 (exactly: a bf16's bits are the high half of
+// its fp32 value), from a 16-byte (fp32) or 8-byte (bf16) aligned address.
+__device__ __forceinline__ float4 LoadQuad(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 LoadQuad(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);  // little-endian: element 0 in the low half of u.x
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ float Widen(float v) {
+  return v;
+}
+__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
 // dst[r][d] = bf16(src[(t0 + r) * stride + d] + bias[d]) for r < 64, d < D (bias null: + 0 left out); rows
-// t0 + r >= T are zero. The bias add is the fp32 add the separate bias kernel (AddRowBias) would have made, so the
-// tile holds the same bits. All threads of the block take part; the caller synchronizes. D is a multiple of 16 and
-// stride of 4 (floats), so when src (and bias) are 16-byte aligned every row is: then each thread loads 4 floats at
-// once (one 16-byte load), else one at a time.
-__device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const float* src, const float* bias,
-                                             long stride, int t0, int T, int D) {
-  if ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(bias)) % 16 == 0) {  // uniform across the block
+// t0 + r >= T are zero. src holds fp32, or bf16 (S = __nv_bfloat16: the qkv GEMM's output kept in bf16, widened
+// exactly: without a bias the tile holds its bits). The bias add is the fp32 add the separate bias kernel
+// (AddRowBias) would have made, so the tile holds the same bits as over src + bias. All threads of the block take
+// part; the caller synchronizes. D is a multiple of 16 and stride of 4 (elements), so when src is aligned to 4
+// elements (and bias to 16 bytes) every row is: then each thread loads 4 elements at once (one 16- or 8-byte
+// load), else one at a time.
+template <typename S>
+__device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S* src, const float* bias, long stride,
+                                             int t0, int T, int D) {
+  if (reinterpret_cast<uintptr_t>(src) % (4 * sizeof(S)) == 0 &&
+      reinterpret_cast<uintptr_t>(bias) % 16 == 0) {  // uniform across the block
     const int quads = D / 4;
     for (int i = threadIdx.x; i < kRows * quads; i += kThreads) {
       const int r = i / quads, d = 4 * (i - r * quads);
       const int t = t0 + r;
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (t < T) {
-        v = *reinterpret_cast<const float4*>(src + static_cast<long>(t) * stride + d);
+        v = LoadQuad(src + static_cast<long>(t) * stride + d);
         if (bias) {
           const float4 b = *reinterpret_cast<const float4*>(bias + d);
           v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
@@ -108,7 +130,10 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const f
     const int r = i / D, d = i - r * D;
     const int t = t0 + r;
     float v = 0.0f;
-    if (t < T) v = bias ? src[static_cast<long>(t) * stride + d] + bias[d] : src[static_cast<long>(t) * stride + d];
+    if (t < T) {
+      v = Widen(src[static_cast<long>(t) * stride + d]);
+      if (bias) v += bias[d];
+    }
     dst[r * ld + d] = __float2bfloat16(v);
   }
 }
@@ -245,9 +270,9 @@ size_t DkDvTcSharedBytes(int D) {
 // (kThreads, 2): with (kThreads) alone ptxas gave the D <= 128 instance 168 registers on sm_80 and spilled
 // (scripts/check_ptxas.py); 2 blocks per SM allow up to 255. (kThreads, 3) for D <= 64: with the qkv bias loads
 // ptxas chose 174 registers on sm_90 (2 blocks per SM); held to 168 it keeps 3 blocks without spilling.
-template <int kMaxD>
+template <int kMaxD, typename S>
 __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
-    attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, const float* qkv_bias,
+    attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                                 int T, int H, int D, int window, int ntiles, float scale) {
   constexpr int kLdF = LdForward(kMaxD);
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
@@ -259,9 +284,9 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
-  const HeadRows hr = HeadRowsOf(qkv, nullptr, b, h, T, H, D);
+  const HeadRowsT<S> hr = HeadRowsOf(qkv, nullptr, b, h, T, H, D);
   const long row = hr.row;
-  const float *q = hr.q, *k = hr.k, *v = hr.v;
+  const S *q = hr.q, *k = hr.k, *v = hr.v;
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int q0 = qt * kRows, q1 = min(q0 + kRows, T);
@@ -360,9 +385,9 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile). Loops over the key
 // tiles the query tile sees. dS = P (dP - drow) scale with P = exp(scale q.k - lse), dP = dout.v;
 // dQ_t = sum_s dS_ts k_s.
-template <int kMaxD>
+template <int kMaxD, typename S>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const float* qkv,
+    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const S* qkv,
                            const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D, int window,
                            int ntiles, float scale) {
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
@@ -374,9 +399,10 @@ __global__ void __launch_bounds__(kThreads)
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
-  const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
+  const HeadRowsT<S> hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
   const long row = hr.row, orow = hr.orow;
-  const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
+  const S *q = hr.q, *k = hr.k, *v = hr.v;
+  const float* g = hr.g;
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int q0 = qt * kRows, q1 = min(q0 + kRows, T);
@@ -436,9 +462,9 @@ __global__ void __launch_bounds__(kThreads)
 // One block per (b, h, key tile of 64); blockIdx.x = bh * ntiles + tile. Loops over the query tiles that can
 // see the key tile; a warp owns 16 keys and forms the transposed scores S^T = K_w Q^T and dP^T = V_w dout^T.
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
-template <int kMaxD>
+template <int kMaxD, typename S>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const float* qkv,
+    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
                              int window, int ntiles, float scale) {
   constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
@@ -456,9 +482,10 @@ __global__ void __launch_bounds__(kThreads)
 
   const int bh = blockIdx.x / ntiles, kt = blockIdx.x % ntiles;
   const int b = bh / H, h = bh % H;
-  const HeadRows hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
+  const HeadRowsT<S> hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
   const long row = hr.row, orow = hr.orow;
-  const float *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
+  const S *q = hr.q, *k = hr.k, *v = hr.v;
+  const float* g = hr.g;
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const float* lse_bh = lse + static_cast<long>(bh) * T;
   const float* drow_bh = drow + static_cast<long>(bh) * T;
@@ -544,42 +571,55 @@ cudaError_t CheckShapeTc(int64_t B, int64_t T, int64_t H, int64_t D, int64_t win
   return attention_detail::CheckAttentionShape(B, T, H, D, window, kRows, empty, s);
 }
 
-template <int kMaxD>
-cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const float* qkv, const float* qkv_bias,
+template <int kMaxD, typename S>
+cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t smem = ForwardTcSharedBytes<kMaxD>(s.D);
-  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD>, smem);
+  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S>, smem);
   if (err != cudaSuccess) return err;
-  MS_LAUNCH((attention_forward_tc_kernel<kMaxD>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv, qkv_bias, s.T,
-            s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv, qkv_bias,
+            s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 
-template <int kMaxD>
+template <int kMaxD, typename S>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const float* dout,
-                           const float* qkv, const float* qkv_bias, const float* lse,
+                           const S* qkv, const float* qkv_bias, const float* lse,
                            const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
-  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD>, dkdv_smem);
+  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S>, dkdv_smem);
   if (err != cudaSuccess) return err;
-  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD>, dq_smem)) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dbias_part, dout,
+  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S>, dq_smem)) != cudaSuccess) return err;
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dbias_part, dout,
             qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dq_tc_kernel<kMaxD>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dbias_part, dout, qkv,
-            qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dq_tc_kernel<kMaxD, S>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dbias_part, dout,
+            qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 }  // namespace
 
-cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
-                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16, const float* qkv_bias) {
+namespace {
+template <typename S>
+cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                      cudaStream_t stream, __nv_bfloat16* out16, const float* qkv_bias) {
   bool empty = false;
   attention_detail::AttentionShape s{};
   const cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
   return s.D <= 64 ? LaunchForward<64>(out, out16, lse, qkv, qkv_bias, s, stream)
                    : LaunchForward<128>(out, out16, lse, qkv, qkv_bias, s, stream);
+}
+}  // namespace
+
+cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 int64_t window, cudaStream_t stream, __nv_bfloat16* out16, const float* qkv_bias) {
+  return ForwardTc(out, lse, qkv, B, T, H, D, window, stream, out16, qkv_bias);
+}
+cudaError_t AttentionForwardBf16(float* out, float* lse, const __nv_bfloat16* qkv, int64_t B, int64_t T, int64_t H,
+                                 int64_t D, int64_t window, cudaStream_t stream, __nv_bfloat16* out16,
+                                 const float* qkv_bias) {
+  return ForwardTc(out, lse, qkv, B, T, H, D, window, stream, out16, qkv_bias);
 }
 
 namespace {
@@ -594,9 +634,11 @@ int64_t AttentionBiasGradScratchFloats(int64_t B, int64_t T, int64_t H, int64_t 
   return chunks * cols + BiasGradScratchFloats(chunks, cols);
 }
 
-cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                                  const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias) {
+namespace {
+template <typename S>
+cudaError_t BackwardTc(float* dqkv, float* scratch, const float* dout, const S* qkv, const float* out, const float* lse,
+                       int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, cudaStream_t stream,
+                       __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias) {
   if (dqkv == nullptr && dqkv16 == nullptr && dqkv_bias == nullptr) return cudaErrorInvalidValue;  // nothing to write
   bool empty = false;
   attention_detail::AttentionShape s{};
@@ -611,6 +653,19 @@ cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout
   // Stage 2: the chunks' column sums added up in BiasGrad's fixed tree (its scratch follows the partial sums).
   const int64_t chunks = BiasChunks(B, T), cols = 3 * H * D;
   return BiasGrad(dqkv_bias, part + chunks * cols, part, chunks, cols, stream);
+}
+}  // namespace
+
+cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                                  const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias) {
+  return BackwardTc(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, window, stream, dqkv16, qkv_bias, dqkv_bias);
+}
+cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const __nv_bfloat16* qkv,
+                                  const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  int64_t window, cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias,
+                                  float* dqkv_bias) {
+  return BackwardTc(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, window, stream, dqkv16, qkv_bias, dqkv_bias);
 }
 
 }  // namespace ms::kernels

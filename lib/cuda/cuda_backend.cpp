@@ -318,10 +318,7 @@ class CudaBackend final : public ops::Backend {
     if (!dqkv && !TensorCoreAttention(D)) {  // (KeptOutput refused it unless dqkv16 is asked for)
       return InvalidArgument("AttentionBackward: the fp32 kernels (D = {}) write dqkv; it cannot be null", D);
     }
-    const int64_t scratch_floats = kernels::AttentionBackwardScratchFloats(B, T, H, D) +
-                                   (dqkv_bias ? kernels::AttentionBiasGradScratchFloats(B, T, H, D) : 0);
-    MS_ASSIGN_OR_RETURN(void* scratch, ws_[kScratch].Get(device_, s_, sizeof(float) * scratch_floats));
-    float* const drow = static_cast<float*>(scratch);
+    MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
     if (TensorCoreAttention(D)) {
       return Launch(kernels::AttentionBackwardBf16(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_, d16,
                                                    qkv_bias, dqkv_bias),
@@ -330,6 +327,36 @@ class CudaBackend final : public ops::Backend {
     MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_),
                               "attention backward"));
     return d16 ? CastToBf16(d16, dqkv, B * T * 3 * H * D) : Status::Ok();
+  }
+  // The attention backward's scratch: the row terms, then (with the qkv bias gradient) its 16-row chunk sums.
+  Result<float*> AttentionScratch(int64_t B, int64_t T, int64_t H, int64_t D, bool bias_grad) {
+    const int64_t floats = kernels::AttentionBackwardScratchFloats(B, T, H, D) +
+                           (bias_grad ? kernels::AttentionBiasGradScratchFloats(B, T, H, D) : 0);
+    MS_ASSIGN_OR_RETURN(void* scratch, ws_[kScratch].Get(device_, s_, sizeof(float) * floats));
+    return static_cast<float*>(scratch);
+  }
+  // qkv read in bf16 (runtime.activations: bf16): the tensor-core kernels' bf16-qkv instantiations.
+  bool Bf16Qkv(int64_t D) const { return bf16_activations() && TensorCoreAttention(D); }
+  Status AttentionForward16(float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B, int64_t T,
+                            int64_t H, int64_t D, int64_t window, void* out16) override {
+    if (!Bf16Qkv(D)) return ops::Backend::AttentionForward16(out, lse, qkv16, qkv_bias, B, T, H, D, window, out16);
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "AttentionForward16", out));
+    return Launch(kernels::AttentionForwardBf16(out, lse, static_cast<const __nv_bfloat16*>(qkv16), B, T, H, D, window,
+                                                s_, o16, qkv_bias),
+                  "attention forward (bf16 qkv, tensor cores)");
+  }
+  Status AttentionBackward16(float* dqkv, const float* dout, const void* qkv16, const float* qkv_bias, const float* out,
+                             const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16,
+                             float* dqkv_bias) override {
+    if (!Bf16Qkv(D)) {
+      return ops::Backend::AttentionBackward16(dqkv, dout, qkv16, qkv_bias, out, lse, B, T, H, D, window, dqkv16,
+                                               dqkv_bias);
+    }
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dqkv16, "AttentionBackward16", dqkv));
+    MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
+    return Launch(kernels::AttentionBackwardBf16(dqkv, drow, dout, static_cast<const __nv_bfloat16*>(qkv16), out, lse,
+                                                 B, T, H, D, window, s_, d16, qkv_bias, dqkv_bias),
+                  "attention backward (bf16 qkv, tensor cores)");
   }
   Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                              int64_t V) override {

@@ -123,7 +123,8 @@ struct Gpt::Acts {
   DeviceArray<int32_t> inputs, targets;            // [N]; inputs as local vocab ids under tp (-1: another rank's row)
   DeviceArray<float> res;                          // (layers+1) x [R, C]
   struct Layer {
-    DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;  // fch: bf16 with Bf16Fc
+    // fch: bf16 with Bf16Fc; qkv: bf16 with Bf16Qkv
+    DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
     // bf16 roundings of the GEMM inputs (all N rows), made in the forward (by the LayerNorms, the bias + GeLU or
     // the GEMMs) and read again by the weight gradients' (backends that keep bf16 operands; else unallocated): ln1
@@ -173,6 +174,14 @@ struct Gpt::LayerBf16 {
 };
 
 Gpt::~Gpt() = default;
+
+std::string Gpt::bf16_activations() const {
+  if (!Bf16Fc()) return "";
+  std::string s = "fc output, GeLU output gradient";
+  if (Bf16Logits()) s += ", logits";
+  if (Bf16Qkv(spec_.hidden / spec_.heads)) s += ", qkv";
+  return s;
+}
 
 void Gpt::AddParam(const std::string& name, std::vector<int64_t> shape, ShardKind kind, bool decay, int layer,
                    int chunk) {
@@ -489,7 +498,11 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(y.ln1_mean.Allocate(be, R));
     MS_RETURN_IF_ERROR(y.ln1_rstd.Allocate(be, R));
     if (sp) MS_RETURN_IF_ERROR(y.ln1_full.Allocate(be, N * C));
-    MS_RETURN_IF_ERROR(y.qkv.Allocate(be, N * 3 * HlD));
+    if (Bf16Qkv(spec_.hidden / spec_.heads)) {  // written by the qkv GEMM in bf16, read by the attention
+      MS_RETURN_IF_ERROR(AllocateBf16(y.qkv, be, N * 3 * HlD));
+    } else {
+      MS_RETURN_IF_ERROR(y.qkv.Allocate(be, N * 3 * HlD));
+    }
     MS_RETURN_IF_ERROR(y.atty.Allocate(be, N * HlD));
     MS_RETURN_IF_ERROR(y.lse.Allocate(be, B_ * Hl_ * spec_.seq_len));
     if (Bf16Fc()) {  // written by the fc GEMM in bf16, read by the bias + GeLU forward and backward
@@ -779,9 +792,20 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     // Where the attention adds the qkv bias as it loads q, k, v (the tensor-core kernels; a fused epilogue, so not
     // in the unfused ablation), qkv holds the GEMM's output alone: no bias pass over it.
     const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;
+    const bool qkv16 = Bf16Qkv(D);  // the GEMM writes qkv in bf16, the attention reads it
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
-      return be_->MatmulForward(y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw), attn_bias ? nullptr : P(w.qkvb), rows, C,
-                                3 * HlD, k16.Qkv(row0, ln_rounds));
+      ops::Bf16Copies kc = k16.Qkv(row0, ln_rounds);
+      if (qkv16) kc.out16 = Bf16At(y.qkv, row0 * 3 * HlD);
+      return be_->MatmulForward(qkv16 ? nullptr : y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw),
+                                attn_bias ? nullptr : P(w.qkvb), rows, C, 3 * HlD, kc);
+    };
+    auto attention = [&]() {
+      if (qkv16) {
+        return be_->AttentionForward16(y.atty.data(), y.lse.data(), Bf16At(y.qkv, 0), attn_bias, B, T, Hl_, D,
+                                       spec_.window, k16.AttyOut());
+      }
+      return be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D, spec_.window,
+                                   k16.AttyOut());
     };
     auto fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {
       // fch holds the GEMM output without its bias: the bias is fused into the GeLU (and its gradient into the
@@ -833,8 +857,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     };
     if (seq) {
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D,
-                                               spec_.window, k16.AttyOut()));
+      MS_RETURN_IF_ERROR(attention());
       MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, part, partR));
       MS_RETURN_IF_ERROR(ResidualLayerNorm(y.mid.data(), x, attn_out, P(w.projb), nullptr, y.ln2.data(),
                                            y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
@@ -850,8 +873,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         return fc_rows(row0, rows, src);
       };
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv+fc", y.ln1.data(), y.ln1_full.data(), true, qkv_fc_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionForward(y.atty.data(), y.lse.data(), y.qkv.data(), attn_bias, B, T, Hl_, D,
-                                               spec_.window, k16.AttyOut()));
+      MS_RETURN_IF_ERROR(attention());
       // Attention + MLP partial sums: ONE reduction; the MLP's GEMM adds its product to the attention's.
       auto both_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(proj_rows(row0, rows, dst));
@@ -891,7 +913,7 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   };
   MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
   a.dlogits_ready = false;
-  const int64_t Vv = std::min<int64_t>(Vl, spec_.vocab);                 // at tp 1: the columns that are not padding
+  const int64_t Vv = std::min<int64_t>(Vl, spec_.vocab);        // at tp 1: the columns that are not padding
   if (Bf16Logits() && deferred_cap_ > 0 && fused_dloss_ > 0) {  // as below, the gradient written over the logits
     MS_ASSIGN_OR_RETURN(const float* dl, LossWeights(fused_dloss_));
     MS_RETURN_IF_ERROR(be_->CrossEntropyFused16(a.losses.data(), a.ce_lse.data(), Bf16At(a.logits_16, 0),
@@ -1127,6 +1149,14 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
     const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;  // as in the forward
     float* const attn_dbias = attn_bias ? G(w.qkvb) : nullptr;  // summed by the attention as it stores dqkv
+    auto attention = [&]() {                                    // qkv in bf16 with Bf16Qkv, as in the forward
+      if (Bf16Qkv(D)) {
+        return be_->AttentionBackward16(dqkv, datty, Bf16At(y.qkv, 0), attn_bias, y.atty.data(), y.lse.data(), B, T,
+                                        Hl_, D, spec_.window, dqkv16, attn_dbias);
+      }
+      return be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T, Hl_, D,
+                                    spec_.window, dqkv16, attn_dbias);
+    };
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       // With Bf16Fc the GEMM writes the GeLU output's gradient rounded to bf16 (dg16, in dfch_gelu's scratch), which
       // the bias + GeLU backward reads; else in fp32.
@@ -1187,8 +1217,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       dres_rounded = dres16 != nullptr;
       if (!BiasGradsInLn()) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
-                                                Hl_, D, spec_.window, dqkv16, attn_dbias));
+      MS_RETURN_IF_ERROR(attention());
       MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_only, dln_full, dln));
     } else {
       if (!dres_summed) {
@@ -1201,8 +1230,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
         return proj_rows(row0, rows, dy);
       };
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj+attn.proj", dres, dy_full_buf, false, both_dy_rows));
-      MS_RETURN_IF_ERROR(be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T,
-                                                Hl_, D, spec_.window, dqkv16, attn_dbias));
+      MS_RETURN_IF_ERROR(attention());
       // Both branches' LayerNorm-input gradients add up per row: ONE reduction.
       auto both_dln_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
         MS_RETURN_IF_ERROR(fc_rows(row0, rows, dst, true));

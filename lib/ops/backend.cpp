@@ -303,6 +303,19 @@ Status Backend::BiasGeluBackward16(float*, float*, const void*, const float*, co
   return FailedPrecondition("BiasGeluBackward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
                             name());
 }
+Status Backend::AttentionForward16(float*, float*, const void*, const float*, int64_t, int64_t, int64_t, int64_t,
+                                   int64_t, void*) {
+  return FailedPrecondition(
+      "AttentionForward16: the {} backend reads no bf16 qkv (runtime.activations: bf16 with the tensor-core attention)",
+      name());
+}
+Status Backend::AttentionBackward16(float*, const float*, const void*, const float*, const float*, const float*,
+                                    int64_t, int64_t, int64_t, int64_t, int64_t, void*, float*) {
+  return FailedPrecondition(
+      "AttentionBackward16: the {} backend reads no bf16 qkv (runtime.activations: bf16 with the tensor-core "
+      "attention)",
+      name());
+}
 Status Backend::CrossEntropyForward16(float*, float*, const void*, const int32_t*, int64_t, int64_t, int64_t) {
   return FailedPrecondition("CrossEntropyForward16: the {} backend keeps no bf16 logits (runtime.activations: bf16)",
                             name());

@@ -292,6 +292,15 @@ class Backend {
   virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* qkv_bias,
                                    const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
                                    int64_t window, void* dqkv16, float* dqkv_bias) = 0;
+  // runtime.activations: bf16 with the tensor-core attention — qkv kept in bf16: the qkv GEMM writes it rounded to
+  // bf16 (Bf16Copies::out16, no bias: the attention adds it) and these read it (qkv16, B x T x 3 x H x D bf16) in place
+  // of the fp32 qkv, with the other arguments as above: the results of those calls on qkv16 widened to fp32, bit for
+  // bit. Only where bf16_activations() and attention_adds_qkv_bias(D), else refused.
+  virtual Status AttentionForward16(float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B,
+                                    int64_t T, int64_t H, int64_t D, int64_t window, void* out16);
+  virtual Status AttentionBackward16(float* dqkv, const float* dout, const void* qkv16, const float* qkv_bias,
+                                     const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                     int64_t window, void* dqkv16, float* dqkv_bias);
   Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                           int64_t window) {
     return AttentionForward(out, lse, qkv, nullptr, B, T, H, D, window, nullptr);

@@ -394,11 +394,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   shard.fused_kernels = spec.runtime.fused_kernels;
   shard.bf16_fc = spec.runtime.activations == "bf16";
   shard.gemm_epilogues = spec.runtime.gemm_epilogues;
-  if (shard.bf16_fc) LogInfo("runtime.activations: bf16 (the fc GEMM writes its output in bf16 for the bias + GeLU)");
   model::ModelComms mcomms;
   if (par.tp > 1) mcomms.tp = &tp_timed;
   MS_ASSIGN_OR_RETURN(auto gpt,
                       model::Gpt::Create(m, shard, micro, spec.train.seed, device, mcomms, compute.backend.get()));
+  if (shard.bf16_fc) LogInfo("runtime.activations: bf16 — kept in bf16: {}", gpt->bf16_activations());
   if (spec.log.trace && par.tp > 1) {  // TP collectives and the GEMM chunks they overlap with
     gpt->set_span_hook([&trace](std::string_view what, std::string_view lane, double t0, double t1) {
       trace.Span(what, lane, t0, t1);

@@ -617,6 +617,69 @@ TEST_CASE("cuda backend: the qkv bias added by the attention gives the bits of t
   ExpectClose(got[0][3], got[1][3], 1e-5f, 1e-6f, "qkv bias gradient");
 }
 
+// runtime.activations: bf16 — the qkv GEMM writes qkv in bf16 (Bf16Copies::out16) and the attention reads it
+// (AttentionForward16 / AttentionBackward16, the qkv bias added at load, its gradient summed as dqkv is stored):
+// out, lse, dqkv16 and the bias gradient are the bits of the fp32-qkv calls on the GEMM's bf16 output widened to
+// fp32. Refused on the CPU backend, with fp32 GEMMs, and off the tensor-core path (D = 24).
+TEST_CASE("cuda backend: attention reading the qkv GEMM's bf16 output gives the bits of the fp32-qkv calls") {
+  Pair p(/*bf16=*/true, Bf16Operands::kKeep);
+  REQUIRE(p.gpu->bf16_activations());
+  const int64_t B = 2, T = 37, H = 2, D = 16, window = 5, N = B * T, IC = 20, OC = 3 * H * D;
+  float* inp = p.On(*p.gpu, Random(N * IC, 51));
+  float* w = p.On(*p.gpu, Random(OC * IC, 52));
+  float* bias = p.On(*p.gpu, Random(OC, 53, -1.0f, 1.0f));
+  float* dout = p.On(*p.gpu, Random(N * H * D, 54));
+  uint16_t* qkv16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC));
+  ops::Bf16Copies kc;
+  kc.out16 = qkv16;
+  REQUIRE(p.gpu->MatmulForward(nullptr, inp, w, nullptr, N, IC, OC, kc).ok());
+  std::vector<float> wide(N * OC);
+  const std::vector<uint16_t> bits = p.Get(*p.gpu, qkv16, N * OC);
+  for (int64_t i = 0; i < N * OC; ++i) {
+    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(&wide[i], &u, sizeof u);
+  }
+  float* widened = p.On(*p.gpu, wide);
+  std::vector<std::vector<float>> got[2];
+  std::vector<uint16_t> got16[2];
+  for (int k = 0; k < 2; ++k) {
+    float* out = p.On(*p.gpu, std::vector<float>(N * H * D));
+    float* lse = p.On(*p.gpu, std::vector<float>(B * H * T));
+    uint16_t* dqkv16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
+    float* dbias = p.On(*p.gpu, std::vector<float>(OC));
+    if (k == 0) {
+      REQUIRE(p.gpu->AttentionForward(out, lse, widened, bias, B, T, H, D, window, nullptr).ok());
+      REQUIRE(p.gpu->AttentionBackward(nullptr, dout, widened, bias, out, lse, B, T, H, D, window, dqkv16, dbias).ok());
+    } else {
+      REQUIRE(p.gpu->AttentionForward16(out, lse, qkv16, bias, B, T, H, D, window, nullptr).ok());
+      REQUIRE(p.gpu->AttentionBackward16(nullptr, dout, qkv16, bias, out, lse, B, T, H, D, window, dqkv16, dbias).ok());
+    }
+    got[k] = {p.Get(*p.gpu, out, N * H * D), p.Get(*p.gpu, lse, B * H * T), p.Get(*p.gpu, dbias, OC)};
+    got16[k] = p.Get(*p.gpu, dqkv16, N * OC);
+  }
+  CHECK(got[0][0] == got[1][0]);
+  CHECK(got[0][1] == got[1][1]);
+  CHECK(got[0][2] == got[1][2]);
+  CHECK(got16[0] == got16[1]);
+  CHECK(got[1][2] != std::vector<float>(OC));
+
+  Pair fp32(/*bf16=*/false);
+  struct Refused {
+    Pair* pair;
+    ops::Backend* be;
+    int64_t D;
+  };
+  for (const Refused r :
+       {Refused{&p, p.cpu.get(), 16}, Refused{&fp32, fp32.gpu.get(), 16}, Refused{&p, p.gpu.get(), 24}}) {
+    CAPTURE(r.be->name());
+    CAPTURE(r.D);
+    float* o = r.pair->On(*r.be, std::vector<float>(3 * 24));
+    CHECK(r.be->AttentionForward16(o, o, o, nullptr, 1, 1, 1, r.D, 0, nullptr).code() == Code::kFailedPrecondition);
+    CHECK(r.be->AttentionBackward16(o, o, o, nullptr, o, o, 1, 1, 1, r.D, 0, nullptr, nullptr).code() ==
+          Code::kFailedPrecondition);
+  }
+}
+
 // Refused: kept roundings of out / dqkv where nothing is kept (bf16_operands: cast, the CPU backend), the qkv bias
 // and its gradient off the tensor-core path (D = 24) and on the CPU, and a null dqkv on the fp32 path (which writes
 // it) even with its rounding asked for.
@@ -832,8 +895,8 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
 // buffers account for, within the allocator's rounding (512 B per block under 1 MiB) and the cast backend's bf16
 // workspaces (counted). With the fp32 activations still allocated, `keep` would hold
 // 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
-// N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16) `keep` holds
-// (L + 1) N F x 2 bytes less again.
+// N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16; qkv too, the
+// attention running on tensor cores here: D = 16) `keep` holds (L + 1) N F x 2 + L 3 N C x 2 bytes less again.
 float HostGelu(float v) {  // the reference op (in double)
   float out = 0;
   ops::ref::GeluForward(&out, &v, 1);
@@ -1019,12 +1082,14 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   CAPTURE(cast_ws);
   CHECK(keep - (cast - cast_ws) <= bf16_in - fp32_out + slack);
   CHECK(4 * 3 * N * C > slack);  // the check above sees any one fp32 buffer come back (the smallest: dqkv, 3 N C)
-  // runtime.activations: bf16 holds each layer's fc output in 2 bytes per element instead of 4, and the backward's
-  // scratch for the GeLU output's gradient likewise; and (tp 1) the logits in bf16 alone, their gradient written
-  // over them: 2 bytes per logit instead of 4 + 2.
+  // runtime.activations: bf16 holds each layer's fc output and qkv in 2 bytes per element instead of 4, and the
+  // backward's scratch for the GeLU output's gradient likewise; and (tp 1) the logits in bf16 alone, their gradient
+  // written over them: 2 bytes per logit instead of 4 + 2.
   const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
   CAPTURE(keep_bf16_fc);
-  CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2 - N * V * 4) <= slack);
+  const int64_t qkv16 = L * 3 * N * C * 2;
+  REQUIRE(qkv16 > slack);  // (qkv's share is seen)
+  CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2 - qkv16 - N * V * 4) <= slack);
   // The logits' share seen on its own: a vocabulary large enough that 4 bytes per logit exceed the slack.
   config::ModelSpec big_vocab = m;
   big_vocab.vocab = 1000;
@@ -1032,7 +1097,7 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   REQUIRE(N * V2 * 4 > 4 * slack);
   const int64_t fp32_logits = held(Bf16Operands::kKeep, &params, false, false, &big_vocab);
   const int64_t bf16_logits = held(Bf16Operands::kKeep, &params, true, false, &big_vocab);
-  CHECK(std::llabs(fp32_logits - bf16_logits - (L + 1) * N * F * 2 - N * V2 * 4) <= slack);
+  CHECK(std::llabs(fp32_logits - bf16_logits - (L + 1) * N * F * 2 - qkv16 - N * V2 * 4) <= slack);
   // With the GeLU in the GEMMs' epilogues the GeLU output's gradient has no scratch at all; the backend holds
   // cuBLASLt's workspace instead.
   const int64_t keep_epilogues = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true, /*epilogues=*/true);

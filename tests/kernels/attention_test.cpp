@@ -340,6 +340,59 @@ TEST_CASE("attention bf16 (tensor cores): dqkv_bias sums the stored dqkv rows (B
   ExpectNoPoisonedReads();
 }
 
+// qkv in bf16 (the qkv GEMM's output kept in bf16): the bits of the fp32-qkv kernels on qkv widened to fp32 —
+// out, lse, dqkv and its rounding, and the qkv bias gradient — with and without the qkv bias, with qkv 8-byte
+// aligned (4-element loads) and, with the bias, one element past it (scalar loads). Both instantiations (D <= 64,
+// D <= 128).
+TEST_CASE("attention bf16 (tensor cores): qkv read in bf16 gives the bits of the fp32 kernels on the widened qkv") {
+  for (Case c : {Case{2, 37, 2, 32, 5}, Case{1, 70, 1, 80, 0}}) {
+    CAPTURE(c.D);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
+    const auto qkv = Random(n_qkv, 351, -2.0f, 2.0f), dout = Random(n_out, 352), bias = Random(hd3, 353);
+    std::vector<__nv_bfloat16> qkv16(n_qkv);
+    std::vector<float> widened(n_qkv);
+    for (int64_t i = 0; i < n_qkv; ++i) {
+      qkv16[i] = __float2bfloat16(qkv[i]);
+      widened[i] = __bfloat162float(qkv16[i]);
+    }
+    Dev<float> d_bias(bias);
+    for (bool with_bias : {false, true}) {
+      CAPTURE(with_bias);
+      const float* const b = with_bias ? d_bias.get() : nullptr;
+      const Outputs want = RunKernels(c, widened, dout, /*bf16=*/true, /*rounded=*/false, b);
+      Dev<float> d_dout(dout), want_dbias(hd3);
+      REQUIRE(cudaMemset(want_dbias.get(), 0, hd3 * sizeof(float)) == cudaSuccess);
+      Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
+                         AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
+      {  // the fp32 kernels' bias gradient on the widened qkv
+        Dev<float> d_w(widened), d_out(want.out), d_lse(want.lse);
+        REQUIRE(AttentionBackwardBf16(nullptr, scratch.get(), d_dout.get(), d_w.get(), d_out.get(), d_lse.get(), c.B,
+                                      c.T, c.H, c.D, c.window, nullptr, nullptr, b, want_dbias.get()) == cudaSuccess);
+      }
+      for (int64_t shift : {0, 1}) {
+        if (shift == 1 && !with_bias) continue;  // (the scalar loads once per shape: the TSan run's time)
+        CAPTURE(shift);
+        std::vector<__nv_bfloat16> q1(shift, __float2bfloat16(0.0f));
+        q1.insert(q1.end(), qkv16.begin(), qkv16.end());
+        Dev<__nv_bfloat16> d_qkv(q1), dqkv16(n_qkv);
+        Dev<float> d_out(n_out), d_lse(c.B * c.H * c.T), d_dqkv(n_qkv), dbias(hd3);
+        REQUIRE(cudaMemset(dbias.get(), 0, hd3 * sizeof(float)) == cudaSuccess);
+        const __nv_bfloat16* const q = d_qkv.get() + shift;
+        REQUIRE(AttentionForwardBf16(d_out.get(), d_lse.get(), q, c.B, c.T, c.H, c.D, c.window, nullptr, nullptr, b) ==
+                cudaSuccess);
+        REQUIRE(AttentionBackwardBf16(d_dqkv.get(), scratch.get(), d_dout.get(), q, d_out.get(), d_lse.get(), c.B, c.T,
+                                      c.H, c.D, c.window, nullptr, dqkv16.get(), b, dbias.get()) == cudaSuccess);
+        CHECK(std::memcmp(d_out.Get().data(), want.out.data(), n_out * sizeof(float)) == 0);
+        CHECK(std::memcmp(d_lse.Get().data(), want.lse.data(), want.lse.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(d_dqkv.Get().data(), want.dqkv.data(), n_qkv * sizeof(float)) == 0);
+        testing::ExpectBf16CopyOf(dqkv16, d_dqkv, n_qkv, "dqkv16 from bf16 qkv");
+        CHECK(std::memcmp(dbias.Get().data(), want_dbias.Get().data(), hd3 * sizeof(float)) == 0);
+      }
+    }
+  }
+  ExpectNoPoisonedReads();
+}
+
 TEST_CASE("attention bf16 (tensor cores): D not a multiple of 16 or above 128 is rejected") {
   Dev<float> buf(3 * 144 * 2), scratch(4);
   float* p = buf.get();
