@@ -23,7 +23,8 @@ rows = {
     "tensor-core attention backward row (1.3B)":
         rf"^AttentionBackwardBf16 +B=4 T=2048 H=16 D=128 window=0 +{NUM} +{NUM} +bf16 TC +math +{NUM}$",
     "tensor-core attention forward on bf16 qkv row (GPT-2 small)":
-        rf"^AttentionForwardBf16 +B=16 T=1024 H=12 D=64 window=256 bf16 qkv\+bias +{NUM} +{NUM} +bf16 TC +\w+ +{NUM}$",
+        rf"^AttentionForwardBf16 +B=16 T=1024 H=12 D=64 window=256 bf16 qkv\+bias, out16 +{NUM} +{NUM} +bf16 TC +\w+ "
+        rf"+{NUM}$",
     "lm head GEMM row (1.3B)":
         rf"^GemmBf16 +NT M=8192 N=50304 K=2048 \(lm head fwd\) +{NUM} +{NUM} +bf16 TC +math +{NUM}$",
     "cuBLAS-converted GEMM row":

@@ -494,34 +494,44 @@ void SanityAttention(Sanity& s) {
           k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
                                    T, H, D, window, s.stream(), d_dqkv16.get(), nullptr, d_dbias.get()));
     s.Close("AttentionBackwardBf16 qkv bias gradient", d_dbias.Download(), dbias, 1e-4, 1e-4);
-    // qkv read in bf16 (runtime.activations: bf16), with the qkv bias: the bits of the fp32-qkv kernels on the
-    // widened qkv (the tiles hold the same bf16 values either way).
-    std::vector<bf16> q16(n_qkv);
-    std::vector<float> wide(n_qkv);
-    for (int64_t i = 0; i < n_qkv; ++i) {
-      q16[i] = __float2bfloat16(qkv[i]);
-      wide[i] = __bfloat162float(q16[i]);
-    }
-    DevBuf<bf16> d_q16(q16, "qkv16"), d_g16(n_qkv, "dqkv16 (bf16 qkv)");
-    DevBuf<float> d_wide(wide, "widened qkv"), d_bias(Random(cols, 103), "qkv bias"), d_out2(n_out, "out"),
-        d_lse2(n_lse, "lse"), d_db1(std::vector<float>(cols, 0.0f), "qkv bias gradient"),
-        d_db2(std::vector<float>(cols, 0.0f), "qkv bias gradient (bf16 qkv)");
+    // bf16 inputs (runtime.activations: bf16: qkv, dout, and out read back as its rounding), with the qkv bias: the
+    // bits of the fp32 kernels on the widened values (the tiles hold the same bf16 values either way).
+    auto round = [](const std::vector<float>& v, std::vector<bf16>& b16) {
+      b16.resize(v.size());
+      std::vector<float> w(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        b16[i] = __float2bfloat16(v[i]);
+        w[i] = __bfloat162float(b16[i]);
+      }
+      return w;
+    };
+    std::vector<bf16> q16, g16, o16;
+    const std::vector<float> qkv_w = round(qkv, q16), dout_w = round(dout, g16);
+    DevBuf<bf16> d_q16(q16, "qkv16"), d_g16(g16, "dout16"), d_o16(n_out, "out16"), d_dq16(n_qkv, "dqkv16 (bf16)");
+    DevBuf<float> d_qkv_w(qkv_w, "widened qkv"), d_dout_w(dout_w, "widened dout"),
+        d_bias(Random(cols, 103), "qkv bias"), d_lse2(n_lse, "lse"),
+        d_db1(std::vector<float>(cols, 0.0f), "qkv bias gradient"),
+        d_db2(std::vector<float>(cols, 0.0f), "qkv bias gradient (bf16)");
     s.Run("AttentionForwardBf16 (widened qkv + bias)",
-          k::AttentionForwardBf16(d_out.get(), d_lse.get(), d_wide.get(), B, T, H, D, window, s.stream(), nullptr,
+          k::AttentionForwardBf16(d_out.get(), d_lse.get(), d_qkv_w.get(), B, T, H, D, window, s.stream(), nullptr,
                                   d_bias.get()));
-    s.Run("AttentionForwardBf16 (bf16 qkv + bias)",
-          k::AttentionForwardBf16(d_out2.get(), d_lse2.get(), d_q16.get(), B, T, H, D, window, s.stream(), nullptr,
+    s.Run("AttentionForwardBf16 (bf16 qkv + bias, out16 only)",
+          k::AttentionForwardBf16(nullptr, d_lse2.get(), d_q16.get(), B, T, H, D, window, s.stream(), d_o16.get(),
                                   d_bias.get()));
-    s.Exact("AttentionForwardBf16 bf16 qkv: out (= on the widened qkv)", d_out2.Download(), d_out.Download());
+    DevBuf<float> d_out_w(round(d_out.Download(), o16), "out widened from its rounding");
+    s.Exact("AttentionForwardBf16 bf16 qkv: out16 (= the rounding of out on the widened qkv)", d_o16.Download(), o16);
     s.Exact("AttentionForwardBf16 bf16 qkv: lse (= on the widened qkv)", d_lse2.Download(), d_lse.Download());
-    s.Run("AttentionBackwardBf16 (widened qkv + bias)",
-          k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout.get(), d_wide.get(), d_out.get(), d_lse.get(), B,
-                                   T, H, D, window, s.stream(), d_dqkv16.get(), d_bias.get(), d_db1.get()));
-    s.Run("AttentionBackwardBf16 (bf16 qkv + bias)",
-          k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout.get(), d_q16.get(), d_out.get(), d_lse.get(), B,
-                                   T, H, D, window, s.stream(), d_g16.get(), d_bias.get(), d_db2.get()));
-    s.Exact("AttentionBackwardBf16 bf16 qkv: dqkv16 (= on the widened qkv)", d_g16.Download(), d_dqkv16.Download());
-    s.Exact("AttentionBackwardBf16 bf16 qkv: qkv bias gradient", d_db2.Download(), d_db1.Download());
+    s.Run(
+        "AttentionBackwardBf16 (widened qkv, dout, out + bias)",
+        k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_dout_w.get(), d_qkv_w.get(), d_out_w.get(), d_lse.get(),
+                                 B, T, H, D, window, s.stream(), d_dqkv16.get(), d_bias.get(), d_db1.get()));
+    s.Run(
+        "AttentionBackwardBf16 (bf16 qkv, dout, out16 + bias)",
+        k::AttentionBackwardBf16(nullptr, bias_scratch.get(), d_g16.get(), d_q16.get(), nullptr, d_o16.get(),
+                                 d_lse.get(), B, T, H, D, window, s.stream(), d_dq16.get(), d_bias.get(), d_db2.get()));
+    s.Exact("AttentionBackwardBf16 bf16 inputs: dqkv16 (= on the widened values)", d_dq16.Download(),
+            d_dqkv16.Download());
+    s.Exact("AttentionBackwardBf16 bf16 inputs: qkv bias gradient", d_db2.Download(), d_db1.Download());
   }
 }
 
@@ -1215,10 +1225,12 @@ void BenchAttention(Bench& b, const Shape& s) {
   const int64_t bias_n = k::AttentionBiasGradScratchFloats(B, T, H, D);
   DevBuf<float> keep_scratch(static_cast<size_t>(scratch_n + bias_n), "attention scratch (qkv bias gradient)"),
       dbias(3 * H * D, "qkv bias gradient");
-  DevBuf<bf16> dqkv16(n_qkv, "dqkv16"), qkv16(n_qkv, "qkv16");
+  DevBuf<bf16> dqkv16(n_qkv, "dqkv16"), qkv16(n_qkv, "qkv16"), dout16(n_out, "dout16"), out16(n_out, "out16");
   DevBuf<float> qkv_bias(3 * H * D, "qkv bias");
   Fill(qkv, 24, -2.0f, 2.0f);
   Fill(qkv16, 26);
+  Fill(dout16, 28);
+  Fill(out16, 29);
   Fill(qkv_bias, 27);
   Fill(dout, 25);
   std::vector<int64_t> windows = {0};
@@ -1270,20 +1282,22 @@ void BenchAttention(Bench& b, const Shape& s) {
     tk.ref_flops = ref_flops;
     tk.ref_what = f.ref_what;
     b.Emit(tk);
-    // runtime.activations: bf16: qkv read in bf16 (the qkv GEMM's output), the qkv bias added at load.
-    const double q16_fwd_bytes = 2.0 * n_qkv + F * (n_out + n_lse),
-                 q16_bwd_bytes = keep_bytes - F * n_qkv + 2.0 * n_qkv;
-    Row qf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias", q16_fwd_bytes, fwd_flops, [&] {
-      return k::AttentionForwardBf16(out.get(), lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), nullptr,
+    // runtime.activations: bf16: qkv, dout and (backward) out in bf16, as the model runs them with kept operands:
+    // the forward writes only out's rounding, the backward reads it; the qkv bias added at load.
+    const double q16_fwd_bytes = 2.0 * (n_qkv + n_out) + F * n_lse,
+                 q16_bwd_bytes = 2.0 * (n_out + n_qkv + n_out + n_qkv) + F * (n_lse + 2 * scratch_n + 2 * bias_n);
+    Row qf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias, out16", q16_fwd_bytes, fwd_flops, [&] {
+      return k::AttentionForwardBf16(nullptr, lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), out16.get(),
                                      qkv_bias.get());
     });
     qf.ref = ref;
     qf.ref_flops = ref_flops;
     qf.ref_what = f.ref_what;
     b.Emit(qf);
-    Row qb = b.Measure("AttentionBackwardBf16", shape + " bf16 qkv, dqkv16+dbias", q16_bwd_bytes, bwd_flops, [&] {
-      return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout.get(), qkv16.get(), out.get(), lse.get(), B, T,
-                                      H, D, window, b.stream(), dqkv16.get(), qkv_bias.get(), dbias.get());
+    Row qb = b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias", q16_bwd_bytes, bwd_flops, [&] {
+      return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(),
+                                      lse.get(), B, T, H, D, window, b.stream(), dqkv16.get(), qkv_bias.get(),
+                                      dbias.get());
     });
     qb.ref = ref;
     qb.ref_flops = ref_flops;
@@ -1571,12 +1585,13 @@ struct Launch {
 // the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and
 // with issue #16's items done.
 // kBf16Fc: as built with runtime.activations: bf16 (at tp 1 the logits in bf16 too, the cross-entropy writing their
-// gradient's rounding over them; with the tensor-core attention qkv in bf16, written by its GEMM, read by the
-// attention forward and backward) and runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt
-// epilogue adds the bias (a bf16 copy cast per call) and applies the GeLU, writing the GeLU input (kept for the
-// backward) and output in bf16; the fc projection's backward GEMM's applies gelu' to its input gradient and writes it
-// in bf16; a BiasGrad over it sums the fc bias gradient. No bias + GeLU kernel.
-// kBf16FcKernels: the same with runtime.gemm_epilogues: false (the fc GEMM writes its output in bf16, which the bias
+// gradient's rounding over them; with the tensor-core attention its inputs in bf16: qkv written by its GEMM,
+// dout by the projection's backward GEMM, out read back as its rounding, its fp32 value not written) and
+// runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt epilogue adds the bias (a bf16 copy cast per call) and
+// applies the GeLU, writing the GeLU input (kept for the backward) and output in bf16; the fc projection's backward
+// GEMM's applies gelu' to its input gradient and writes it in bf16; a BiasGrad over it sums the fc bias gradient. No
+// bias + GeLU kernel. kBf16FcKernels: the same with runtime.gemm_epilogues: false (the fc GEMM writes its output in
+// bf16, which the bias
 // + GeLU reads forward and backward; the fc projection's backward writes its input gradient in bf16, which the bias +
 // GeLU backward reads).
 enum class StepVariant { kAsBuilt, kBf16Fc, kBf16FcKernels, kCastEveryGemm, kCublasOperands, kAfter16 };
@@ -1632,8 +1647,11 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const Unit attn_unit = tc_attention ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
   const char* attn = tc_attention ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
   const double attn_bwd = after16 ? 2.5 : 3.5;  // backward products / forward products
-  // With bf16_fc and the tensor-core attention the qkv GEMM writes qkv in bf16 and the attention reads it (2 bytes).
-  const double qkv_bytes = bf16_fc && tc_attention ? 2.0 : act;
+  // With bf16_fc and the tensor-core attention (kept operands in these variants) the attention's inputs are bf16:
+  // qkv (written by its GEMM), dout (by the projection's backward GEMM) and out, whose fp32 value is not written (the
+  // backward reads its rounding).
+  const bool attn16 = bf16_fc && tc_attention;
+  const double qkv_bytes = attn16 ? 2.0 : act, attn_in = attn16 ? 2.0 : act, out_fp32 = attn16 ? 0.0 : act;
   // keep: the LayerNorms, bias + GeLU (forward and backward) and the cross-entropy write bf16 (2 bytes); where
   // nothing but a GEMM reads the output (the LayerNorm and bias + GeLU forwards, the bias + GeLU backward, dlogits)
   // only the rounding, not the fp32 value (`fp32_out`: 0 with keep, 1 else).
@@ -1647,7 +1665,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
   // q, k, v, and its bias gradient summed by it as it stores dqkv
   linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true, qkv_bytes);
-  linear(C, C, false, false, L, true, true);  // attention projection (input: attention; dout: ln2 backward)
+  // attention projection (input: attention; dout: ln2 backward); with attn16 its input gradient written in bf16
+  linear(C, C, false, false, L, true, true, 0, attn16 ? 2.0 : act);
   // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16; with the epilogue also
   // the GeLU output (2 + 2 bytes per element)
   linear(C, F4, false, false, L, true, true, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
@@ -1655,12 +1674,12 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // epilogue it also reads the GeLU input (2 + 2 bytes per element)
   linear(F4, C, false, false, L, true, true, 0, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
-  out.push_back({attn, qkv_bytes * n_qkv + act * N * C + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
+  out.push_back({attn, qkv_bytes * n_qkv + out_fp32 * N * C + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
   // With tensor cores the attention backward also sums the qkv bias gradient as it stores dqkv (16-row chunk sums
   // written and read once; no pass over dqkv); with keep it then writes only dqkv's rounding, not its fp32 value.
   const double dqkv_fp32 = keep && tc_attention ? 0.0 : 1.0, bias_parts = tc_attention ? 2.0 * n_qkv / 16 : 0.0;
   out.push_back({attn,
-                 act * (2 * N * C + dqkv_fp32 * n_qkv) + qkv_bytes * n_qkv +
+                 attn_in * 2 * N * C + act * dqkv_fp32 * n_qkv + qkv_bytes * n_qkv +
                      F * (n_lse + 2 * scratch + rounding * n_qkv + bias_parts),
                  attn_bwd * attn_fwd, attn_unit, L});
   // The fc output the bias + GeLU reads: an activation (act bytes), or with bf16_fc 2 bytes (half an fp32 element).
@@ -1760,14 +1779,13 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
         : variant == StepVariant::kCastEveryGemm
             ? "as built with runtime.bf16_operands: cast (every GEMM casts its fp32 operands, nothing kept)"
         : variant == StepVariant::kBf16Fc
-            ? "as built with runtime.activations: bf16 (as above; the logits and qkv in bf16; the fc bias + GeLU in "
-              "the "
-              "fc GEMM's cuBLASLt epilogue, writing the GeLU input and output in bf16, and gelu' in the fc "
-              "projection's backward GEMM's, runtime.gemm_epilogues)"
+            ? "as built with runtime.activations: bf16 (as above; the logits and the attention's inputs in bf16; "
+              "the fc bias + GeLU in the fc GEMM's cuBLASLt epilogue, writing the GeLU input and output in bf16, and "
+              "gelu' in the fc projection's backward GEMM's, runtime.gemm_epilogues)"
         : variant == StepVariant::kBf16FcKernels
-            ? "as built with runtime.activations: bf16, runtime.gemm_epilogues: false (the logits and qkv in bf16; the "
-              "fc GEMM writing its output and the fc projection's backward its input gradient in bf16 for the "
-              "bias + GeLU kernels)"
+            ? "as built with runtime.activations: bf16, runtime.gemm_epilogues: false (the logits and the "
+              "attention's inputs in bf16; the fc GEMM writing its output and the fc projection's backward its input "
+              "gradient in bf16 for the bias + GeLU kernels)"
             : "as built (bf16 weight copies written by the optimizer with its update, each GEMM input and "
               "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
               "backward; "

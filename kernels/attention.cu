@@ -11,6 +11,8 @@
 // conflicts. Only the tiles meeting the band t - window < s <= t are loaded; warps skip the tiles their own
 // rows/keys do not meet. Masked pairs contribute exactly nothing (their products are skipped, not multiplied
 // by 0), so a NaN or Inf outside a query's window never reaches its outputs.
+#include <type_traits>
+
 #include "attention_common.cuh"
 
 namespace ms::kernels {
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
-  const HeadRows hr = HeadRowsOf(qkv, nullptr, b, h, T, H, D);
+  const HeadRows hr = HeadRowsOf(qkv, static_cast<const float*>(nullptr), b, h, T, H, D);
   const long row = hr.row;
   const float *q = hr.q, *k = hr.k, *v = hr.v;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -155,15 +157,31 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // drow (B, H, T) = sum_d dout * out per (b, t, h); a warp per row, rows taken in (B, T, H) order.
+// The row term's out operand: fp32 with fp32 dout; with bf16 dout rounded to bf16 (a bf16 out as it is).
+template <typename G>
+__device__ __forceinline__ float RowTermOut(float o) {
+  if constexpr (std::is_same_v<G, float>) {
+    return o;
+  } else {
+    return __bfloat162float(__float2bfloat16_rn(o));
+  }
+}
+template <typename G>
+__device__ __forceinline__ float RowTermOut(__nv_bfloat16 o) {
+  return __bfloat162float(o);
+}
+
+// G, O: the types of dout and out (float, float; bf16, float; bf16, bf16: AttentionRowTerms).
+template <typename G, typename O>
 __global__ void __launch_bounds__(kRowTermThreads)
-    attention_row_term_kernel(float* drow, const float* dout, const float* out, int T, int H, int D, int rows) {
+    attention_row_term_kernel(float* drow, const G* dout, const O* out, int T, int H, int D, int rows) {
   const int lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (n >= rows) return;  // whole warps
-  const float* g = dout + static_cast<long>(n) * D;
-  const float* o = out + static_cast<long>(n) * D;
+  const G* g = dout + static_cast<long>(n) * D;
+  const O* o = out + static_cast<long>(n) * D;
   float acc = 0.0f;
-  for (int d = lane; d < D; d += 32) acc += g[d] * o[d];
+  for (int d = lane; d < D; d += 32) acc += attention_detail::Widen(g[d]) * RowTermOut<G>(o[d]);
   acc = WarpSum(acc);
   if (lane == 0) {
     const int h = n % H, bt = n / H;
@@ -457,12 +475,27 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
 }
 
 namespace attention_detail {
-cudaError_t AttentionRowTerms(float* drow, const float* dout, const float* out, const AttentionShape& s,
-                              cudaStream_t stream) {
+namespace {
+template <typename G, typename O>
+cudaError_t LaunchRowTerms(float* drow, const G* dout, const O* out, const AttentionShape& s, cudaStream_t stream) {
   const int blocks =
       static_cast<int>((static_cast<int64_t>(s.rows) + kRowTermThreads / 32 - 1) / (kRowTermThreads / 32));
-  MS_LAUNCH(attention_row_term_kernel, blocks, kRowTermThreads, 0, stream, drow, dout, out, s.T, s.H, s.D, s.rows);
+  MS_LAUNCH((attention_row_term_kernel<G, O>), blocks, kRowTermThreads, 0, stream, drow, dout, out, s.T, s.H, s.D,
+            s.rows);
   return cudaGetLastError();
+}
+}  // namespace
+cudaError_t AttentionRowTerms(float* drow, const float* dout, const float* out, const AttentionShape& s,
+                              cudaStream_t stream) {
+  return LaunchRowTerms(drow, dout, out, s, stream);
+}
+cudaError_t AttentionRowTerms(float* drow, const __nv_bfloat16* dout, const float* out, const AttentionShape& s,
+                              cudaStream_t stream) {
+  return LaunchRowTerms(drow, dout, out, s, stream);
+}
+cudaError_t AttentionRowTerms(float* drow, const __nv_bfloat16* dout, const __nv_bfloat16* out, const AttentionShape& s,
+                              cudaStream_t stream) {
+  return LaunchRowTerms(drow, dout, out, s, stream);
 }
 }  // namespace attention_detail
 

@@ -70,15 +70,19 @@ cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout
                                   cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr, const float* qkv_bias = nullptr,
                                   float* dqkv_bias = nullptr);
 
-// The same two with qkv in bf16 (B, T, 3, H, D): the qkv GEMM's output kept in bf16 (runtime.activations: bf16), read
-// in place of fp32 qkv — the results of the fp32-qkv calls on qkv widened to fp32, bit for bit (the operands are
-// rounded to bf16 anyway; with qkv_bias the fp32 add, then the rounding, as above). The loads take half the bytes.
+// The same two with bf16 inputs (runtime.activations: bf16): qkv (B, T, 3, H, D) as the qkv GEMM wrote it, dout
+// (B, T, H, D) as the attention projection's backward GEMM wrote it, and the forward's output read back as its bf16
+// rounding — out16, or out rounded as it is read (exactly one of them non-null: the same bits). The results of the
+// fp32 calls on the widened qkv and dout and on out widened from its rounding, bit for bit (q, k, v and dout are
+// rounded to bf16 anyway; with qkv_bias the fp32 add, then the rounding, as above); the loads take half the bytes.
+// The forward's out may be null when out16 is not (only the rounding is written).
 cudaError_t AttentionForwardBf16(float* out, float* lse, const __nv_bfloat16* qkv, int64_t B, int64_t T, int64_t H,
                                  int64_t D, int64_t window, cudaStream_t stream, __nv_bfloat16* out16 = nullptr,
                                  const float* qkv_bias = nullptr);
-cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const __nv_bfloat16* qkv,
-                                  const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                  int64_t window, cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr,
-                                  const float* qkv_bias = nullptr, float* dqkv_bias = nullptr);
+cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                  const float* out, const __nv_bfloat16* out16, const float* lse, int64_t B, int64_t T,
+                                  int64_t H, int64_t D, int64_t window, cudaStream_t stream,
+                                  __nv_bfloat16* dqkv16 = nullptr, const float* qkv_bias = nullptr,
+                                  float* dqkv_bias = nullptr);
 
 }  // namespace ms::kernels

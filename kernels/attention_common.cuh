@@ -25,17 +25,16 @@ __device__ __forceinline__ bool Meets(int ra, int rb, int ka, int kb, int window
 }
 
 // Where the rows of one (b, h) start: q, k, v of token 0 in qkv (B, T, 3, H, D) of element type S (float, or bf16
-// for the tensor-core kernels), each `row` elements apart, and dout (B, T, H, D), `orow` floats apart (g is null when
-// dout is).
+// for the tensor-core kernels: runtime.activations: bf16), each `row` elements apart, and dout (B, T, H, D) of the
+// same type, `orow` elements apart (g is null when dout is).
 template <typename S>
 struct HeadRowsT {
-  const S *q, *k, *v;
-  const float* g;
+  const S *q, *k, *v, *g;
   long row, orow;
 };
 using HeadRows = HeadRowsT<float>;
 template <typename S>
-__device__ __forceinline__ HeadRowsT<S> HeadRowsOf(const S* qkv, const float* dout, int b, int h, int T, int H, int D) {
+__device__ __forceinline__ HeadRowsT<S> HeadRowsOf(const S* qkv, const S* dout, int b, int h, int T, int H, int D) {
   HeadRowsT<S> r;
   r.row = 3L * H * D;
   r.orow = static_cast<long>(H) * D;
@@ -80,8 +79,23 @@ inline cudaError_t CheckAttentionShape(int64_t B, int64_t T, int64_t H, int64_t 
   return cudaSuccess;
 }
 
-// drow (B, H, T) = sum_d dout * out per (b, t, h): the row terms of the backward (attention.cu).
+// An element widened to fp32 (a bf16 exactly: its bits are the high half of the fp32 value).
+__device__ __forceinline__ float Widen(float v) {
+  return v;
+}
+__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// drow (B, H, T) = sum_d dout * out per (b, t, h): the row terms of the backward (attention.cu). fp32 dout and out;
+// or bf16 dout (runtime.activations: bf16: the attention projection's backward GEMM writes it in bf16) with out
+// rounded to bf16 too — read as the forward's rounding (out16), or rounded here from the fp32 out (the same values,
+// so the same bits) — each product of widened operands summed in fp32 in the same order.
 cudaError_t AttentionRowTerms(float* drow, const float* dout, const float* out, const AttentionShape& s,
+                              cudaStream_t stream);
+cudaError_t AttentionRowTerms(float* drow, const __nv_bfloat16* dout, const float* out, const AttentionShape& s,
+                              cudaStream_t stream);
+cudaError_t AttentionRowTerms(float* drow, const __nv_bfloat16* dout, const __nv_bfloat16* out, const AttentionShape& s,
                               cudaStream_t stream);
 
 }  // namespace ms::kernels::attention_detail

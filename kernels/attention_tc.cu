@@ -7,16 +7,16 @@
 // Tiles: a block has 4 warps and owns 64 query rows (forward, dQ) or 64 keys (dK/dV) of one (b, h); each
 // warp owns 16 of them, and the block loops over 64-wide tiles of the other side, visiting only those that
 // meet the band t - window < s <= t of some row of its tile. q, k, v and dout are rounded to bf16 as they
-// are copied into shared memory (rows past T are zero; q, k, v may also be read in bf16, widened exactly: the
-// qkv GEMM's output kept in bf16, then only the bias add rounds); the warp's own 16 x D operand rows stay in wmma
-// fragments for the whole loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync into a
-// per-warp fp32 area, then two lanes per row apply the mask and the softmax terms in fp32 (scale, max, exp,
-// sums), round the probabilities (or dS) to bf16 into a per-warp area, and mma_sync them against the V, dout,
-// K or Q tile. Forward: the 16 x D product P V of the tile goes through the fp32 area and is added by the
-// lanes to their running outputs (two lanes per row, d = 2 j + lane % 2), rescaled by exp(m_old - m_new) as
-// the row max grows. Backward (the dK/dV and dQ kernels, as in attention.cu; no atomics, so the scores and
-// dP are formed in both: 7 products instead of FlashAttention-2's 5): dK, dV and dQ accumulate in fragments.
-// Outputs are staged through the fp32 area and written row by row (coalesced).
+// are copied into shared memory (rows past T are zero; q, k, v and dout may also be read in bf16, widened
+// exactly: the GEMMs' outputs kept in bf16, then only the bias add rounds); the warp's own 16 x D operand rows stay in
+// wmma fragments for the whole loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync into a per-warp
+// fp32 area, then two lanes per row apply the mask and the softmax terms in fp32 (scale, max, exp, sums), round the
+// probabilities (or dS) to bf16 into a per-warp area, and mma_sync them against the V, dout, K or Q tile. Forward: the
+// 16 x D product P V of the tile goes through the fp32 area and is added by the lanes to their running outputs (two
+// lanes per row, d = 2 j + lane % 2), rescaled by exp(m_old - m_new) as the row max grows. Backward (the dK/dV and dQ
+// kernels, as in attention.cu; no atomics, so the scores and dP are formed in both: 7 products instead of
+// FlashAttention-2's 5): dK, dV and dQ accumulate in fragments. Outputs are staged through the fp32 area and written
+// row by row (coalesced).
 //
 // Rounding: every product has bf16 operands (q, k, v, dout, P, dS) and an fp32 sum; scores, softmax
 // statistics (max, sum, lse), dS before rounding and every output stay fp32. Unlike the fp32 kernels, masked
@@ -29,6 +29,7 @@
 //   dQ:      K, V as above, per warp S|dP [16][132] fp32 and dS [16][72] bf16;
 //   dK/dV:   Q, dout as above, lse [64], drow [64] fp32, per warp S|dP [16][132] fp32, P and dS [16][72] bf16.
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_common.cuh"
 
@@ -40,6 +41,7 @@ using attention_detail::HeadRowsOf;
 using attention_detail::HeadRowsT;
 using attention_detail::Meets;
 using attention_detail::Sees;
+using attention_detail::Widen;
 
 namespace {
 constexpr int kRows = 64;                  // rows (or keys) a block owns, and the width of the tiles it loops over
@@ -86,12 +88,6 @@ __device__ __forceinline__ float4 LoadQuad(const __nv_bfloat16* p) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);  // little-endian: element 0 in the low half of u.x
   return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
                      __uint_as_float(u.y & 0xffff0000u));
-}
-__device__ __forceinline__ float Widen(float v) {
-  return v;
-}
-__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
 }
 
 // dst[r][d] = bf16(src[(t0 + r) * stride + d] + bias[d]) for r < 64, d < D (bias null: + 0 left out); rows
@@ -284,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
-  const HeadRowsT<S> hr = HeadRowsOf(qkv, nullptr, b, h, T, H, D);
+  const HeadRowsT<S> hr = HeadRowsOf(qkv, static_cast<const S*>(nullptr), b, h, T, H, D);
   const long row = hr.row;
   const S *q = hr.q, *k = hr.k, *v = hr.v;
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
@@ -379,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   if (half == 0 && t <= rb) lse[static_cast<long>(bh) * T + t] = m + logf(l);
   __syncwarp();
   const long obase = (static_cast<long>(b) * T * H + h) * D;
-  StoreRows(out + obase, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, kLdF, ra, T, D);
+  StoreRows(out ? out + obase : nullptr, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, kLdF, ra, T, D);
 }
 
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile). Loops over the key
@@ -387,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 // dQ_t = sum_s dS_ts k_s.
 template <int kMaxD, typename S>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const S* qkv,
+    attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                            const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D, int window,
                            int ntiles, float scale) {
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
@@ -401,8 +397,7 @@ __global__ void __launch_bounds__(kThreads)
   const int b = bh / H, h = bh % H;
   const HeadRowsT<S> hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
   const long row = hr.row, orow = hr.orow;
-  const S *q = hr.q, *k = hr.k, *v = hr.v;
-  const float* g = hr.g;
+  const S *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int q0 = qt * kRows, q1 = min(q0 + kRows, T);
@@ -464,7 +459,7 @@ __global__ void __launch_bounds__(kThreads)
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
 template <int kMaxD, typename S>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* dout, const S* qkv,
+    attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
                              int window, int ntiles, float scale) {
   constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
@@ -484,8 +479,7 @@ __global__ void __launch_bounds__(kThreads)
   const int b = bh / H, h = bh % H;
   const HeadRowsT<S> hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
   const long row = hr.row, orow = hr.orow;
-  const S *q = hr.q, *k = hr.k, *v = hr.v;
-  const float* g = hr.g;
+  const S *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const float* lse_bh = lse + static_cast<long>(bh) * T;
   const float* drow_bh = drow + static_cast<long>(bh) * T;
@@ -583,7 +577,7 @@ cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S*
 }
 
 template <int kMaxD, typename S>
-cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const float* dout,
+cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
                            const S* qkv, const float* qkv_bias, const float* lse,
                            const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
@@ -619,6 +613,7 @@ cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64
 cudaError_t AttentionForwardBf16(float* out, float* lse, const __nv_bfloat16* qkv, int64_t B, int64_t T, int64_t H,
                                  int64_t D, int64_t window, cudaStream_t stream, __nv_bfloat16* out16,
                                  const float* qkv_bias) {
+  if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // nothing to write
   return ForwardTc(out, lse, qkv, B, T, H, D, window, stream, out16, qkv_bias);
 }
 
@@ -635,10 +630,12 @@ int64_t AttentionBiasGradScratchFloats(int64_t B, int64_t T, int64_t H, int64_t 
 }
 
 namespace {
+// out16: the forward's output as its bf16 rounding, in place of out (null), where dout is bf16 (S).
 template <typename S>
-cudaError_t BackwardTc(float* dqkv, float* scratch, const float* dout, const S* qkv, const float* out, const float* lse,
-                       int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, cudaStream_t stream,
-                       __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias) {
+cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv, const float* out,
+                       const __nv_bfloat16* out16, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                       int64_t window, cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias,
+                       float* dqkv_bias) {
   if (dqkv == nullptr && dqkv16 == nullptr && dqkv_bias == nullptr) return cudaErrorInvalidValue;  // nothing to write
   bool empty = false;
   attention_detail::AttentionShape s{};
@@ -646,7 +643,13 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const float* dout, const S* 
   if (err != cudaSuccess || empty) return err;
   float* const drow = scratch;
   float* const part = dqkv_bias ? scratch + AttentionBackwardScratchFloats(B, T, H, D) : nullptr;
-  if ((err = attention_detail::AttentionRowTerms(drow, dout, out, s, stream)) != cudaSuccess) return err;
+  if constexpr (std::is_same_v<S, float>) {
+    err = attention_detail::AttentionRowTerms(drow, dout, out, s, stream);
+  } else {
+    err = out16 ? attention_detail::AttentionRowTerms(drow, dout, out16, s, stream)
+                : attention_detail::AttentionRowTerms(drow, dout, out, s, stream);
+  }
+  if (err != cudaSuccess) return err;
   err = s.D <= 64 ? LaunchBackward<64>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream)
                   : LaunchBackward<128>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream);
   if (err != cudaSuccess || dqkv_bias == nullptr) return err;
@@ -659,13 +662,15 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const float* dout, const S* 
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
                                   cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias) {
-  return BackwardTc(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, window, stream, dqkv16, qkv_bias, dqkv_bias);
+  return BackwardTc(dqkv, scratch, dout, qkv, out, static_cast<const __nv_bfloat16*>(nullptr), lse, B, T, H, D, window,
+                    stream, dqkv16, qkv_bias, dqkv_bias);
 }
-cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const __nv_bfloat16* qkv,
-                                  const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                  int64_t window, cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias,
-                                  float* dqkv_bias) {
-  return BackwardTc(dqkv, scratch, dout, qkv, out, lse, B, T, H, D, window, stream, dqkv16, qkv_bias, dqkv_bias);
+cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
+                                  const float* out, const __nv_bfloat16* out16, const float* lse, int64_t B, int64_t T,
+                                  int64_t H, int64_t D, int64_t window, cudaStream_t stream, __nv_bfloat16* dqkv16,
+                                  const float* qkv_bias, float* dqkv_bias) {
+  if ((out == nullptr) == (out16 == nullptr)) return cudaErrorInvalidValue;  // exactly one of them is read
+  return BackwardTc(dqkv, scratch, dout, qkv, out, out16, lse, B, T, H, D, window, stream, dqkv16, qkv_bias, dqkv_bias);
 }
 
 }  // namespace ms::kernels

@@ -335,7 +335,7 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(void* scratch, ws_[kScratch].Get(device_, s_, sizeof(float) * floats));
     return static_cast<float*>(scratch);
   }
-  // qkv read in bf16 (runtime.activations: bf16): the tensor-core kernels' bf16-qkv instantiations.
+  // The attention's inputs read in bf16 (runtime.activations: bf16): the tensor-core kernels' bf16 instantiations.
   bool Bf16Qkv(int64_t D) const { return bf16_activations() && TensorCoreAttention(D); }
   Status AttentionForward16(float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B, int64_t T,
                             int64_t H, int64_t D, int64_t window, void* out16) override {
@@ -343,20 +343,25 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "AttentionForward16", out));
     return Launch(kernels::AttentionForwardBf16(out, lse, static_cast<const __nv_bfloat16*>(qkv16), B, T, H, D, window,
                                                 s_, o16, qkv_bias),
-                  "attention forward (bf16 qkv, tensor cores)");
+                  "attention forward (bf16 inputs, tensor cores)");
   }
-  Status AttentionBackward16(float* dqkv, const float* dout, const void* qkv16, const float* qkv_bias, const float* out,
-                             const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, void* dqkv16,
-                             float* dqkv_bias) override {
+  Status AttentionBackward16(float* dqkv, const void* dout16, const void* qkv16, const float* qkv_bias,
+                             const float* out, const void* out16_in, const float* lse, int64_t B, int64_t T, int64_t H,
+                             int64_t D, int64_t window, void* dqkv16, float* dqkv_bias) override {
     if (!Bf16Qkv(D)) {
-      return ops::Backend::AttentionBackward16(dqkv, dout, qkv16, qkv_bias, out, lse, B, T, H, D, window, dqkv16,
-                                               dqkv_bias);
+      return ops::Backend::AttentionBackward16(dqkv, dout16, qkv16, qkv_bias, out, out16_in, lse, B, T, H, D, window,
+                                               dqkv16, dqkv_bias);
+    }
+    if ((out == nullptr) == (out16_in == nullptr)) {
+      return InvalidArgument("AttentionBackward16: exactly one of out (fp32) and its bf16 rounding is read");
     }
     MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dqkv16, "AttentionBackward16", dqkv));
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
-    return Launch(kernels::AttentionBackwardBf16(dqkv, drow, dout, static_cast<const __nv_bfloat16*>(qkv16), out, lse,
-                                                 B, T, H, D, window, s_, d16, qkv_bias, dqkv_bias),
-                  "attention backward (bf16 qkv, tensor cores)");
+    return Launch(kernels::AttentionBackwardBf16(dqkv, drow, static_cast<const __nv_bfloat16*>(dout16),
+                                                 static_cast<const __nv_bfloat16*>(qkv16), out,
+                                                 static_cast<const __nv_bfloat16*>(out16_in), lse, B, T, H, D, window,
+                                                 s_, d16, qkv_bias, dqkv_bias),
+                  "attention backward (bf16 inputs, tensor cores)");
   }
   Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                              int64_t V) override {

@@ -179,7 +179,9 @@ std::string Gpt::bf16_activations() const {
   if (!Bf16Fc()) return "";
   std::string s = "fc output, GeLU output gradient";
   if (Bf16Logits()) s += ", logits";
-  if (Bf16Qkv(spec_.hidden / spec_.heads)) s += ", qkv";
+  const int64_t D = spec_.hidden / spec_.heads;
+  if (Bf16Qkv(D)) s += ", qkv, attention output gradient";
+  if (!Atty32(D)) s += ", attention output";
   return s;
 }
 
@@ -503,7 +505,7 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     } else {
       MS_RETURN_IF_ERROR(y.qkv.Allocate(be, N * 3 * HlD));
     }
-    MS_RETURN_IF_ERROR(y.atty.Allocate(be, N * HlD));
+    if (Atty32(spec_.hidden / spec_.heads)) MS_RETURN_IF_ERROR(y.atty.Allocate(be, N * HlD));
     MS_RETURN_IF_ERROR(y.lse.Allocate(be, B_ * Hl_ * spec_.seq_len));
     if (Bf16Fc()) {  // written by the fc GEMM in bf16, read by the bias + GeLU forward and backward
       MS_RETURN_IF_ERROR(AllocateBf16(y.fch, be, N * Fl_));
@@ -831,7 +833,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
                                   gelu_rounds ? k16.GeluOut(row0) : nullptr);
     };
     auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {  // the input rounded by the attention
-      return be_->MatmulForward(dst, y.atty.data() + row0 * HlD, P(w.projw), nullptr, rows, HlD, C,
+      return be_->MatmulForward(dst, Off(y.atty.data(), row0 * HlD), P(w.projw), nullptr, rows, HlD, C,
                                 k16.Proj(row0, true));
     };
     auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst, bool accumulate) {
@@ -1149,10 +1151,11 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
     const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;  // as in the forward
     float* const attn_dbias = attn_bias ? G(w.qkvb) : nullptr;  // summed by the attention as it stores dqkv
-    auto attention = [&]() {                                    // qkv in bf16 with Bf16Qkv, as in the forward
+    auto attention = [&]() {  // with Bf16Qkv: qkv and datty in bf16, the output read as its kept rounding (or rounded)
       if (Bf16Qkv(D)) {
-        return be_->AttentionBackward16(dqkv, datty, Bf16At(y.qkv, 0), attn_bias, y.atty.data(), y.lse.data(), B, T,
-                                        Hl_, D, spec_.window, dqkv16, attn_dbias);
+        return be_->AttentionBackward16(dqkv, datty, Bf16At(y.qkv, 0), attn_bias, y.atty.data(),
+                                        Atty32(D) ? nullptr : k16.AttyOut(), y.lse.data(), B, T, Hl_, D, spec_.window,
+                                        dqkv16, attn_dbias);
       }
       return be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T, Hl_, D,
                                     spec_.window, dqkv16, attn_dbias);
@@ -1186,9 +1189,11 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
                                    dfch_gelu + row0 * Fl, rows, Fl,
                                    dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
     };
-    auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {
-      return be_->MatmulBackward(datty + row0 * HlD, G(w.projw), nullptr, dy, y.atty.data() + row0 * HlD, P(w.projw),
-                                 rows, HlD, C, with_dout(k16.Proj(row0, true), dres_at(row0), true));
+    auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {  // with Bf16Qkv datty holds bf16
+      ops::Bf16Copies kc = with_dout(k16.Proj(row0, true), dres_at(row0), true);
+      if (Bf16Qkv(D)) kc.dinp16 = reinterpret_cast<uint16_t*>(datty) + row0 * HlD;
+      return be_->MatmulBackward(Bf16Qkv(D) ? nullptr : datty + row0 * HlD, G(w.projw), nullptr, dy,
+                                 Off(y.atty.data(), row0 * HlD), P(w.projw), rows, HlD, C, kc);
     };
     // fc's and qkv's input gradients: each writes dst (overwrite), or the parallel block's qkv adds to fc's.
     auto fc_rows = [&](int64_t row0, int64_t rows, float* dst, bool overwrite) {  // dfch16: by the bias + GeLU bwd

@@ -226,7 +226,9 @@ class Gpt {
   void InvalidateBf16Weights();
   int64_t bf16_weight_casts() const { return bf16_weight_casts_; }
   // The activations this model keeps in bf16 (runtime.activations: bf16), for the log: "fc output, GeLU output
-  // gradient, logits, qkv" as they apply (logits at tp 1; qkv with the tensor-core attention); empty when none.
+  // gradient, logits, qkv, attention output gradient, attention output" as they apply (logits at tp 1; qkv and the
+  // attention output's gradient with the tensor-core attention, the attention output also with kept operands); empty
+  // when none.
   std::string bf16_activations() const;
 
   // Single-chunk convenience (pp == 1): forward + loss of slot 0, and its backward.
@@ -318,10 +320,13 @@ class Gpt {
   // runtime.activations: bf16 at tp 1: the classifier writes the logits in bf16 (no fp32 logits; the padding kept out
   // of the softmax by the cross-entropy, not by a bias) and the cross-entropy writes their gradient over them.
   bool Bf16Logits() const { return Bf16Fc() && shard_.tp_size == 1; }
-  // runtime.activations: bf16 with the tensor-core attention (the qkv bias in it): the qkv GEMM writes qkv in bf16
-  // (y.qkv holds bf16, no fp32 qkv) and the attention forward and backward read it (ops::Backend::AttentionForward16 /
-  // AttentionBackward16).
+  // runtime.activations: bf16 with the tensor-core attention (the qkv bias in it): the attention's inputs are bf16
+  // (ops::Backend::AttentionForward16 / AttentionBackward16) — the qkv GEMM writes qkv in bf16 (y.qkv holds bf16, no
+  // fp32 qkv), the attention projection's backward GEMM its input gradient (datty's scratch holds bf16), and the
+  // backward reads the attention output rounded to bf16 (with kept operands its kept rounding, and then no fp32
+  // attention output is written or held: Atty32).
   bool Bf16Qkv(int64_t D) const { return Bf16Fc() && QkvBiasInAttention(D); }
+  bool Atty32(int64_t D) const { return !(keep_bf16_ && Bf16Qkv(D)); }
   // The fc bias + GeLU run in the fc GEMM's epilogue and their gradient in the fc-proj backward GEMM's (Bf16Copies::
   // gelu16 / dgelu_aux16, ops::Backend::gemm_gelu_epilogue): fch then holds the GeLU input with its bias, and the
   // GeLU output's gradient is never stored.

@@ -309,8 +309,8 @@ Status Backend::AttentionForward16(float*, float*, const void*, const float*, in
       "AttentionForward16: the {} backend reads no bf16 qkv (runtime.activations: bf16 with the tensor-core attention)",
       name());
 }
-Status Backend::AttentionBackward16(float*, const float*, const void*, const float*, const float*, const float*,
-                                    int64_t, int64_t, int64_t, int64_t, int64_t, void*, float*) {
+Status Backend::AttentionBackward16(float*, const void*, const void*, const float*, const float*, const void*,
+                                    const float*, int64_t, int64_t, int64_t, int64_t, int64_t, void*, float*) {
   return FailedPrecondition(
       "AttentionBackward16: the {} backend reads no bf16 qkv (runtime.activations: bf16 with the tensor-core "
       "attention)",

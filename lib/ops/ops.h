@@ -292,15 +292,18 @@ class Backend {
   virtual Status AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* qkv_bias,
                                    const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
                                    int64_t window, void* dqkv16, float* dqkv_bias) = 0;
-  // runtime.activations: bf16 with the tensor-core attention — qkv kept in bf16: the qkv GEMM writes it rounded to
-  // bf16 (Bf16Copies::out16, no bias: the attention adds it) and these read it (qkv16, B x T x 3 x H x D bf16) in place
-  // of the fp32 qkv, with the other arguments as above: the results of those calls on qkv16 widened to fp32, bit for
-  // bit. Only where bf16_activations() and attention_adds_qkv_bias(D), else refused.
+  // runtime.activations: bf16 with the tensor-core attention — the attention's inputs in bf16: qkv16 (B x T x 3 x H x
+  // D bf16) as the qkv GEMM wrote it (Bf16Copies::out16, no bias: the attention adds it), dout16 (B x T x H x D bf16)
+  // as the attention projection's backward GEMM wrote it (Bf16Copies::dinp16), and the forward's output read back
+  // rounded to bf16: out16_in (its kept rounding) or out (fp32, rounded as it is read; exactly one of the two). The
+  // other arguments as above; the forward's out may be null when out16 is given (only the rounding written). The
+  // results of the fp32 calls on the widened qkv16 and dout16 and on out widened from its rounding, bit for bit. Only
+  // where bf16_activations() and attention_adds_qkv_bias(D), else refused.
   virtual Status AttentionForward16(float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B,
                                     int64_t T, int64_t H, int64_t D, int64_t window, void* out16);
-  virtual Status AttentionBackward16(float* dqkv, const float* dout, const void* qkv16, const float* qkv_bias,
-                                     const float* out, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                     int64_t window, void* dqkv16, float* dqkv_bias);
+  virtual Status AttentionBackward16(float* dqkv, const void* dout16, const void* qkv16, const float* qkv_bias,
+                                     const float* out, const void* out16_in, const float* lse, int64_t B, int64_t T,
+                                     int64_t H, int64_t D, int64_t window, void* dqkv16, float* dqkv_bias);
   Status AttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t H, int64_t D,
                           int64_t window) {
     return AttentionForward(out, lse, qkv, nullptr, B, T, H, D, window, nullptr);

@@ -617,51 +617,98 @@ TEST_CASE("cuda backend: the qkv bias added by the attention gives the bits of t
   ExpectClose(got[0][3], got[1][3], 1e-5f, 1e-6f, "qkv bias gradient");
 }
 
-// runtime.activations: bf16 — the qkv GEMM writes qkv in bf16 (Bf16Copies::out16) and the attention reads it
-// (AttentionForward16 / AttentionBackward16, the qkv bias added at load, its gradient summed as dqkv is stored):
-// out, lse, dqkv16 and the bias gradient are the bits of the fp32-qkv calls on the GEMM's bf16 output widened to
-// fp32. Refused on the CPU backend, with fp32 GEMMs, and off the tensor-core path (D = 24).
-TEST_CASE("cuda backend: attention reading the qkv GEMM's bf16 output gives the bits of the fp32-qkv calls") {
-  Pair p(/*bf16=*/true, Bf16Operands::kKeep);
+// runtime.activations: bf16 — the attention's inputs in bf16: qkv as the qkv GEMM wrote it (Bf16Copies::out16), dout
+// in bf16 (the projection's backward GEMM's dinp16), the output read back as its kept rounding (AttentionForward16
+// writing only out16, AttentionBackward16 reading it): out16, lse, dqkv16 and the bias gradient are the bits of the
+// fp32 calls on the widened qkv and dout and the widened rounding of out; with `cast` (no kept roundings) the fp32
+// out, rounded as it is read, gives the same dqkv. Refused on the CPU backend, with fp32 GEMMs, off the tensor-core
+// path (D = 24), and with both or neither of out and its rounding.
+TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of the fp32 calls on the widened values") {
+  Pair p(/*bf16=*/true, Bf16Operands::kKeep), cast(/*bf16=*/true, Bf16Operands::kCast);
   REQUIRE(p.gpu->bf16_activations());
-  const int64_t B = 2, T = 37, H = 2, D = 16, window = 5, N = B * T, IC = 20, OC = 3 * H * D;
+  REQUIRE(cast.gpu->bf16_activations());
+  const int64_t B = 2, T = 37, H = 2, D = 16, window = 5, N = B * T, IC = 20, OC = 3 * H * D, n_out = N * H * D;
+  auto widen = [](const std::vector<uint16_t>& bits) {
+    std::vector<float> w(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&w[i], &u, sizeof u);
+    }
+    return w;
+  };
+  auto round = [](const std::vector<float>& v) {
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {  // nearest even (finite values)
+      uint32_t u;
+      std::memcpy(&u, &v[i], sizeof u);
+      r[i] = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    }
+    return r;
+  };
+  const std::vector<float> bias_h = Random(OC, 53, -1.0f, 1.0f);
+  const std::vector<uint16_t> dout16_h = round(Random(n_out, 54));
   float* inp = p.On(*p.gpu, Random(N * IC, 51));
   float* w = p.On(*p.gpu, Random(OC * IC, 52));
-  float* bias = p.On(*p.gpu, Random(OC, 53, -1.0f, 1.0f));
-  float* dout = p.On(*p.gpu, Random(N * H * D, 54));
+  float* bias = p.On(*p.gpu, bias_h);
   uint16_t* qkv16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC));
   ops::Bf16Copies kc;
   kc.out16 = qkv16;
   REQUIRE(p.gpu->MatmulForward(nullptr, inp, w, nullptr, N, IC, OC, kc).ok());
-  std::vector<float> wide(N * OC);
-  const std::vector<uint16_t> bits = p.Get(*p.gpu, qkv16, N * OC);
-  for (int64_t i = 0; i < N * OC; ++i) {
-    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
-    std::memcpy(&wide[i], &u, sizeof u);
-  }
-  float* widened = p.On(*p.gpu, wide);
-  std::vector<std::vector<float>> got[2];
-  std::vector<uint16_t> got16[2];
-  for (int k = 0; k < 2; ++k) {
-    float* out = p.On(*p.gpu, std::vector<float>(N * H * D));
-    float* lse = p.On(*p.gpu, std::vector<float>(B * H * T));
-    uint16_t* dqkv16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
-    float* dbias = p.On(*p.gpu, std::vector<float>(OC));
-    if (k == 0) {
-      REQUIRE(p.gpu->AttentionForward(out, lse, widened, bias, B, T, H, D, window, nullptr).ok());
-      REQUIRE(p.gpu->AttentionBackward(nullptr, dout, widened, bias, out, lse, B, T, H, D, window, dqkv16, dbias).ok());
-    } else {
-      REQUIRE(p.gpu->AttentionForward16(out, lse, qkv16, bias, B, T, H, D, window, nullptr).ok());
-      REQUIRE(p.gpu->AttentionBackward16(nullptr, dout, qkv16, bias, out, lse, B, T, H, D, window, dqkv16, dbias).ok());
-    }
-    got[k] = {p.Get(*p.gpu, out, N * H * D), p.Get(*p.gpu, lse, B * H * T), p.Get(*p.gpu, dbias, OC)};
-    got16[k] = p.Get(*p.gpu, dqkv16, N * OC);
-  }
-  CHECK(got[0][0] == got[1][0]);
-  CHECK(got[0][1] == got[1][1]);
-  CHECK(got[0][2] == got[1][2]);
-  CHECK(got16[0] == got16[1]);
-  CHECK(got[1][2] != std::vector<float>(OC));
+  const std::vector<uint16_t> qkv16_h = p.Get(*p.gpu, qkv16, N * OC);
+  float* widened = p.On(*p.gpu, widen(qkv16_h));
+  float* dout_w = p.On(*p.gpu, widen(dout16_h));
+  uint16_t* dout16 = p.On(*p.gpu, dout16_h);
+
+  // The oracle: fp32 calls on the widened values, the backward reading out widened from its rounding.
+  float* out = p.On(*p.gpu, std::vector<float>(n_out));
+  float* lse = p.On(*p.gpu, std::vector<float>(B * H * T));
+  float* dqkv = p.On(*p.gpu, std::vector<float>(N * OC));
+  uint16_t* dqkv16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC));
+  float* dbias = p.On(*p.gpu, std::vector<float>(OC));
+  REQUIRE(p.gpu->AttentionForward(out, lse, widened, bias, B, T, H, D, window, nullptr).ok());
+  const std::vector<uint16_t> out16_want = round(p.Get(*p.gpu, out, n_out));
+  float* out_w = p.On(*p.gpu, widen(out16_want));
+  REQUIRE(p.gpu->AttentionBackward(dqkv, dout_w, widened, bias, out_w, lse, B, T, H, D, window, dqkv16, dbias).ok());
+
+  // keep: only out16 written, read back by the backward.
+  uint16_t* out16 = p.On(*p.gpu, std::vector<uint16_t>(n_out, 0xFFFF));
+  float* lse2 = p.On(*p.gpu, std::vector<float>(B * H * T));
+  uint16_t* dqkv16_2 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
+  float* dbias2 = p.On(*p.gpu, std::vector<float>(OC));
+  REQUIRE(p.gpu->AttentionForward16(nullptr, lse2, qkv16, bias, B, T, H, D, window, out16).ok());
+  REQUIRE(p.gpu
+              ->AttentionBackward16(nullptr, dout16, qkv16, bias, nullptr, out16, lse2, B, T, H, D, window, dqkv16_2,
+                                    dbias2)
+              .ok());
+  CHECK(p.Get(*p.gpu, out16, n_out) == out16_want);
+  CHECK(p.Get(*p.gpu, lse2, B * H * T) == p.Get(*p.gpu, lse, B * H * T));
+  CHECK(p.Get(*p.gpu, dqkv16_2, N * OC) == p.Get(*p.gpu, dqkv16, N * OC));
+  CHECK(p.Get(*p.gpu, dbias2, OC) == p.Get(*p.gpu, dbias, OC));
+  CHECK(p.Get(*p.gpu, dbias2, OC) != std::vector<float>(OC));
+  // Both or neither of out and its rounding: refused.
+  CHECK(p.gpu->AttentionBackward16(nullptr, dout16, qkv16, bias, out, out16, lse2, B, T, H, D, window, dqkv16_2, dbias2)
+            .code() == Code::kInvalidArgument);
+  CHECK(p.gpu
+            ->AttentionBackward16(nullptr, dout16, qkv16, bias, nullptr, nullptr, lse2, B, T, H, D, window, dqkv16_2,
+                                  dbias2)
+            .code() == Code::kInvalidArgument);
+
+  // cast: the fp32 out written and rounded as the backward reads it; fp32 dqkv.
+  uint16_t* c_qkv16 = cast.On(*cast.gpu, qkv16_h);
+  uint16_t* c_dout16 = cast.On(*cast.gpu, dout16_h);
+  float* c_bias = cast.On(*cast.gpu, bias_h);
+  float* c_out = cast.On(*cast.gpu, std::vector<float>(n_out));
+  float* c_lse = cast.On(*cast.gpu, std::vector<float>(B * H * T));
+  float* c_dqkv = cast.On(*cast.gpu, std::vector<float>(N * OC));
+  float* c_dbias = cast.On(*cast.gpu, std::vector<float>(OC));
+  REQUIRE(cast.gpu->AttentionForward16(c_out, c_lse, c_qkv16, c_bias, B, T, H, D, window, nullptr).ok());
+  REQUIRE(cast.gpu
+              ->AttentionBackward16(c_dqkv, c_dout16, c_qkv16, c_bias, c_out, nullptr, c_lse, B, T, H, D, window,
+                                    nullptr, c_dbias)
+              .ok());
+  CHECK(cast.Get(*cast.gpu, c_out, n_out) == p.Get(*p.gpu, out, n_out));
+  CHECK(cast.Get(*cast.gpu, c_dqkv, N * OC) == p.Get(*p.gpu, dqkv, N * OC));
+  CHECK(cast.Get(*cast.gpu, c_dbias, OC) == p.Get(*p.gpu, dbias, OC));
 
   Pair fp32(/*bf16=*/false);
   struct Refused {
@@ -675,7 +722,7 @@ TEST_CASE("cuda backend: attention reading the qkv GEMM's bf16 output gives the 
     CAPTURE(r.D);
     float* o = r.pair->On(*r.be, std::vector<float>(3 * 24));
     CHECK(r.be->AttentionForward16(o, o, o, nullptr, 1, 1, 1, r.D, 0, nullptr).code() == Code::kFailedPrecondition);
-    CHECK(r.be->AttentionBackward16(o, o, o, nullptr, o, o, 1, 1, 1, r.D, 0, nullptr, nullptr).code() ==
+    CHECK(r.be->AttentionBackward16(o, o, o, nullptr, o, nullptr, o, 1, 1, 1, r.D, 0, nullptr, nullptr).code() ==
           Code::kFailedPrecondition);
   }
 }
@@ -896,7 +943,8 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
 // workspaces (counted). With the fp32 activations still allocated, `keep` would hold
 // 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
 // N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16; qkv too, the
-// attention running on tensor cores here: D = 16) `keep` holds (L + 1) N F x 2 + L 3 N C x 2 bytes less again.
+// attention running on tensor cores here: D = 16, and no fp32 attention output) `keep` holds
+// (L + 1) N F x 2 + L 3 N C x 2 + L N C x 4 bytes less again.
 float HostGelu(float v) {  // the reference op (in double)
   float out = 0;
   ops::ref::GeluForward(&out, &v, 1);
@@ -1087,8 +1135,10 @@ TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of a
   // written over them: 2 bytes per logit instead of 4 + 2.
   const int64_t keep_bf16_fc = held(Bf16Operands::kKeep, &params, /*bf16_fc=*/true);
   CAPTURE(keep_bf16_fc);
-  const int64_t qkv16 = L * 3 * N * C * 2;
-  REQUIRE(qkv16 > slack);  // (qkv's share is seen)
+  // With the tensor-core attention (D = 16 here) qkv is bf16 too and the attention output is held as its rounding
+  // alone (no fp32 copy: 4 bytes per element).
+  const int64_t qkv16 = L * 3 * N * C * 2 + L * N * C * 4;
+  REQUIRE(qkv16 > slack);  // (their share is seen)
   CHECK(std::llabs(keep - keep_bf16_fc - (L + 1) * N * F * 2 - qkv16 - N * V * 4) <= slack);
   // The logits' share seen on its own: a vocabulary large enough that 4 bytes per logit exceed the slack.
   config::ModelSpec big_vocab = m;

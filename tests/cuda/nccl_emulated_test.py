@@ -219,6 +219,12 @@ if not QUICK:
     report("bf16-keep-is-cast-tp2-pp2-dp2-zero1",
            same_bits("keep-2x2x2", "{tp: 2, pp: 2, dp: 2, zero: 1, micro_batches: 2}", ["model.block=sequential"],
                      env=DEFERRED))
+    # runtime.activations: bf16 under tp 2 with sequence parallelism (D = 16: the tensor-core attention, so qkv, the
+    # attention projection's input gradient and the attention output's rounding in bf16, over local heads and the
+    # row chunks of the projection's backward; fp32 logits, the vocab-parallel loss): keep = cast, bit for bit.
+    report("bf16-activations-keep-is-cast-tp2-sp",
+           same_bits("bf16act-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}",
+                     ["runtime.activations=bf16", "runtime.gemm_epilogues=false"], env=DEFERRED))
 DEADLOCK = ["no completion after 3.0 s", "nccl-pp[0]", "from peer", "runtime.collective_timeout_s"]
 UNGROUPED = {"MEGASCALE_PP_P2P": "ungrouped"}
 report("deadlock-of-the-former-order", must_fail("deadlock", "{pp: 2, micro_batches: 4}", UNGROUPED, DEADLOCK))

@@ -182,12 +182,13 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
 # fc projection's backward GEMM's (DGELU; runtime.gemm_epilogues, on by default): within the same tolerance. Where
 # cuBLASLt has no algorithm (here: 4C = 180 columns, an aux leading dimension that is not a multiple of 8) the
 # backend's fallback (the GEMM, then the bias + GeLU kernel) keeps the same contract.
-# With the tensor-core attention (D = 16 here) qkv is bf16 too (the qkv GEMM writes it, the attention reads it); with
-# the fp32 attention (D = 15 in the fallback case) it stays fp32.
+# With the tensor-core attention (D = 16 here) the attention's inputs are bf16 too (qkv written by its GEMM, the output
+# gradient by the projection's backward GEMM, the output read back as its kept rounding); with the fp32 attention
+# (D = 15 in the fallback case) they stay fp32.
 EPI = "fc GEMMs with the bias + GeLU epilogue: "
 KEPT = "kept in bf16: fc output, GeLU output gradient, logits"
 case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
-     ["runtime.activations=bf16"], [EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback", KEPT + ", qkv\n"])
+     ["runtime.activations=bf16"], [EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback", KEPT + ", qkv, attention output gradient, attention output\n"])
 # ... and at tp 1 the logits in bf16 too (the classifier GEMM writes them rounded, the cross-entropy reads them and
 # writes their gradient over them), with a padded vocabulary kept out of the softmax by the cross-entropy itself.
 case("bf16-111-bf16-logits-padded-vocab", "", ["train.precision=bf16", "model.vocab=300", "model.vocab_pad_to=128"],

@@ -340,55 +340,86 @@ TEST_CASE("attention bf16 (tensor cores): dqkv_bias sums the stored dqkv rows (B
   ExpectNoPoisonedReads();
 }
 
-// qkv in bf16 (the qkv GEMM's output kept in bf16): the bits of the fp32-qkv kernels on qkv widened to fp32 —
-// out, lse, dqkv and its rounding, and the qkv bias gradient — with and without the qkv bias, with qkv 8-byte
+// bf16 inputs (runtime.activations: bf16: qkv as the qkv GEMM wrote it, dout as the projection's backward GEMM
+// wrote it, the forward's output read back as its bf16 rounding): the bits of the fp32 kernels on the widened qkv and
+// dout and on the widened rounding of out — out, lse, out16 (also with out null), dqkv and its rounding, and the qkv
+// bias gradient, reading out16 or rounding the fp32 out as it is read — with and without the qkv bias, with qkv 8-byte
 // aligned (4-element loads) and, with the bias, one element past it (scalar loads). Both instantiations (D <= 64,
 // D <= 128).
-TEST_CASE("attention bf16 (tensor cores): qkv read in bf16 gives the bits of the fp32 kernels on the widened qkv") {
+TEST_CASE("attention bf16 (tensor cores): bf16 qkv, dout and out give the bits of the fp32 kernels on widened values") {
   for (Case c : {Case{2, 37, 2, 32, 5}, Case{1, 70, 1, 80, 0}}) {
     CAPTURE(c.D);
     const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
     const auto qkv = Random(n_qkv, 351, -2.0f, 2.0f), dout = Random(n_out, 352), bias = Random(hd3, 353);
-    std::vector<__nv_bfloat16> qkv16(n_qkv);
-    std::vector<float> widened(n_qkv);
-    for (int64_t i = 0; i < n_qkv; ++i) {
-      qkv16[i] = __float2bfloat16(qkv[i]);
-      widened[i] = __bfloat162float(qkv16[i]);
-    }
-    Dev<float> d_bias(bias);
+    auto round = [](const std::vector<float>& v, std::vector<__nv_bfloat16>& b16) {
+      b16.resize(v.size());
+      std::vector<float> w(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        b16[i] = __float2bfloat16(v[i]);
+        w[i] = __bfloat162float(b16[i]);
+      }
+      return w;
+    };
+    std::vector<__nv_bfloat16> qkv16, dout16;
+    const auto qkv_w = round(qkv, qkv16), dout_w = round(dout, dout16);
+    Dev<float> d_bias(bias), d_qkv_w(qkv_w), d_dout_w(dout_w);
+    Dev<__nv_bfloat16> d_dout16(dout16);
+    Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
+                       AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
     for (bool with_bias : {false, true}) {
       CAPTURE(with_bias);
       const float* const b = with_bias ? d_bias.get() : nullptr;
-      const Outputs want = RunKernels(c, widened, dout, /*bf16=*/true, /*rounded=*/false, b);
-      Dev<float> d_dout(dout), want_dbias(hd3);
-      REQUIRE(cudaMemset(want_dbias.get(), 0, hd3 * sizeof(float)) == cudaSuccess);
-      Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
-                         AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
-      {  // the fp32 kernels' bias gradient on the widened qkv
-        Dev<float> d_w(widened), d_out(want.out), d_lse(want.lse);
-        REQUIRE(AttentionBackwardBf16(nullptr, scratch.get(), d_dout.get(), d_w.get(), d_out.get(), d_lse.get(), c.B,
-                                      c.T, c.H, c.D, c.window, nullptr, nullptr, b, want_dbias.get()) == cudaSuccess);
-      }
+      // The oracle: the fp32-qkv kernels on the widened values.
+      Dev<float> want_out(n_out), want_lse(c.B * c.H * c.T), want_dqkv(n_qkv),
+          want_dbias(std::vector<float>(hd3, 0.0f));
+      Dev<__nv_bfloat16> want_dqkv16(n_qkv);
+      REQUIRE(AttentionForwardBf16(want_out.get(), want_lse.get(), d_qkv_w.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
+                                   nullptr, b) == cudaSuccess);
+      std::vector<__nv_bfloat16> out16_host;
+      Dev<float> out_w(round(want_out.Get(), out16_host));  // out as the bf16 path reads it back
+      REQUIRE(AttentionBackwardBf16(want_dqkv.get(), scratch.get(), d_dout_w.get(), d_qkv_w.get(), out_w.get(),
+                                    want_lse.get(), c.B, c.T, c.H, c.D, c.window, nullptr, want_dqkv16.get(), b,
+                                    want_dbias.get()) == cudaSuccess);
       for (int64_t shift : {0, 1}) {
         if (shift == 1 && !with_bias) continue;  // (the scalar loads once per shape: the TSan run's time)
         CAPTURE(shift);
         std::vector<__nv_bfloat16> q1(shift, __float2bfloat16(0.0f));
         q1.insert(q1.end(), qkv16.begin(), qkv16.end());
-        Dev<__nv_bfloat16> d_qkv(q1), dqkv16(n_qkv);
-        Dev<float> d_out(n_out), d_lse(c.B * c.H * c.T), d_dqkv(n_qkv), dbias(hd3);
-        REQUIRE(cudaMemset(dbias.get(), 0, hd3 * sizeof(float)) == cudaSuccess);
+        Dev<__nv_bfloat16> d_qkv(q1), out16(n_out), only16(n_out), dqkv16(n_qkv);
+        Dev<float> d_out(n_out), d_lse(c.B * c.H * c.T), d_dqkv(n_qkv), dbias(std::vector<float>(hd3, 0.0f));
         const __nv_bfloat16* const q = d_qkv.get() + shift;
-        REQUIRE(AttentionForwardBf16(d_out.get(), d_lse.get(), q, c.B, c.T, c.H, c.D, c.window, nullptr, nullptr, b) ==
-                cudaSuccess);
-        REQUIRE(AttentionBackwardBf16(d_dqkv.get(), scratch.get(), d_dout.get(), q, d_out.get(), d_lse.get(), c.B, c.T,
-                                      c.H, c.D, c.window, nullptr, dqkv16.get(), b, dbias.get()) == cudaSuccess);
-        CHECK(std::memcmp(d_out.Get().data(), want.out.data(), n_out * sizeof(float)) == 0);
-        CHECK(std::memcmp(d_lse.Get().data(), want.lse.data(), want.lse.size() * sizeof(float)) == 0);
-        CHECK(std::memcmp(d_dqkv.Get().data(), want.dqkv.data(), n_qkv * sizeof(float)) == 0);
-        testing::ExpectBf16CopyOf(dqkv16, d_dqkv, n_qkv, "dqkv16 from bf16 qkv");
+        REQUIRE(AttentionForwardBf16(d_out.get(), d_lse.get(), q, c.B, c.T, c.H, c.D, c.window, nullptr, out16.get(),
+                                     b) == cudaSuccess);
+        CHECK(std::memcmp(d_out.Get().data(), want_out.Get().data(), n_out * sizeof(float)) == 0);
+        CHECK(std::memcmp(d_lse.Get().data(), want_lse.Get().data(), want_lse.Get().size() * sizeof(float)) == 0);
+        testing::ExpectBf16CopyOf(out16, want_out, n_out, "out16 from bf16 qkv");
+        if (shift == 0) {  // out null: only the rounding written, the same bits
+          REQUIRE(AttentionForwardBf16(nullptr, d_lse.get(), q, c.B, c.T, c.H, c.D, c.window, nullptr, only16.get(),
+                                       b) == cudaSuccess);
+          testing::ExpectBf16CopyOf(only16, want_out, n_out, "out16 alone from bf16 qkv");
+        }
+        REQUIRE(AttentionBackwardBf16(d_dqkv.get(), scratch.get(), d_dout16.get(), q, nullptr, out16.get(), d_lse.get(),
+                                      c.B, c.T, c.H, c.D, c.window, nullptr, dqkv16.get(), b,
+                                      dbias.get()) == cudaSuccess);
+        CHECK(std::memcmp(d_dqkv.Get().data(), want_dqkv.Get().data(), n_qkv * sizeof(float)) == 0);
+        testing::ExpectBf16CopyOf(dqkv16, want_dqkv, n_qkv, "dqkv16 from bf16 inputs");
         CHECK(std::memcmp(dbias.Get().data(), want_dbias.Get().data(), hd3 * sizeof(float)) == 0);
+        if (shift == 0 && with_bias) {  // the fp32 out rounded as it is read: the same bits
+          Dev<float> dqkv2(n_qkv);
+          REQUIRE(AttentionBackwardBf16(dqkv2.get(), scratch.get(), d_dout16.get(), q, d_out.get(), nullptr,
+                                        d_lse.get(), c.B, c.T, c.H, c.D, c.window, nullptr, nullptr, b) == cudaSuccess);
+          CHECK(std::memcmp(dqkv2.Get().data(), want_dqkv.Get().data(), n_qkv * sizeof(float)) == 0);
+        }
       }
     }
+    // Exactly one of out and out16 for the backward; something to write for the forward.
+    Dev<float> buf(n_out);
+    const __nv_bfloat16* q = d_dout16.get();
+    CHECK(AttentionBackwardBf16(buf.get(), scratch.get(), q, q, nullptr, nullptr, buf.get(), 1, 1, 1, 16, 0, nullptr) ==
+          cudaErrorInvalidValue);
+    CHECK(AttentionBackwardBf16(buf.get(), scratch.get(), q, q, buf.get(), q, buf.get(), 1, 1, 1, 16, 0, nullptr) ==
+          cudaErrorInvalidValue);
+    CHECK(AttentionForwardBf16(nullptr, buf.get(), q, 1, 1, 1, 16, 0, nullptr, nullptr) == cudaErrorInvalidValue);
   }
   ExpectNoPoisonedReads();
 }
