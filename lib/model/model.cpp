@@ -123,7 +123,7 @@ struct Gpt::Acts {
   DeviceArray<int32_t> inputs, targets;            // [N]; inputs as local vocab ids under tp (-1: another rank's row)
   DeviceArray<float> res;                          // (layers+1) x [R, C]
   struct Layer {
-    // fch: bf16 with Bf16Fc; qkv: bf16 with Bf16Qkv
+    // fch: bf16 with Bf16Fc; qkv: bf16 with Bf16Qkv; atty: unallocated without Atty32 (only its rounding atty_16)
     DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
     // bf16 roundings of the GEMM inputs (all N rows), made in the forward (by the LayerNorms, the bias + GeLU or
