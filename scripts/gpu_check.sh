@@ -8,7 +8,7 @@
 #   train-*    megascale train configs/gpt2-small-gpu.yaml with runtime.bf16_operands keep, keep with
 #              runtime.activations: bf16 (the fc bias + GeLU in the GEMMs' cuBLASLt epilogues), the same with
 #              runtime.gemm_epilogues: false (the bias + GeLU kernels), cast and cublas: step time and MFU against the
-#              detected GPU's datasheet bf16 peak, and which path ran the GeLU epilogues
+#              detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what was kept in bf16
 #   sanitizer  with the time left: ctest -L sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 # The machine (nvidia-smi) is printed first, a table of stages (exit status, seconds) last; the exit status is 1
 # when a stage failed. The training stages need data/fortunes.* (scripts/make_demo_data.sh): carry data/ to the
@@ -111,8 +111,9 @@ print(f"  {sys.argv[1].split('/')[-2]:24s} {med('step_s') * 1e3:8.1f} ms  {med('
 PY
   done
   # Which path ran the fc GEMMs' GeLU epilogues (cuBLASLt, or the GEMM + kernel fallback where it had no algorithm).
-  grep -h "fc GEMMs with the bias + GeLU epilogue" "$out"/train-*/train.log "$out"/train-*/logs/rank-0.log \
-    2>/dev/null | sed 's/^/  /' || true
+  # And what runtime.activations: bf16 kept in bf16 (the attention's inputs with the tensor-core attention).
+  grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "kept in bf16:" "$out"/train-*/train.log \
+    "$out"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
   echo "logs: $out"
 } | tee "$out/summary.txt"
 exit $failed

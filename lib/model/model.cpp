@@ -350,10 +350,10 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->plant_unwritten_bf16_ = plant && std::strcmp(plant, "optimizer_bf16_unwritten") == 0;
   }
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
-  // Scratch: dres, partR, dln [R,C]; part, dy_full, dln_full, e_full [N,C]; datty [N,HlD];
+  // Scratch: dres, partR, dln [R,C]; part, dy_full, dln_full, e_full [N,C]; datty [N,HlD] (bf16 with Bf16Qkv);
   // dqkv [N,3HlD] (if Dqkv32); dfch_gelu [N,Fl] (bf16 with Bf16Fc: DfchGeluFloats), dfch [N,Fl] (if Dfch32);
   // vstats [N] x 4 (at the end: vocab-parallel loss). dlogits are written over each slot's logits.
-  MS_RETURN_IF_ERROR(g->scratch_.Allocate(g->be_, 3 * R * C + 4 * N * C + N * HlD +
+  MS_RETURN_IF_ERROR(g->scratch_.Allocate(g->be_, 3 * R * C + 4 * N * C + g->DattyFloats(C / spec.heads) +
                                                       (g->Dqkv32(C / spec.heads) ? 3 * N * HlD : 0) +
                                                       g->DfchGeluFloats() + (g->Dfch32() ? N * g->Fl_ : 0) + 4 * N));
   // Chunked TP collectives: at most one chunk per row; SP chunks are staged in two buffers of
@@ -1087,8 +1087,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   float* dln_full = dy_full_buf + N * C;
   float* datty = s + 3 * R * C + 4 * N * C;
   // Output gradients nothing reads in fp32 have no scratch (Dqkv32, Dfch32): their pointers are null.
-  float* dqkv = Dqkv32(D) ? datty + N * HlD : nullptr;
-  float* dfch_gelu = datty + N * HlD + (dqkv ? 3 * N * HlD : 0);
+  float* dqkv = Dqkv32(D) ? datty + DattyFloats(D) : nullptr;
+  float* dfch_gelu = datty + DattyFloats(D) + (dqkv ? 3 * N * HlD : 0);
   float* dfch = Dfch32() ? dfch_gelu + DfchGeluFloats() : nullptr;
   auto P = [&](const ParamInfo* p) { return param_data() + p->offset; };
   auto G = [&](const ParamInfo* p) { return grad_data() + p->offset; };
