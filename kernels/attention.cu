@@ -156,7 +156,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// drow (B, H, T) = sum_d dout * out per (b, t, h); a warp per row, rows taken in (B, T, H) order.
 // The row term's out operand: fp32 with fp32 dout; with bf16 dout rounded to bf16 (a bf16 out as it is).
 template <typename G>
 __device__ __forceinline__ float RowTermOut(float o) {
@@ -171,7 +170,8 @@ __device__ __forceinline__ float RowTermOut(__nv_bfloat16 o) {
   return __bfloat162float(o);
 }
 
-// G, O: the types of dout and out (float, float; bf16, float; bf16, bf16: AttentionRowTerms).
+// drow (B, H, T) = sum_d dout * out per (b, t, h); a warp per row, rows taken in (B, T, H) order. G, O: the types of
+// dout and out (float, float; bf16, float; bf16, bf16: AttentionRowTerms).
 template <typename G, typename O>
 __global__ void __launch_bounds__(kRowTermThreads)
     attention_row_term_kernel(float* drow, const G* dout, const O* out, int T, int H, int D, int rows) {

@@ -336,10 +336,11 @@ class CudaBackend final : public ops::Backend {
     return static_cast<float*>(scratch);
   }
   // The attention's inputs read in bf16 (runtime.activations: bf16): the tensor-core kernels' bf16 instantiations.
-  bool Bf16Qkv(int64_t D) const { return bf16_activations() && TensorCoreAttention(D); }
+  bool Bf16AttentionInputs(int64_t D) const { return bf16_activations() && TensorCoreAttention(D); }
   Status AttentionForward16(float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B, int64_t T,
                             int64_t H, int64_t D, int64_t window, void* out16) override {
-    if (!Bf16Qkv(D)) return ops::Backend::AttentionForward16(out, lse, qkv16, qkv_bias, B, T, H, D, window, out16);
+    if (!Bf16AttentionInputs(D))
+      return ops::Backend::AttentionForward16(out, lse, qkv16, qkv_bias, B, T, H, D, window, out16);
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "AttentionForward16", out));
     return Launch(kernels::AttentionForwardBf16(out, lse, static_cast<const __nv_bfloat16*>(qkv16), B, T, H, D, window,
                                                 s_, o16, qkv_bias),
@@ -348,7 +349,7 @@ class CudaBackend final : public ops::Backend {
   Status AttentionBackward16(float* dqkv, const void* dout16, const void* qkv16, const float* qkv_bias,
                              const float* out, const void* out16_in, const float* lse, int64_t B, int64_t T, int64_t H,
                              int64_t D, int64_t window, void* dqkv16, float* dqkv_bias) override {
-    if (!Bf16Qkv(D)) {
+    if (!Bf16AttentionInputs(D)) {
       return ops::Backend::AttentionBackward16(dqkv, dout16, qkv16, qkv_bias, out, out16_in, lse, B, T, H, D, window,
                                                dqkv16, dqkv_bias);
     }

@@ -123,7 +123,7 @@ struct Gpt::Acts {
   DeviceArray<int32_t> inputs, targets;            // [N]; inputs as local vocab ids under tp (-1: another rank's row)
   DeviceArray<float> res;                          // (layers+1) x [R, C]
   struct Layer {
-    // fch: bf16 with Bf16Fc; qkv: bf16 with Bf16Qkv; atty: unallocated without Atty32 (only its rounding atty_16)
+    // fch: bf16 with Bf16Fc; qkv: bf16 with Bf16AttnIO; atty: unallocated without Atty32 (only its rounding atty_16)
     DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
     DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
     // bf16 roundings of the GEMM inputs (all N rows), made in the forward (by the LayerNorms, the bias + GeLU or
@@ -180,7 +180,7 @@ std::string Gpt::bf16_activations() const {
   std::string s = "fc output, GeLU output gradient";
   if (Bf16Logits()) s += ", logits";
   const int64_t D = spec_.hidden / spec_.heads;
-  if (Bf16Qkv(D)) s += ", qkv, attention output gradient";
+  if (Bf16AttnIO(D)) s += ", qkv, attention output gradient";
   if (!Atty32(D)) s += ", attention output";
   return s;
 }
@@ -350,7 +350,7 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->plant_unwritten_bf16_ = plant && std::strcmp(plant, "optimizer_bf16_unwritten") == 0;
   }
   const int64_t R = g->rows_, HlD = g->Hl_ * (C / spec.heads);
-  // Scratch: dres, partR, dln [R,C]; part, dy_full, dln_full, e_full [N,C]; datty [N,HlD] (bf16 with Bf16Qkv);
+  // Scratch: dres, partR, dln [R,C]; part, dy_full, dln_full, e_full [N,C]; datty [N,HlD] (bf16 with Bf16AttnIO);
   // dqkv [N,3HlD] (if Dqkv32); dfch_gelu [N,Fl] (bf16 with Bf16Fc: DfchGeluFloats), dfch [N,Fl] (if Dfch32);
   // vstats [N] x 4 (at the end: vocab-parallel loss). dlogits are written over each slot's logits.
   MS_RETURN_IF_ERROR(g->scratch_.Allocate(g->be_, 3 * R * C + 4 * N * C + g->DattyFloats(C / spec.heads) +
@@ -500,7 +500,7 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     MS_RETURN_IF_ERROR(y.ln1_mean.Allocate(be, R));
     MS_RETURN_IF_ERROR(y.ln1_rstd.Allocate(be, R));
     if (sp) MS_RETURN_IF_ERROR(y.ln1_full.Allocate(be, N * C));
-    if (Bf16Qkv(spec_.hidden / spec_.heads)) {  // written by the qkv GEMM in bf16, read by the attention
+    if (Bf16AttnIO(spec_.hidden / spec_.heads)) {  // written by the qkv GEMM in bf16, read by the attention
       MS_RETURN_IF_ERROR(AllocateBf16(y.qkv, be, N * 3 * HlD));
     } else {
       MS_RETURN_IF_ERROR(y.qkv.Allocate(be, N * 3 * HlD));
@@ -794,15 +794,15 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     // Where the attention adds the qkv bias as it loads q, k, v (the tensor-core kernels; a fused epilogue, so not
     // in the unfused ablation), qkv holds the GEMM's output alone: no bias pass over it.
     const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;
-    const bool qkv16 = Bf16Qkv(D);  // the GEMM writes qkv in bf16, the attention reads it
+    const bool attn16 = Bf16AttnIO(D);  // the GEMM writes qkv in bf16, the attention reads it
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
       ops::Bf16Copies kc = k16.Qkv(row0, ln_rounds);
-      if (qkv16) kc.out16 = Bf16At(y.qkv, row0 * 3 * HlD);
-      return be_->MatmulForward(qkv16 ? nullptr : y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw),
+      if (attn16) kc.out16 = Bf16At(y.qkv, row0 * 3 * HlD);
+      return be_->MatmulForward(attn16 ? nullptr : y.qkv.data() + row0 * 3 * HlD, src, P(w.qkvw),
                                 attn_bias ? nullptr : P(w.qkvb), rows, C, 3 * HlD, kc);
     };
     auto attention = [&]() {
-      if (qkv16) {
+      if (attn16) {
         return be_->AttentionForward16(y.atty.data(), y.lse.data(), Bf16At(y.qkv, 0), attn_bias, B, T, Hl_, D,
                                        spec_.window, k16.AttyOut());
       }
@@ -1151,15 +1151,16 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
     const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;  // as in the forward
     float* const attn_dbias = attn_bias ? G(w.qkvb) : nullptr;  // summed by the attention as it stores dqkv
-    auto attention = [&]() {  // with Bf16Qkv: qkv and datty in bf16, the output read as its kept rounding (or rounded)
-      if (Bf16Qkv(D)) {
-        return be_->AttentionBackward16(dqkv, datty, Bf16At(y.qkv, 0), attn_bias, y.atty.data(),
-                                        Atty32(D) ? nullptr : k16.AttyOut(), y.lse.data(), B, T, Hl_, D, spec_.window,
-                                        dqkv16, attn_dbias);
-      }
-      return be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T, Hl_, D,
-                                    spec_.window, dqkv16, attn_dbias);
-    };
+    auto attention =
+        [&]() {  // with Bf16AttnIO: qkv and datty in bf16, the output read as its kept rounding (or rounded)
+          if (Bf16AttnIO(D)) {
+            return be_->AttentionBackward16(dqkv, datty, Bf16At(y.qkv, 0), attn_bias, y.atty.data(),
+                                            Atty32(D) ? nullptr : k16.AttyOut(), y.lse.data(), B, T, Hl_, D,
+                                            spec_.window, dqkv16, attn_dbias);
+          }
+          return be_->AttentionBackward(dqkv, datty, y.qkv.data(), attn_bias, y.atty.data(), y.lse.data(), B, T, Hl_, D,
+                                        spec_.window, dqkv16, attn_dbias);
+        };
     auto mproj_rows = [&](int64_t row0, int64_t rows, const float* dy) -> Status {  // then GeLU backward
       // With Bf16Fc the GEMM writes the GeLU output's gradient rounded to bf16 (dg16, in dfch_gelu's scratch), which
       // the bias + GeLU backward reads; else in fp32.
@@ -1189,10 +1190,10 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
                                    dfch_gelu + row0 * Fl, rows, Fl,
                                    dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr);
     };
-    auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {  // with Bf16Qkv datty holds bf16
+    auto proj_rows = [&](int64_t row0, int64_t rows, const float* dy) {  // with Bf16AttnIO datty holds bf16
       ops::Bf16Copies kc = with_dout(k16.Proj(row0, true), dres_at(row0), true);
-      if (Bf16Qkv(D)) kc.dinp16 = reinterpret_cast<uint16_t*>(datty) + row0 * HlD;
-      return be_->MatmulBackward(Bf16Qkv(D) ? nullptr : datty + row0 * HlD, G(w.projw), nullptr, dy,
+      if (Bf16AttnIO(D)) kc.dinp16 = reinterpret_cast<uint16_t*>(datty) + row0 * HlD;
+      return be_->MatmulBackward(Bf16AttnIO(D) ? nullptr : datty + row0 * HlD, G(w.projw), nullptr, dy,
                                  Off(y.atty.data(), row0 * HlD), P(w.projw), rows, HlD, C, kc);
     };
     // fc's and qkv's input gradients: each writes dst (overwrite), or the parallel block's qkv adds to fc's.

@@ -325,13 +325,13 @@ class Gpt {
   // fp32 qkv), the attention projection's backward GEMM its input gradient (datty's scratch holds bf16), and the
   // backward reads the attention output rounded to bf16 (with kept operands its kept rounding, and then no fp32
   // attention output is written or held: Atty32).
-  bool Bf16Qkv(int64_t D) const { return Bf16Fc() && QkvBiasInAttention(D); }
-  bool Atty32(int64_t D) const { return !(keep_bf16_ && Bf16Qkv(D)); }
-  // The scratch of the attention output's gradient, in floats: N x HlD fp32, or with Bf16Qkv bf16 (rounded up to 256
+  bool Bf16AttnIO(int64_t D) const { return Bf16Fc() && QkvBiasInAttention(D); }
+  bool Atty32(int64_t D) const { return !(keep_bf16_ && Bf16AttnIO(D)); }
+  // The scratch of the attention output's gradient, in floats: N x HlD fp32, or with Bf16AttnIO bf16 (rounded up to 256
   // bytes, so that what follows keeps its alignment).
   int64_t DattyFloats(int64_t D) const {
     const int64_t n = N_ * Hl_ * D;
-    return Bf16Qkv(D) ? ((n + 1) / 2 + 63) / 64 * 64 : n;
+    return Bf16AttnIO(D) ? ((n + 1) / 2 + 63) / 64 * 64 : n;
   }
   // The fc bias + GeLU run in the fc GEMM's epilogue and their gradient in the fc-proj backward GEMM's (Bf16Copies::
   // gelu16 / dgelu_aux16, ops::Backend::gemm_gelu_epilogue): fch then holds the GeLU input with its bias, and the

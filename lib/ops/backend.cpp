@@ -306,14 +306,15 @@ Status Backend::BiasGeluBackward16(float*, float*, const void*, const float*, co
 Status Backend::AttentionForward16(float*, float*, const void*, const float*, int64_t, int64_t, int64_t, int64_t,
                                    int64_t, void*) {
   return FailedPrecondition(
-      "AttentionForward16: the {} backend reads no bf16 qkv (runtime.activations: bf16 with the tensor-core attention)",
+      "AttentionForward16: the {} backend reads no bf16 attention inputs (runtime.activations: bf16 with the "
+      "tensor-core attention)",
       name());
 }
 Status Backend::AttentionBackward16(float*, const void*, const void*, const float*, const float*, const void*,
                                     const float*, int64_t, int64_t, int64_t, int64_t, int64_t, void*, float*) {
   return FailedPrecondition(
-      "AttentionBackward16: the {} backend reads no bf16 qkv (runtime.activations: bf16 with the tensor-core "
-      "attention)",
+      "AttentionBackward16: the {} backend reads no bf16 attention inputs (runtime.activations: bf16 with the "
+      "tensor-core attention)",
       name());
 }
 Status Backend::CrossEntropyForward16(float*, float*, const void*, const int32_t*, int64_t, int64_t, int64_t) {
