@@ -964,7 +964,7 @@ std::vector<float> Widen16(const std::vector<uint16_t>& h) {
   }
   return out;
 }
-uint16_t Round16(float f) {  // nearest even (finite inputs)
+[[maybe_unused]] uint16_t Round16(float f) {  // nearest even (finite inputs)
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
