@@ -1,43 +1,115 @@
 #!/usr/bin/env bash
-# What to run first when a GPU is lent (docs/PERFORMANCE.md, "When a GPU is lent"): one script for one call of the
-# device tool, sized for its 15-minute budget. Each stage has its own time limit, runs whether or not an earlier one
-# failed, and leaves its log in $OUT (the device tool's output folder; else runs/gpu-check-<host>-<time>):
-#   build      Release with -DMS_GPU_TESTS=ON (build-gpu/): megascale, kernels_bench and the GPU test binaries
-#   tests      ctest -L gpu -LE sanitizer: the kernels, the backend and training on the GPU against the references
+# What to run when a GPU is lent (docs/PERFORMANCE.md, "When a GPU is lent"), sized for the device tool: one call
+# runs at most 600 s, the session has 15 minutes of device time (the machine's start included), and at most 8 files
+# come back from $OUT. The machine has CUDA, CMake and Python but none of the Debian libraries megascale links and no
+# redis-server: carry the binaries built here (scripts/gpu_bundle.sh -> gpu-bundle.tar.xz) and data/, and split the
+# stages over two calls made back to back (the machine stays warm 30 s after a call):
+#   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages tests,kernels
+#   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages train,sanitizer
+# Stages (each under its own time limit, run whether or not an earlier one failed):
+#   build      without --bundle: Release with -DMS_GPU_TESTS=ON in build-gpu/ (needs the Debian libraries)
+#   bundle     with --bundle: unpack it, find the machine's CUDA libraries, check that every program loads
+#   tests      the tests labelled gpu, not sanitizer (kernels, backend, one-rank and NCCL training against the
+#              references): ctest, or scripts/gpu_tests.py on the bundle's tests.json
 #   kernels    kernels_bench --preset gpu-configs: every launcher timed against its H100 roofline (+ JSON)
-#   train-*    megascale train configs/gpt2-small-gpu.yaml with runtime.bf16_operands keep, keep with
-#              runtime.activations: bf16 (the fc bias + GeLU in the GEMMs' cuBLASLt epilogues), the same with
-#              runtime.gemm_epilogues: false (the bias + GeLU kernels), cast and cublas: step time and MFU against the
-#              detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what was kept in bf16
-#   sanitizer  with the time left: ctest -L sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
-# The machine (nvidia-smi) is printed first, a table of stages (exit status, seconds) last; the exit status is 1
-# when a stage failed. The training stages need data/fortunes.* (scripts/make_demo_data.sh): carry data/ to the
-# device machine.
-#   scripts/gpu_check.sh [--budget SECONDS] [--no-build]
-#     --budget    seconds for all stages (default 780: 2 minutes of a 15-minute device budget left to spare)
-#     --no-build  use build-gpu/ as it is (MS_GPU_BUILD=dir to choose another)
+#   train      megascale train configs/gpt2-small-gpu.yaml (12 steps) and configs/gpt-1.3b-gpu.yaml (8 steps) with
+#              runtime.bf16_operands: keep, with and without runtime.activations: bf16 (the fc bias + GeLU in the
+#              cuBLASLt epilogues); then GPT-2 small with runtime.gemm_epilogues: false, cast and cublas: step time
+#              and MFU against the detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what
+#              was kept in bf16
+#   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
+# The machine (nvidia-smi) is printed first; after every stage $OUT/summary.txt (the table of stages, exit status and
+# seconds, and per training run its median step time, tokens/s and MFU) and $OUT/logs.tar.gz (every log and run
+# folder) are rewritten, so a call cut short still brings back what ran; kernels_bench's JSON is $OUT/kernels.json.
+# Without $OUT (not on the device tool) the logs stay in runs/gpu-check-<host>-<time>/. Exit status 1 when a stage
+# failed.
+#   scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--no-build]
+#     --bundle    gpu-bundle.tar.xz from scripts/gpu_bundle.sh (no build on the GPU machine)
+#     --stages    comma-separated among tests,kernels,train,sanitizer (default: all of them, in that order)
+#     --budget    seconds for all stages (default 540: one call's 600 s, less the start and the transfers)
+#     --no-build  without --bundle: use build-gpu/ as it is (MS_GPU_BUILD=dir to choose another)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-budget=780
+budget=540
 build_it=1
+bundle_file=""
+stages="tests,kernels,train,sanitizer"
+usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--no-build]"
 while (($#)); do
   case "$1" in
     --budget) budget="$2"; shift 2 ;;
+    --bundle) bundle_file="$2"; shift 2 ;;
+    --stages) stages="$2"; shift 2 ;;
     --no-build) build_it=0; shift ;;
-    *) echo "gpu_check: unknown argument '$1' (usage: scripts/gpu_check.sh [--budget SECONDS] [--no-build])" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument '$1' ($usage)" >&2; exit 2 ;;
   esac
 done
-build=${MS_GPU_BUILD:-build-gpu}
-out=${OUT:-runs/gpu-check-$(hostname -s)-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$out"
+for s in ${stages//,/ }; do
+  case "$s" in
+    tests | kernels | train | sanitizer) ;;
+    *) echo "gpu_check: unknown stage '$s' in --stages (tests, kernels, train, sanitizer)" >&2; exit 2 ;;
+  esac
+done
+want() { [[ ",$stages," == *",$1,"* ]]; }
+if [[ -n $bundle_file && ! -f $bundle_file ]]; then
+  echo "gpu_check: $bundle_file not found: make it here with scripts/gpu_bundle.sh and carry it (carry:" \
+    "[\"data\", \"gpu-bundle.tar.xz\"])" >&2
+  exit 2
+fi
+out=${OUT:-}
+if [[ -n $out ]]; then
+  work=$(mktemp -d /tmp/gpu-check.XXXXXX)
+else
+  work=runs/gpu-check-$(hostname -s)-$(date +%Y%m%d-%H%M%S)
+  out=$work
+fi
+mkdir -p "$work" "$out"
 start=$(date +%s)
 summary=()
 failed=0
 
 left() { echo $((budget - ($(date +%s) - start))); }
 
+# The summary so far and every log, where the device tool brings them back (at most 8 files: these 2 and
+# kernels.json).
+publish() {
+  {
+    cat "$work/machine.txt"
+    echo
+    echo "stage                    result   seconds"
+    printf '%s\n' "${summary[@]}"
+    if compgen -G "$work/train-*/metrics.jsonl" >/dev/null; then
+      echo "training (median over steps 4..: step time, tokens/s, MFU against the detected GPU's datasheet peak):"
+      for m in "$work"/train-*/metrics.jsonl; do
+        python3 - "$m" <<'PY' || true
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
+rows = [r for r in rows if r.get("step", 0) >= 4] or rows
+med = lambda k: statistics.median(r[k] for r in rows if k in r)
+if rows:
+    print(f"  {sys.argv[1].split('/')[-2]:24s} {med('step_s') * 1e3:8.1f} ms  {med('tokens_per_s'):10.0f} tokens/s  "
+          f"MFU {100 * med('mfu'):5.1f} %  ({len(rows)} steps)")
+PY
+      done
+      # Which path ran the fc GEMMs' GeLU epilogues (cuBLASLt, or the GEMM + kernel fallback where it had no
+      # algorithm), and what runtime.activations: bf16 kept in bf16.
+      grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "kept in bf16:" "$work"/train-*/train.log \
+        "$work"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
+    fi
+    echo "logs: $work${OUT:+ (and $OUT/logs.tar.gz)}"
+  } >"$work/summary.txt"
+  if [[ $out != "$work" ]]; then
+    cp "$work/summary.txt" "$out/summary.txt"
+    [[ -f $work/kernels.json ]] && cp "$work/kernels.json" "$out/kernels.json"
+    # Text alone (logs, metrics, summaries, specs), not datasets or checkpoints: it must stay under 16 MiB.
+    (cd "$work" && find . -type f \( -name '*.log' -o -name '*.txt' -o -name '*.json' -o -name '*.jsonl' \
+      -o -name '*.yaml' -o -name '*.csv' \) -size -4M -print0 | tar -czf "$out/logs.tar.gz.tmp" --null -T -) &&
+      mv "$out/logs.tar.gz.tmp" "$out/logs.tar.gz"
+  fi
+}
+
 # stage NAME LIMIT CMD...: runs CMD with at most LIMIT seconds (less when the budget has less), output to
-# $out/NAME.log and the terminal's tail; records the exit status.
+# $work/NAME.log and the terminal's tail; records the exit status.
 stage() {
   local name=$1 limit=$2
   shift 2
@@ -46,74 +118,104 @@ stage() {
   if ((room < 20)); then
     summary+=("$(printf '%-24s %-8s %6s' "$name" skipped "-")")
     echo "== $name: skipped, $room s of the budget left"
+    publish
     return
   fi
   ((limit > room)) && limit=$room
   echo "== $name (at most ${limit}s): $*"
   local t0 rc
   t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$work/$name.log" 2>&1
   rc=$?
-  tail -n 25 "$out/$name.log"
+  tail -n 15 "$work/$name.log"
   ((rc != 0)) && failed=1
   local what="rc $rc"
   ((rc == 124 || rc == 137)) && what="timeout"
   summary+=("$(printf '%-24s %-8s %6d' "$name" "$what" $(($(date +%s) - t0)))")
+  publish
 }
 
 {
   echo "machine: $(hostname -s), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  echo "glibc $(ldd --version 2>/dev/null | head -n 1 | awk '{print $NF}'); $(nvcc --version 2>/dev/null | tail -n 1 ||
+    echo 'nvcc not in PATH')"
   if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit --format=csv
   else
     echo "nvidia-smi: not found (no NVIDIA driver on this machine)"
   fi
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown); budget ${budget}s; logs in $out"
-} | tee "$out/machine.txt"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown); stages $stages; budget ${budget}s"
+} | tee "$work/machine.txt"
 
-if ((build_it)); then
-  stage build 420 bash -c "cmake -S . -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_WITH_CUDA=ON \
-    -DMS_GPU_TESTS=ON && cmake --build '$build' -j $(nproc) --target megascale kernels_bench test_cuda_backend_gpu \
-    test_kernels_gpu"
-fi
-stage tests 240 ctest --test-dir "$build" -L gpu -LE sanitizer --no-tests=error --output-on-failure --timeout 200
-stage kernels 150 "$build/kernels_bench" --preset gpu-configs --json "$out/kernels.json"
-if [[ -f data/fortunes.bin ]]; then
-  for run in keep keep-bf16act keep-bf16act-noepi cast cublas; do
-    extra=()
-    [[ $run == *-bf16act* ]] && extra+=(--set runtime.activations=bf16)
-    [[ $run == *-noepi ]] && extra+=(--set runtime.gemm_epilogues=false)
-    stage "train-$run" 90 "$build/megascale" train configs/gpt2-small-gpu.yaml --no-progress \
-      --set train.steps=12 --set runtime.bf16_operands="${run%%-*}" ${extra[@]+"${extra[@]}"} \
-      --set log.run_dir="$out/train-$run"
+if [[ -n $bundle_file ]]; then
+  # The binaries built here, the machine's CUDA libraries (the toolkit's, or the wheels of its PyTorch) after the
+  # bundle's own; the bundle's libstdc++ only if the machine's is too old for them.
+  # Unpacked by Python (the machine may have no xz program): /tmp/ms-gpu-bundle/gpu-bundle/{bin,lib,...}
+  rm -rf /tmp/ms-gpu-bundle
+  python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' "$bundle_file" \
+    /tmp/ms-gpu-bundle
+  bdir=/tmp/ms-gpu-bundle/gpu-bundle
+  cuda_dirs=""
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    p=$(ldconfig -p 2>/dev/null | awk -v n="$lib" '$1 == n {print $NF; exit}')
+    [[ -n $p ]] || p=$(find /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets /usr/lib/x86_64-linux-gnu \
+      /usr/local/lib /opt -name "$lib" 2>/dev/null | head -n 1)
+    [[ -n $p && ":$cuda_dirs:" != *":$(dirname "$p"):"* ]] && cuda_dirs="$cuda_dirs:$(dirname "$p")"
   done
+  orig=${LD_LIBRARY_PATH:-}
+  export LD_LIBRARY_PATH="$bdir/lib$cuda_dirs${orig:+:$orig}"
+  if ! "$bdir/bin/megascale" --version >/dev/null 2>"$work/loader.txt" && grep -q GLIBCXX "$work/loader.txt"; then
+    export LD_LIBRARY_PATH="$bdir/lib:$bdir/lib/fallback$cuda_dirs${orig:+:$orig}"
+  fi
+  export PATH="$bdir/bin:$PATH:/usr/local/cuda/bin"  # redis-server for the job's bootstrap; compute-sanitizer
+  bin=$bdir/bin
+  stage bundle 60 bash -c 'cat "$1/MANIFEST.json" | head -n 12; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    rc=0; for p in "$1"/bin/*; do m=$(ldd "$p" | grep "not found"); [[ -z $m ]] || { echo "$p: $m"; rc=1; }; done
+    megascale --version && redis-server --version && exit $rc' _ "$bdir"
+  # tests_cmd WORK SECONDS LABEL-ARGS...: the bundle's tests.json through scripts/gpu_tests.py
+  tests_cmd() { cmd=(python3 scripts/gpu_tests.py --bundle "$bdir" --work "$work/$1" --deadline $(($(date +%s) + $2)) "${@:3}"); }
 else
-  summary+=("$(printf '%-24s %-8s %6s' train "no data" "-")")
-  echo "== train: data/fortunes.bin is missing (scripts/make_demo_data.sh; carry data/ to the device machine)"
-  failed=1
+  build=${MS_GPU_BUILD:-build-gpu}
+  bin=$build
+  if ((build_it)); then
+    stage build 420 bash -c "cmake -S . -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_WITH_CUDA=ON \
+      -DMS_GPU_TESTS=ON && cmake --build '$build' -j $(nproc) --target megascale kernels_bench test_cuda_backend_gpu \
+      test_kernels_gpu"
+  fi
+  tests_cmd() { cmd=(ctest --test-dir "$build" "${@:3}" --no-tests=error --output-on-failure --timeout "$2"); }
 fi
-stage sanitizer 900 ctest --test-dir "$build" -L sanitizer --no-tests=error --output-on-failure
 
-{
-  echo
-  echo "stage                    result   seconds"
-  printf '%s\n' "${summary[@]}"
-  echo "training (median over steps 4..: step time, tokens/s, MFU against the detected GPU's datasheet peak):"
-  for m in "$out"/train-*/metrics.jsonl; do
-    [[ -f $m ]] || continue
-    python3 - "$m" <<'PY' || true
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
-rows = [r for r in rows if r.get("step", 0) >= 4] or rows
-med = lambda k: statistics.median(r[k] for r in rows if k in r)
-print(f"  {sys.argv[1].split('/')[-2]:24s} {med('step_s') * 1e3:8.1f} ms  {med('tokens_per_s'):10.0f} tokens/s  "
-      f"MFU {100 * med('mfu'):5.1f} %  ({len(rows)} steps)")
-PY
-  done
-  # Which path ran the fc GEMMs' GeLU epilogues (cuBLASLt, or the GEMM + kernel fallback where it had no algorithm).
-  # And what runtime.activations: bf16 kept in bf16 (the attention's inputs with the tensor-core attention).
-  grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "kept in bf16:" "$out"/train-*/train.log \
-    "$out"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
-  echo "logs: $out"
-} | tee "$out/summary.txt"
+# The tests' own limit: the stage's, or what the budget has left, less 10 s to record the result.
+room() { local r=$(($(left) - 10)); echo $((r < $1 ? r : $1)); }
+if want tests; then
+  tests_cmd tests "$(room 290)" -L gpu -LE sanitizer
+  stage tests 300 "${cmd[@]}"
+fi
+want kernels && stage kernels 150 "$bin/kernels_bench" --preset gpu-configs --json "$work/kernels.json"
+if want train; then
+  if [[ -f data/fortunes.bin ]]; then
+    # The likely fastest path first, then as built, the 1.3B config, and the ablations.
+    for run in keep-bf16act keep 1.3b-keep-bf16act 1.3b-keep keep-bf16act-noepi cast cublas; do
+      cfg=configs/gpt2-small-gpu.yaml steps=12 mode=$run
+      [[ $run == 1.3b-* ]] && cfg=configs/gpt-1.3b-gpu.yaml steps=8 mode=${run#1.3b-}
+      extra=()
+      [[ $mode == *-bf16act* ]] && extra+=(--set runtime.activations=bf16)
+      [[ $mode == *-noepi ]] && extra+=(--set runtime.gemm_epilogues=false)
+      stage "train-$run" 90 "$bin/megascale" train "$cfg" --no-progress --set train.steps=$steps \
+        --set runtime.bf16_operands="${mode%%-*}" ${extra[@]+"${extra[@]}"} --set log.run_dir="$work/train-$run"
+    done
+  else
+    summary+=("$(printf '%-24s %-8s %6s' train "no data" "-")")
+    echo "== train: data/fortunes.bin is missing (scripts/make_demo_data.sh; carry data/ to the device machine)"
+    failed=1
+  fi
+fi
+if want sanitizer; then
+  tests_cmd sanitizer "$(room 890)" -L sanitizer
+  stage sanitizer 900 "${cmd[@]}"
+fi
+publish
+cat "$work/summary.txt"
 exit $failed
