@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kRowTermThreads)
   const G* g = dout + static_cast<long>(n) * D;
   const O* o = out + static_cast<long>(n) * D;
   float acc = 0.0f;
-  for (int d = lane; d < D; d += 32) acc += attention_detail::Widen(g[d]) * RowTermOut<G>(o[d]);
+  for (int d = lane; d < D; d += 32) acc += Widen(g[d]) * RowTermOut<G>(o[d]);
   acc = WarpSum(acc);
   if (lane == 0) {
     const int h = n % H, bt = n / H;

@@ -79,14 +79,6 @@ inline cudaError_t CheckAttentionShape(int64_t B, int64_t T, int64_t H, int64_t 
   return cudaSuccess;
 }
 
-// An element widened to fp32 (a bf16 exactly: its bits are the high half of the fp32 value).
-__device__ __forceinline__ float Widen(float v) {
-  return v;
-}
-__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
 // drow (B, H, T) = sum_d dout * out per (b, t, h): the row terms of the backward (attention.cu). fp32 dout and out;
 // or bf16 dout (runtime.activations: bf16: the attention projection's backward GEMM writes it in bf16) with out
 // rounded to bf16 too — read as the forward's rounding (out16), or rounded here from the fp32 out (the same values,

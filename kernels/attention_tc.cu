@@ -41,7 +41,6 @@ using attention_detail::HeadRowsOf;
 using attention_detail::HeadRowsT;
 using attention_detail::Meets;
 using attention_detail::Sees;
-using attention_detail::Widen;
 
 namespace {
 constexpr int kRows = 64;                  // rows (or keys) a block owns, and the width of the tiles it loops over

@@ -52,4 +52,13 @@ inline unsigned GridFor(int64_t n, int block, int64_t max_blocks = 65535) {
   return static_cast<unsigned>(g < 1 ? 1 : (g > max_blocks ? max_blocks : g));
 }
 
+// An element as fp32: itself, or a bf16 widened exactly (its bits are the high half of the fp32 value). For kernels
+// templated on an input kept in fp32 or in bf16 (runtime.activations: bf16).
+__device__ __forceinline__ float Widen(float v) {
+  return v;
+}
+__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
 }  // namespace ms::kernels

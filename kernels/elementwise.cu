@@ -171,20 +171,12 @@ __global__ void __launch_bounds__(kEwBlock)
   }
 }
 
-__device__ __forceinline__ float WidenDy(float v) {
-  return v;
-}
-__device__ __forceinline__ float WidenDy(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
 // Stage 1 of the bias gradient: ColumnSumChunk (column_sums.cuh) over dy (fp32, or bf16 widened exactly).
 template <class T>
 __global__ void __launch_bounds__(kColSumThreads)
     ew_bias_grad_chunks_kernel(float* db, float* partial, const T* dy, int64_t R, int64_t C, int64_t chunk_rows) {
   MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
-  ColumnSumChunk(lanes, db, partial, R, C, chunk_rows,
-                 [dy, C](int64_t r, int64_t c) { return WidenDy(dy[r * C + c]); });
+  ColumnSumChunk(lanes, db, partial, R, C, chunk_rows, [dy, C](int64_t r, int64_t c) { return Widen(dy[r * C + c]); });
 }
 
 // Stage 2: db[c] += sum of partial[k * C + c] over the chunks k in order (one thread per column).

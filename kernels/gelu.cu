@@ -41,14 +41,6 @@ __global__ void __launch_bounds__(kGeluBlock)
   }
 }
 
-// x as fp32: itself, or a bf16 widened exactly.
-__device__ __forceinline__ float Widen(float v) {
-  return v;
-}
-__device__ __forceinline__ float Widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
 // out, x: (N, C) flattened to n = N*C; bias: (C); out16: (N, C), out rounded to bf16, or null; out may be null
 // when out16 is not (only the rounding is written). X: float, or __nv_bfloat16 (the fc output kept in bf16).
 // pre16 (N, C), unless null, = x + bias rounded to bf16 (the GeLU's input, as the cuBLASLt GELU_AUX_BIAS epilogue
