@@ -25,6 +25,8 @@ rows = {
     "tensor-core attention forward on bf16 qkv row (GPT-2 small)":
         rf"^AttentionForwardBf16 +B=16 T=1024 H=12 D=64 window=256 bf16 qkv\+bias, out16 +{NUM} +{NUM} +bf16 TC +\w+ "
         rf"+{NUM}$",
+    "LayerNorm backward on a bf16 output gradient row (GPT-2 small)":
+        rf"^LayerNormBackward +N=16384 C=768 \+dsum, bf16 dout +{NUM} +{NUM} +memory +memory +{NUM}$",
     "lm head GEMM row (1.3B)":
         rf"^GemmBf16 +NT M=8192 N=50304 K=2048 \(lm head fwd\) +{NUM} +{NUM} +bf16 TC +math +{NUM}$",
     "cuBLAS-converted GEMM row":

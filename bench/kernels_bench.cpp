@@ -425,6 +425,23 @@ void SanityLayerNorm(Sanity& s) {
   s.Close("LayerNormBackward dw (accumulated)", d_dw.Download(), dw, 1e-4, 1e-5);
   s.Close("LayerNormBackward db (accumulated)", d_db.Download(), db, 1e-4, 1e-5);
   s.Close("LayerNormBackward dsum (column sums of dx, accumulated)", d_dsum.Download(), dsum, 1e-4, 1e-4);
+  {  // dout in bf16 (runtime.activations: bf16): the bits of the fp32 launcher on it widened
+    DevBuf<bf16> d_dout16(n, "dout bf16");
+    DevBuf<float> d_widened(n, "dout widened"), d_dx1(dx0, "dx"), d_dw1(dw0, "dw"), d_db1(db0, "db"), d_dx2(dx0, "dx"),
+        d_dw2(dw0, "dw"), d_db2(db0, "db");
+    s.Run("CastFloatToBf16", k::CastFloatToBf16(d_dout16.get(), d_dout.get(), n, s.stream()));
+    s.Run("CastBf16ToFloat", k::CastBf16ToFloat(d_widened.get(), d_dout16.get(), n, s.stream()));
+    s.Run("LayerNormBackward",
+          k::LayerNormBackward(d_dx1.get(), d_dw1.get(), d_db1.get(), scratch.get(), d_widened.get(), d_x.get(),
+                               d_w.get(), d_mean.get(), d_rstd.get(), N, C, s.stream()));
+    const bf16* dout16 = d_dout16.get();
+    s.Run("LayerNormBackward (bf16 dout)",
+          k::LayerNormBackward(d_dx2.get(), d_dw2.get(), d_db2.get(), scratch.get(), dout16, d_x.get(), d_w.get(),
+                               d_mean.get(), d_rstd.get(), N, C, s.stream()));
+    s.Exact("LayerNormBackward bf16 dout: dx (= fp32 on it widened)", d_dx2.Download(), d_dx1.Download());
+    s.Exact("LayerNormBackward bf16 dout: dw", d_dw2.Download(), d_dw1.Download());
+    s.Exact("LayerNormBackward bf16 dout: db", d_db2.Download(), d_db1.Download());
+  }
   {  // the residual add fused into the LayerNorm: the bits of the unfused pair
     DevBuf<float> d_part(Random(N * C, 48), "part"), d_res(N * C, "res"), d_out2(N * C, "out"), d_mean2(N, "mean"),
         d_rstd2(N, "rstd"), d_res_ref(N * C, "res ref");
@@ -1153,6 +1170,15 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
       return k::LayerNormBackward(dx.get(), dw.get(), db.get(), scratch.get(), dout.get(), x.get(), w.get(), mean.get(),
                                   rstd.get(), N, C, b.stream(), nullptr, dsum.get());
     });
+    // runtime.activations: bf16 at tp 1 (sequential block): dout as its GEMM wrote it, in bf16.
+    DevBuf<bf16> dout16(n, "dout bf16");
+    Fill(dout16, 4);
+    const bf16* d16 = dout16.get();
+    b.Run("LayerNormBackward", shape + " +dsum, bf16 dout",
+          F * (n + C + 2 * N + 2 * n + 6 * C + 2 * scratch_n) + 2.0 * n, 0, [&] {
+            return k::LayerNormBackward(dx.get(), dw.get(), db.get(), scratch.get(), d16, x.get(), w.get(), mean.get(),
+                                        rstd.get(), N, C, b.stream(), nullptr, dsum.get());
+          });
   }
   {
     const int64_t C4 = 4 * C, m = N * C4;  // the MLP activation
@@ -1651,6 +1677,10 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // qkv (written by its GEMM), dout (by the projection's backward GEMM) and out, whose fp32 value is not written (the
   // backward reads its rounding).
   const bool attn16 = bf16_fc && tc_attention;
+  // With bf16_fc (tp 1, the sequential block of the GPU configs) the LayerNorm input gradients are bf16: written so by
+  // the qkv, fc and classifier backward GEMMs and read so by the LayerNorm backwards.
+  const bool ln_grad16 = bf16_fc;
+  const double ln_dy_act = ln_grad16 ? 0.0 : 1.0, ln_dy_fp32 = ln_grad16 ? 0.5 : 0.0, ln_dinp = ln_grad16 ? 2.0 : act;
   const double qkv_bytes = attn16 ? 2.0 : act, attn_in = attn16 ? 2.0 : act, out_fp32 = attn16 ? 0.0 : act;
   // keep: the LayerNorms, bias + GeLU (forward and backward) and the cross-entropy write bf16 (2 bytes); where
   // nothing but a GEMM reads the output (the LayerNorm and bias + GeLU forwards, the bias + GeLU backward, dlogits)
@@ -1661,15 +1691,16 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // (ResidualLayerNormForward: the row it has just written, not read again; the add's traffic is counted below)
   mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 1);
   mem("LayerNorm", fp32_out * N * C, 2 * C + 2 * N + rounding * N * C, 2 * L - 1);
-  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 2 * L);  // backward x2
+  mem("LayerNorm", (3 + ln_dy_act) * N * C, 5 * C + 2 * N + 2 * ln_scratch + (rounding + ln_dy_fp32) * N * C,
+      2 * L);  // backward x2
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
-  // q, k, v, and its bias gradient summed by it as it stores dqkv
-  linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true, qkv_bytes);
+  // q, k, v, and its bias gradient summed by it as it stores dqkv; with ln_grad16 its input gradient in bf16
+  linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true, qkv_bytes, ln_dinp);
   // attention projection (input: attention; dout: ln2 backward); with attn16 its input gradient written in bf16
   linear(C, C, false, false, L, true, true, 0, attn16 ? 2.0 : act);
   // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16; with the epilogue also
   // the GeLU output (2 + 2 bytes per element)
-  linear(C, F4, false, false, L, true, true, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
+  linear(C, F4, false, false, L, true, true, epilogues ? 4.0 : bf16_fc ? 2.0 : act, ln_dinp);
   // fc projection (input: bias + GeLU; dout: ln1 backward); with bf16_fc its input gradient written in bf16; with the
   // epilogue it also reads the GeLU input (2 + 2 bytes per element)
   linear(F4, C, false, false, L, true, true, 0, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
@@ -1704,9 +1735,10 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   mem("embedding, positions, loss", N * C, 2 * T * C, 1);                   // positions backward
   mem("embedding, positions, loss", N * C, N + 2 * std::min(N, V) * C, 1);  // embedding backward
   mem("LayerNorm", (1 + fp32_out) * N * C, 2 * C + 2 * N + rounding * N * C, 1);
-  mem("LayerNorm", 4 * N * C, 5 * C + 2 * N + 2 * ln_scratch + rounding * N * C, 1);
-  // classifier (input: final LayerNorm; dout: the cross-entropy); with bf16_fc (tp 1) its logits written in bf16
-  linear(C, V, false, false, 1, true, true, bf16_fc ? 2.0 : act);
+  mem("LayerNorm", (3 + ln_dy_act) * N * C, 5 * C + 2 * N + 2 * ln_scratch + (rounding + ln_dy_fp32) * N * C, 1);
+  // classifier (input: final LayerNorm; dout: the cross-entropy); with bf16_fc (tp 1) its logits written in bf16, and
+  // its input gradient (ln_grad16)
+  linear(C, V, false, false, 1, true, true, bf16_fc ? 2.0 : act, ln_dinp);
   // fused cross-entropy over the logits; with bf16_fc it reads bf16 logits and writes the gradient's rounding over them
   if (bf16_fc) {
     mem("embedding, positions, loss", 0, 4 * N + 0.5 * N * V + 0.5 * N * V, 1);

@@ -87,6 +87,12 @@ cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, c
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                               cudaStream_t stream, __nv_bfloat16* dx16 = nullptr, float* dsum = nullptr,
                               float* dsum2 = nullptr);
+// The same with dout (N, C) in bf16 (runtime.activations: bf16: the LayerNorm input gradient as its GEMM wrote it),
+// widened exactly: the bits of the fp32 launcher on the widened values.
+cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const __nv_bfloat16* dout,
+                              const float* x, const float* w, const float* mean, const float* rstd, int64_t N,
+                              int64_t C, cudaStream_t stream, __nv_bfloat16* dx16 = nullptr, float* dsum = nullptr,
+                              float* dsum2 = nullptr);
 
 // ---- Softmax cross-entropy ---- (kernels/crossentropy.cu)
 

@@ -97,21 +97,24 @@ __global__ void __launch_bounds__(kLnForwardMaxThreads)
 // columns c = t, t + 256, ..., dw = sum dout * xhat and db = sum dout over the block's rows in row order, in
 // registers, and writes them once: partial (G, 3, C) (WRITES [g][0] and [g][1]). (2) reads only inputs (the rows (1)
 // just read, so mostly cache hits), so the two parts need no barrier between them. With sum_dx, (2) also sums the
-// accumulated dx the block's warps wrote in (1), after a barrier, into [g][2].
+// accumulated dx the block's warps wrote in (1), after a barrier, into [g][2]. G: dout's type, float or
+// __nv_bfloat16 (runtime.activations: bf16, the LayerNorm input gradient written by its GEMM in bf16: widened exactly,
+// the bits of the fp32 kernel on the widened values).
+template <typename G>
 __global__ void __launch_bounds__(kLnBackwardThreads)
-    layernorm_backward_kernel(float* dx, __nv_bfloat16* dx16, float* partial, const float* dout, const float* x,
+    layernorm_backward_kernel(float* dx, __nv_bfloat16* dx16, float* partial, const G* dout, const float* x,
                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C, bool sum_dx) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kLnBackwardRows;
   const int64_t r1 = r0 + kLnBackwardRows < N ? r0 + kLnBackwardRows : N;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t row = r0 + warp; row < r1; row += kLnBackwardWarps) {  // (1) dx, a warp per row
     const float* xr = x + row * C;
-    const float* gr = dout + row * C;
+    const G* gr = dout + row * C;
     const float m = mean[row], s = rstd[row];
     float sum_dnorm = 0.0f, sum_dnorm_xhat = 0.0f;
     for (int64_t c = lane; c < C; c += 32) {
       const float xhat = (xr[c] - m) * s;
-      const float dnorm = gr[c] * w[c];
+      const float dnorm = Widen(gr[c]) * w[c];
       sum_dnorm += dnorm;
       sum_dnorm_xhat += dnorm * xhat;
     }
@@ -120,7 +123,7 @@ __global__ void __launch_bounds__(kLnBackwardThreads)
     float* dxr = dx + row * C;
     for (int64_t c = lane; c < C; c += 32) {
       const float xhat = (xr[c] - m) * s;
-      const float dnorm = gr[c] * w[c];
+      const float dnorm = Widen(gr[c]) * w[c];
       dxr[c] += s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat);
       if (dx16) dx16[row * C + c] = __float2bfloat16_rn(dxr[c]);  // the accumulated value
     }
@@ -139,7 +142,7 @@ __global__ void __launch_bounds__(kLnBackwardThreads)
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {  // (2) this block's dw/db partials, rows in order
     float sw = 0.0f, sb = 0.0f;
     for (int64_t row = r0; row < r1; ++row) {
-      const float g = dout[row * C + c];
+      const float g = Widen(dout[row * C + c]);
       sw += g * ((x[row * C + c] - mean[row]) * rstd[row]);
       sb += g;
     }
@@ -210,21 +213,37 @@ int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C) {
   return 3 * BackwardBlocks(N) * C;
 }
 
-cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
-                              const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                              cudaStream_t stream, __nv_bfloat16* dx16, float* dsum, float* dsum2) {
+namespace {
+template <typename T>
+cudaError_t LayerNormBackwardT(float* dx, float* dw, float* db, float* scratch, const T* dout, const float* x,
+                               const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                               cudaStream_t stream, __nv_bfloat16* dx16, float* dsum, float* dsum2) {
   if (dsum2 != nullptr && dsum == nullptr) return cudaErrorInvalidValue;
   if (N <= 0 || C <= 0) return cudaSuccess;
   const int64_t G = BackwardBlocks(N);
   const bool sum_dx = dsum != nullptr;
-  MS_LAUNCH(layernorm_backward_kernel, static_cast<unsigned>(G), kLnBackwardThreads, 0, stream, dx, dx16, scratch, dout,
-            x, w, mean, rstd, N, C, sum_dx);
+  MS_LAUNCH(layernorm_backward_kernel<T>, static_cast<unsigned>(G), kLnBackwardThreads, 0, stream, dx, dx16, scratch,
+            dout, x, w, mean, rstd, N, C, sum_dx);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((C + kLnParamCols - 1) / kLnParamCols), sum_dx ? 3 : 2);
   MS_LAUNCH(layernorm_param_grad_kernel, grid, dim3(kLnParamCols, kLnParamLanes), 0, stream, dw, db, dsum, dsum2,
             static_cast<const float*>(scratch), G, C);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const float* dout, const float* x,
+                              const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                              cudaStream_t stream, __nv_bfloat16* dx16, float* dsum, float* dsum2) {
+  return LayerNormBackwardT(dx, dw, db, scratch, dout, x, w, mean, rstd, N, C, stream, dx16, dsum, dsum2);
+}
+
+cudaError_t LayerNormBackward(float* dx, float* dw, float* db, float* scratch, const __nv_bfloat16* dout,
+                              const float* x, const float* w, const float* mean, const float* rstd, int64_t N,
+                              int64_t C, cudaStream_t stream, __nv_bfloat16* dx16, float* dsum, float* dsum2) {
+  if (dout == nullptr) return cudaErrorInvalidValue;
+  return LayerNormBackwardT(dx, dw, db, scratch, dout, x, w, mean, rstd, N, C, stream, dx16, dsum, dsum2);
 }
 
 }  // namespace ms::kernels

@@ -273,6 +273,22 @@ class CudaBackend final : public ops::Backend {
                                              d16, dsum, dsum2),
                   "LayerNorm backward");
   }
+  Status LayerNormBackward16(float* dx, float* dw, float* db, const void* dout16, const float* x, const float* w,
+                             const float* mean, const float* rstd, int64_t N, int64_t C, void* dx16, float* dsum,
+                             float* dsum2) override {
+    if (!bf16_activations()) {
+      return ops::Backend::LayerNormBackward16(dx, dw, db, dout16, x, w, mean, rstd, N, C, dx16, dsum, dsum2);
+    }
+    if (!dx || !dout16) return InvalidArgument("LayerNormBackward16: dx (accumulated) and dout16 are needed");
+    if (dsum2 && !dsum) return InvalidArgument("LayerNormBackward16: a second bias gradient (dsum2) without the first");
+    MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dx16, "LayerNormBackward16", dx));
+    MS_ASSIGN_OR_RETURN(void* scratch,
+                        ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::LayerNormBackwardScratchFloats(N, C)));
+    return Launch(
+        kernels::LayerNormBackward(dx, dw, db, static_cast<float*>(scratch), static_cast<const __nv_bfloat16*>(dout16),
+                                   x, w, mean, rstd, N, C, s_, d16, dsum, dsum2),
+        "LayerNorm backward (bf16 output gradient)");
+  }
   Status GeluForward(float* out, const float* x, int64_t n) override {
     return Launch(kernels::GeluForward(out, x, n, s_), "GeLU forward");
   }

@@ -182,6 +182,10 @@ std::string Gpt::bf16_activations() const {
   const int64_t D = spec_.hidden / spec_.heads;
   if (Bf16AttnIO(D)) s += ", qkv, attention output gradient";
   if (!Atty32(D)) s += ", attention output";
+  if (Bf16LnGrad()) {
+    s += spec_.block == config::BlockKind::kSequential ? ", LayerNorm input gradients"
+                                                       : ", final LayerNorm input gradient";
+  }
   return s;
 }
 
@@ -1051,9 +1055,25 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
                                 .dout = dlogits16 ? static_cast<uint16_t*>(dlogits16) + row0 * Vl : nullptr,
                                 .dinp_overwrite = true});
   };
-  MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, tp ? dln_full : dln, dln));
   const Chunk& ch = chunks_[static_cast<size_t>(num_chunks() - 1)];
   const float* x = a.res.data() + ch.num_layers * R * C;
+  if (Bf16LnGrad()) {  // the classifier's GEMM writes the final LayerNorm's input gradient in bf16 alone
+    uint16_t* const dlnf16 = reinterpret_cast<uint16_t*>(dln);
+    const double t0 = NowSeconds();
+    MS_RETURN_IF_ERROR(be_->MatmulBackward(nullptr, G(head), nullptr, dlogits, lnfin, P(head), N, C, Vl,
+                                           {.w = head16,
+                                            .inp = keep_bf16_ ? Bf16At(a.lnf_16, 0) : nullptr,
+                                            .inp_ready = true,
+                                            .dout = dlogits16,
+                                            .dinp_overwrite = true,
+                                            .dinp16 = dlnf16}));
+    GemmSpan("head>dlnf", 0, 1, t0);
+    MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
+    return be_->LayerNormBackward16(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf16, x,
+                                    P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C, Dres16(), dsum,
+                                    dsum2);
+  }
+  MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, tp ? dln_full : dln, dln));
   MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
   MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x,
                                             P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C,
@@ -1103,6 +1123,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   void* const dres16 = Dres16();
   void* const dfch16 = Dfch32() ? nullptr : Bf16At(dfch_16_, 0);
   void* const dqkv16 = keep_bf16_ ? Bf16At(dqkv_16_, 0) : nullptr;  // written by the attention backward
+  // Bf16LnGrad and the sequential block: the LayerNorm input gradients in bf16, in dln_full's scratch.
+  uint16_t* const dln16 = Bf16LnGrad() && seq ? reinterpret_cast<uint16_t*>(dln_full) : nullptr;
   bool dres_rounded = false;
   // A backward GEMM's operand options: the output gradient's rounding `d`, and whether dinp is written (the only
   // producer of those rows: no zeroing pass, no read of C) or accumulated onto another producer's.
@@ -1197,17 +1219,20 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
                                  Off(y.atty.data(), row0 * HlD), P(w.projw), rows, HlD, C, kc);
     };
     // fc's and qkv's input gradients: each writes dst (overwrite), or the parallel block's qkv adds to fc's.
-    auto fc_rows = [&](int64_t row0, int64_t rows, float* dst, bool overwrite) {  // dfch16: by the bias + GeLU bwd
-      return be_->MatmulBackward(
-          dst, G(w.fcw), nullptr, Off(dfch, row0 * Fl), Off(ln2in, row0 * C), P(w.fcw), rows, C, Fl,
-          with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr, overwrite));
+    // dst16 (those rows), unless null, in place of dst: the input gradient written in bf16 (Bf16LnGrad).
+    auto fc_rows = [&](int64_t row0, int64_t rows, float* dst, bool overwrite, uint16_t* dst16 = nullptr) {
+      ops::Bf16Copies kc =  // dfch16: by the bias + GeLU backward
+          with_dout(k16.Fc(row0, true), dfch16 ? static_cast<uint16_t*>(dfch16) + row0 * Fl : nullptr, overwrite);
+      kc.dinp16 = dst16;
+      return be_->MatmulBackward(dst16 ? nullptr : dst, G(w.fcw), nullptr, Off(dfch, row0 * Fl), Off(ln2in, row0 * C),
+                                 P(w.fcw), rows, C, Fl, kc);
     };
-    auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst, bool overwrite) {
-      return be_->MatmulBackward(
-          dst, G(w.qkvw), attn_dbias ? nullptr : G(w.qkvb), Off(dqkv, row0 * 3 * HlD), Off(ln1in, row0 * C), P(w.qkvw),
-          rows, C, 3 * HlD,
-          with_dout(k16.Qkv(row0, true), dqkv16 ? static_cast<uint16_t*>(dqkv16) + row0 * 3 * HlD : nullptr,
-                    overwrite));
+    auto qkv_rows = [&](int64_t row0, int64_t rows, float* dst, bool overwrite, uint16_t* dst16 = nullptr) {
+      ops::Bf16Copies kc =
+          with_dout(k16.Qkv(row0, true), dqkv16 ? static_cast<uint16_t*>(dqkv16) + row0 * 3 * HlD : nullptr, overwrite);
+      kc.dinp16 = dst16;
+      return be_->MatmulBackward(dst16 ? nullptr : dst, G(w.qkvw), attn_dbias ? nullptr : G(w.qkvb),
+                                 Off(dqkv, row0 * 3 * HlD), Off(ln1in, row0 * C), P(w.qkvw), rows, C, 3 * HlD, kc);
     };
     auto fc_only = [&](int64_t row0, int64_t rows, float* dst) { return fc_rows(row0, rows, dst, true); };
     auto qkv_only = [&](int64_t row0, int64_t rows, float* dst) { return qkv_rows(row0, rows, dst, true); };
@@ -1215,16 +1240,32 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     if (seq) {
       if (!dres_summed) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows));
-      MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_only, dln_full, dln));
-      // dres is now dL/d(mid): attn.proj's output gradient, whose bias gradient the LayerNorm backward sums
-      MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w),
-                                                y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16,
-                                                BiasGradsInLn() ? G(w.projb) : nullptr, nullptr));
+      // dres is then dL/d(mid): attn.proj's output gradient, whose bias gradient the LayerNorm backward sums
+      float* const dsum_proj = BiasGradsInLn() ? G(w.projb) : nullptr;
+      if (dln16) {  // the fc GEMM writes the LayerNorm input gradient in bf16 alone
+        const double t0 = NowSeconds();
+        MS_RETURN_IF_ERROR(fc_rows(0, N, nullptr, true, dln16));
+        GemmSpan("mlp.fc>dln2", 0, 1, t0);
+        MS_RETURN_IF_ERROR(be_->LayerNormBackward16(dres, G(w.ln2w), G(w.ln2b), dln16, y.mid.data(), P(w.ln2w),
+                                                    y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16, dsum_proj,
+                                                    nullptr));
+      } else {
+        MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_only, dln_full, dln));
+        MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w),
+                                                  y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16, dsum_proj,
+                                                  nullptr));
+      }
       dres_rounded = dres16 != nullptr;
       if (!BiasGradsInLn()) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
       MS_RETURN_IF_ERROR(attention());
-      MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_only, dln_full, dln));
+      if (dln16) {  // the qkv GEMM likewise, read by the first LayerNorm's backward below
+        const double t0 = NowSeconds();
+        MS_RETURN_IF_ERROR(qkv_rows(0, N, nullptr, true, dln16));
+        GemmSpan("qkv>dln1", 0, 1, t0);
+      } else {
+        MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_only, dln_full, dln));
+      }
     } else {
       if (!dres_summed) {
         MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
@@ -1251,8 +1292,13 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     // dres becomes the gradient of the layer below's output: its residual-branch bias gradients summed here too.
     float *dsum = nullptr, *dsum2 = nullptr;
     if (i > 0) std::tie(dsum, dsum2) = output_bias_grads(l - 1);
-    MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(),
-                                              y.ln1_rstd.data(), R, C, dres16, dsum, dsum2));
+    if (seq && dln16) {
+      MS_RETURN_IF_ERROR(be_->LayerNormBackward16(dres, G(w.ln1w), G(w.ln1b), dln16, x, P(w.ln1w), y.ln1_mean.data(),
+                                                  y.ln1_rstd.data(), R, C, dres16, dsum, dsum2));
+    } else {
+      MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(),
+                                                y.ln1_rstd.data(), R, C, dres16, dsum, dsum2));
+    }
     dres_rounded = dres16 != nullptr;
     dres_summed = dsum != nullptr;
     done(l);

@@ -326,6 +326,11 @@ class Gpt {
   // backward reads the attention output rounded to bf16 (with kept operands its kept rounding, and then no fp32
   // attention output is written or held: Atty32).
   bool Bf16AttnIO(int64_t D) const { return Bf16Fc() && QkvBiasInAttention(D); }
+  // runtime.activations: bf16 at tp 1: the LayerNorm input gradients that one GEMM writes alone — the sequential
+  // block's (the fc and qkv backward GEMMs') and the final LayerNorm's (the classifier's) — are written in bf16
+  // (Bf16Copies::dinp16, in the fp32 gradient's scratch) and read so by the LayerNorm backward
+  // (ops::Backend::LayerNormBackward16). The parallel block's LayerNorm gets the sum of two GEMMs: fp32.
+  bool Bf16LnGrad() const { return Bf16Fc() && shard_.tp_size == 1; }
   bool Atty32(int64_t D) const { return !(keep_bf16_ && Bf16AttnIO(D)); }
   // The scratch of the attention output's gradient, in floats: N x HlD fp32, or with Bf16AttnIO bf16 (rounded up to 256
   // bytes, so that what follows keeps its alignment).

@@ -303,6 +303,11 @@ Status Backend::BiasGeluBackward16(float*, float*, const void*, const float*, co
   return FailedPrecondition("BiasGeluBackward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
                             name());
 }
+Status Backend::LayerNormBackward16(float*, float*, float*, const void*, const float*, const float*, const float*,
+                                    const float*, int64_t, int64_t, void*, float*, float*) {
+  return FailedPrecondition("LayerNormBackward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
+                            name());
+}
 Status Backend::AttentionForward16(float*, float*, const void*, const float*, int64_t, int64_t, int64_t, int64_t,
                                    int64_t, void*) {
   return FailedPrecondition(

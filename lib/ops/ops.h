@@ -397,6 +397,13 @@ class Backend {
   // (the fc-proj backward's Bf16Copies::dinp16), widened exactly.
   virtual Status BiasGeluBackward16(float* dx, float* dbias, const void* x16, const float* bias, const float* dout,
                                     const void* dout16, int64_t R, int64_t C, void* dx16);
+  // LayerNormBackward with its output gradient dout16 (N x C bf16) as the GEMM that reads the LayerNorm's output wrote
+  // it (MatmulBackward's Bf16Copies::dinp16: runtime.activations: bf16 where one GEMM writes all of it), widened
+  // exactly: the results of the fp32 call on the widened values, bit for bit. Only where bf16_activations(), else
+  // refused.
+  virtual Status LayerNormBackward16(float* dx, float* dw, float* db, const void* dout16, const float* x,
+                                     const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                                     void* dx16, float* dsum, float* dsum2);
   // runtime.activations: bf16 at tp 1 — the logits kept in bf16: the classifier's MatmulForward writes them rounded to
   // bf16 (Bf16Copies::out16, no mask bias) and these read them (logits16, N x V bf16, widened exactly) over their first
   // Vv columns (1 <= Vv <= V; the others, the vocabulary padding, are out of the softmax and get a zero gradient),

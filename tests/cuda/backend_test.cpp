@@ -934,17 +934,6 @@ TEST_CASE("cuda backend (emulated): with bf16 GEMMs and kept operands every GPT 
   }
 }
 
-// Kept operands change what the GPT holds in device memory: bf16 roundings (2 bytes per parameter; per micro-batch
-// every linear's input, dlogits; scratch for the output gradients) in, the fp32 LayerNorm and GeLU outputs that
-// only GEMMs read out, and the fp32 scratch of the qkv and fc output gradients (only their roundings are read; the
-// attention and the bias + GeLU backward sum the bias gradients as they store them). Both models after one
-// forward + backward (sequential block, no sequence parallelism): the difference in bytes held must be what those
-// buffers account for, within the allocator's rounding (512 B per block under 1 MiB) and the cast backend's bf16
-// workspaces (counted). With the fp32 activations still allocated, `keep` would hold
-// 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
-// N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16; qkv too, the
-// attention running on tensor cores here: D = 16, and no fp32 attention output) `keep` holds
-// (L + 1) N F x 2 + L 3 N C x 2 + L N C x 4 bytes less again.
 float HostGelu(float v) {  // the reference op (in double)
   float out = 0;
   ops::ref::GeluForward(&out, &v, 1);
@@ -964,10 +953,74 @@ std::vector<float> Widen16(const std::vector<uint16_t>& h) {
   }
   return out;
 }
-[[maybe_unused]] uint16_t Round16(float f) {  // nearest even (finite inputs)
+uint16_t Round16(float f) {  // nearest even (finite inputs)
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// runtime.activations: bf16 at tp 1: the LayerNorm backward reads its output gradient as the GEMM wrote it, in bf16
+// (LayerNormBackward16): dx, dw, db, both bias-gradient sums and (kept operands) dx16 the bits of the fp32 call on the
+// widened values, with kept and with cast operands. Refused: no dout16, dsum2 without dsum, and on the backends that
+// keep no bf16 activations (cuBLAS converting the operands, fp32 GEMMs, the CPU backend).
+TEST_CASE("cuda backend: LayerNorm backward on a bf16 output gradient gives the bits of the fp32 call on it widened") {
+  const int64_t N = 37, C = 40;
+  std::vector<float> dy = Random(N * C, 61);
+  std::vector<uint16_t> dy16(dy.size());
+  for (size_t i = 0; i < dy.size(); ++i) dy16[i] = Round16(dy[i]);
+  const std::vector<float> widened = Widen16(dy16);
+  for (Bf16Operands mode : {Bf16Operands::kKeep, Bf16Operands::kCast}) {
+    CAPTURE(static_cast<int>(mode));
+    Pair p(/*bf16=*/true, mode);
+    REQUIRE(p.gpu->bf16_activations());
+    float* x = p.On(*p.gpu, Random(N * C, 62, -2.0f, 3.0f));
+    float* w = p.On(*p.gpu, Random(C, 63));
+    float* b = p.On(*p.gpu, Random(C, 64));
+    float* out = p.On(*p.gpu, std::vector<float>(N * C));
+    float* mean = p.On(*p.gpu, std::vector<float>(N));
+    float* rstd = p.On(*p.gpu, std::vector<float>(N));
+    REQUIRE(p.gpu->LayerNormForward(out, mean, rstd, x, w, b, N, C, 1e-5f).ok());
+    float* g32 = p.On(*p.gpu, widened);
+    uint16_t* g16 = p.On(*p.gpu, dy16);
+    std::vector<float*> dx(2), dw(2), db(2), s1(2), s2(2);
+    std::vector<uint16_t*> dx16(2);
+    for (int k = 0; k < 2; ++k) {  // accumulated outputs start nonzero
+      dx[k] = p.On(*p.gpu, Random(N * C, 65));
+      dw[k] = p.On(*p.gpu, Random(C, 66));
+      db[k] = p.On(*p.gpu, Random(C, 67));
+      s1[k] = p.On(*p.gpu, Random(C, 68));
+      s2[k] = p.On(*p.gpu, Random(C, 69));
+      dx16[k] = p.On(*p.gpu, std::vector<uint16_t>(N * C, 0xFFFF));
+    }
+    const bool keep = mode == Bf16Operands::kKeep;  // dx's rounding is kept only with kept operands
+    REQUIRE(p.gpu
+                ->LayerNormBackward(dx[0], dw[0], db[0], g32, x, w, mean, rstd, N, C, keep ? dx16[0] : nullptr, s1[0],
+                                    s2[0])
+                .ok());
+    REQUIRE(p.gpu
+                ->LayerNormBackward16(dx[1], dw[1], db[1], g16, x, w, mean, rstd, N, C, keep ? dx16[1] : nullptr, s1[1],
+                                      s2[1])
+                .ok());
+    CHECK(p.Get(*p.gpu, dx[1], N * C) == p.Get(*p.gpu, dx[0], N * C));
+    CHECK(p.Get(*p.gpu, dx16[1], N * C) == p.Get(*p.gpu, dx16[0], N * C));
+    CHECK(p.Get(*p.gpu, dw[1], C) == p.Get(*p.gpu, dw[0], C));
+    CHECK(p.Get(*p.gpu, db[1], C) == p.Get(*p.gpu, db[0], C));
+    CHECK(p.Get(*p.gpu, s1[1], C) == p.Get(*p.gpu, s1[0], C));
+    CHECK(p.Get(*p.gpu, s2[1], C) == p.Get(*p.gpu, s2[0], C));
+    CHECK(p.gpu->LayerNormBackward16(dx[1], dw[1], db[1], nullptr, x, w, mean, rstd, N, C, nullptr, nullptr, nullptr)
+              .code() == Code::kInvalidArgument);
+    CHECK(
+        p.gpu->LayerNormBackward16(dx[1], dw[1], db[1], g16, x, w, mean, rstd, N, C, nullptr, nullptr, s2[1]).code() ==
+        Code::kInvalidArgument);
+  }
+  Pair conv(/*bf16=*/true, Bf16Operands::kCublas), fp32;
+  for (ops::Backend* be : {conv.gpu.get(), fp32.gpu.get(), fp32.cpu.get()}) {
+    CAPTURE(be->name());
+    Pair& owner = be == conv.gpu.get() ? conv : fp32;
+    float* v = owner.On(*be, std::vector<float>(16));
+    CHECK(be->LayerNormBackward16(v, v, v, v, v, v, v, v, 2, 2, nullptr, nullptr, nullptr).code() ==
+          Code::kFailedPrecondition);
+  }
 }
 
 // The fc bias + GeLU in the fc GEMM (Bf16Copies::gelu16) and their gradient in the fc-proj backward GEMM
@@ -1086,6 +1139,17 @@ TEST_CASE("cuda backend: the fc bias + GeLU and its gradient in the GEMMs' epilo
   }
 }
 
+// Kept operands change what the GPT holds in device memory: bf16 roundings (2 bytes per parameter; per micro-batch
+// every linear's input, dlogits; scratch for the output gradients) in, the fp32 LayerNorm and GeLU outputs that
+// only GEMMs read out, and the fp32 scratch of the qkv and fc output gradients (only their roundings are read; the
+// attention and the bias + GeLU backward sum the bias gradients as they store them). Both models after one
+// forward + backward (sequential block, no sequence parallelism): the difference in bytes held must be what those
+// buffers account for, within the allocator's rounding (512 B per block under 1 MiB) and the cast backend's bf16
+// workspaces (counted). With the fp32 activations still allocated, `keep` would hold
+// 2 x (2 N C + N F) x 4 + N C x 4 bytes more than this allows; with the fp32 dqkv or dfch scratch, 3 N C x 4 or
+// N F x 4 more. With runtime.activations: bf16 (the fc output and its GeLU's output gradient in bf16; qkv too, the
+// attention running on tensor cores here: D = 16, and no fp32 attention output) `keep` holds
+// (L + 1) N F x 2 + L 3 N C x 2 + L N C x 4 bytes less again.
 TEST_CASE("cuda backend: with kept bf16 operands the GPT holds no fp32 copy of an activation only GEMMs read") {
   config::ModelSpec m = SpecOf(2, 64, 4, 256, 96, 32);
   m.block = config::BlockKind::kSequential;

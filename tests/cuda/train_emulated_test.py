@@ -184,20 +184,26 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
 # backend's fallback (the GEMM, then the bias + GeLU kernel) keeps the same contract.
 # With the tensor-core attention (D = 16 here) the attention's inputs are bf16 too (qkv written by its GEMM, the output
 # gradient by the projection's backward GEMM, the output read back as its kept rounding); with the fp32 attention
-# (D = 15 in the fallback case) they stay fp32.
+# (D = 15 in the fallback case) they stay fp32. At tp 1 the LayerNorm input gradients that one GEMM writes are bf16
+# too (the sequential block's two and the final LayerNorm's; the parallel block's first LayerNorm sums two GEMMs and
+# stays fp32).
 EPI = "fc GEMMs with the bias + GeLU epilogue: "
 KEPT = "kept in bf16: fc output, GeLU output gradient, logits"
 case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
-     ["runtime.activations=bf16"], [EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback", KEPT + ", qkv, attention output gradient, attention output\n"])
+     ["runtime.activations=bf16"], [EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback", KEPT + ", qkv, attention output gradient, attention output, LayerNorm input gradients\n"])
 # ... and at tp 1 the logits in bf16 too (the classifier GEMM writes them rounded, the cross-entropy reads them and
 # writes their gradient over them), with a padded vocabulary kept out of the softmax by the cross-entropy itself.
 case("bf16-111-bf16-logits-padded-vocab", "", ["train.precision=bf16", "model.vocab=300", "model.vocab_pad_to=128"],
      5e-3, ["runtime.activations=bf16"])
 case("bf16-111-gemm-epilogue-fallback", "", ["train.precision=bf16", "model.heads=3", "model.hidden=45"], 5e-3,
-     ["runtime.activations=bf16"], [EPI + "0 by cuBLASLt, 32 by the GEMM + kernel fallback", KEPT + "\n"])
+     ["runtime.activations=bf16"],
+     [EPI + "0 by cuBLASLt, 32 by the GEMM + kernel fallback", KEPT + ", final LayerNorm input gradient\n"])
 case("bf16-111-bf16-activations-keep-is-cast", "parallel: {micro_batches: 2}",
      ["train.precision=bf16", "runtime.activations=bf16"], [*KEEP, "runtime.gemm_epilogues=false"],
      ["runtime.bf16_operands=cast"], check=same_bits)
+case("bf16-111-bf16-activations-keep-is-cast-sequential", "parallel: {micro_batches: 2}",
+     ["train.precision=bf16", "runtime.activations=bf16", "model.block=sequential"],
+     [*KEEP, "runtime.gemm_epilogues=false"], ["runtime.bf16_operands=cast"], check=same_bits)
 # ... and the epilogues do change the numerics (the switch is not ignored).
 case("gemm-epilogues-take-effect", "", ["train.precision=bf16", "runtime.activations=bf16"],
      ["runtime.gemm_epilogues=false"], ["runtime.gemm_epilogues=true"], None, True, check=same_bits)
