@@ -27,6 +27,9 @@ rows = {
         rf"+{NUM}$",
     "LayerNorm backward on a bf16 output gradient row (GPT-2 small)":
         rf"^LayerNormBackward +N=16384 C=768 \+dsum, bf16 dout +{NUM} +{NUM} +memory +memory +{NUM}$",
+    "residual add + LayerNorm on a bf16 branch output row (1.3B)":
+        rf"^ResidualLayerNormForward +N=8192 C=2048 \+bias, bf16 part -> res, out16 +{NUM} +{NUM} +memory +memory "
+        rf"+{NUM}$",
     "lm head GEMM row (1.3B)":
         rf"^GemmBf16 +NT M=8192 N=50304 K=2048 \(lm head fwd\) +{NUM} +{NUM} +bf16 TC +math +{NUM}$",
     "cuBLAS-converted GEMM row":

@@ -457,6 +457,22 @@ void SanityLayerNorm(Sanity& s) {
     // of the normalization differently)
     s.Close("ResidualLayerNormForward out (= LayerNormForward of it)", d_out2.Download(), d_out.Download(), 1e-6, 1e-6);
     s.Close("ResidualLayerNormForward rstd", d_rstd2.Download(), d_rstd.Download(), 1e-6, 1e-7);
+    // part in bf16 (runtime.activations: bf16): the bits of the fp32 launcher on it widened
+    DevBuf<bf16> d_part16(N * C, "part bf16");
+    DevBuf<float> d_widened(N * C, "part widened"), d_res3(N * C, "res"), d_out3(N * C, "out"), d_mean3(N, "mean"),
+        d_rstd3(N, "rstd");
+    s.Run("CastFloatToBf16", k::CastFloatToBf16(d_part16.get(), d_part.get(), N * C, s.stream()));
+    s.Run("CastBf16ToFloat", k::CastBf16ToFloat(d_widened.get(), d_part16.get(), N * C, s.stream()));
+    s.Run(
+        "ResidualLayerNormForward",
+        k::ResidualLayerNormForward(d_res.get(), d_out2.get(), d_mean2.get(), d_rstd2.get(), d_x.get(), d_widened.get(),
+                                    d_b.get(), nullptr, d_w.get(), d_b.get(), N, C, eps, s.stream()));
+    const bf16* part16 = d_part16.get();
+    s.Run("ResidualLayerNormForward (bf16 part)",
+          k::ResidualLayerNormForward(d_res3.get(), d_out3.get(), d_mean3.get(), d_rstd3.get(), d_x.get(), part16,
+                                      d_b.get(), nullptr, d_w.get(), d_b.get(), N, C, eps, s.stream()));
+    s.Exact("ResidualLayerNormForward bf16 part: res (= fp32 on it widened)", d_res3.Download(), d_res.Download());
+    s.Exact("ResidualLayerNormForward bf16 part: out", d_out3.Download(), d_out2.Download());
   }
 }
 
@@ -1160,6 +1176,15 @@ void BenchLayerNormGelu(Bench& b, const Shape& s) {
       return k::ResidualLayerNormForward(res.get(), nullptr, mean.get(), rstd.get(), x.get(), part.get(), bb.get(),
                                          nullptr, w.get(), bb.get(), N, C, 1e-5f, b.stream(), out16.get());
     });
+    // runtime.activations: bf16 at tp 1 (sequential block): part as its projection GEMM wrote it, in bf16.
+    DevBuf<bf16> part16(n, "part bf16");
+    Fill(part16, 8);
+    const bf16* p16 = part16.get();
+    b.Run("ResidualLayerNormForward", shape + " +bias, bf16 part -> res, out16", F * (2 * n + 3 * C + 2 * N) + 4.0 * n,
+          0, [&] {
+            return k::ResidualLayerNormForward(res.get(), nullptr, mean.get(), rstd.get(), x.get(), p16, bb.get(),
+                                               nullptr, w.get(), bb.get(), N, C, 1e-5f, b.stream(), out16.get());
+          });
     b.Run("LayerNormBackward", shape, F * (2 * n + C + 2 * N + 2 * n + 4 * C + 2 * dwdb_n), 0, [&] {
       return k::LayerNormBackward(dx.get(), dw.get(), db.get(), scratch.get(), dout.get(), x.get(), w.get(), mean.get(),
                                   rstd.get(), N, C, b.stream());
@@ -1681,6 +1706,9 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // the qkv, fc and classifier backward GEMMs and read so by the LayerNorm backwards.
   const bool ln_grad16 = bf16_fc;
   const double ln_dy_act = ln_grad16 ? 0.0 : 1.0, ln_dy_fp32 = ln_grad16 ? 0.5 : 0.0, ln_dinp = ln_grad16 ? 2.0 : act;
+  // ... and the attention and MLP projections write their outputs in bf16, which the residual adds read.
+  const bool branch16 = bf16_fc;
+  const double branch_out = branch16 ? 2.0 : 0.0, part_act = branch16 ? 0.0 : 1.0, part_fp32 = branch16 ? 0.5 : 0.0;
   const double qkv_bytes = attn16 ? 2.0 : act, attn_in = attn16 ? 2.0 : act, out_fp32 = attn16 ? 0.0 : act;
   // keep: the LayerNorms, bias + GeLU (forward and backward) and the cross-entropy write bf16 (2 bytes); where
   // nothing but a GEMM reads the output (the LayerNorm and bias + GeLU forwards, the bias + GeLU backward, dlogits)
@@ -1696,14 +1724,15 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
   // q, k, v, and its bias gradient summed by it as it stores dqkv; with ln_grad16 its input gradient in bf16
   linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true, qkv_bytes, ln_dinp);
-  // attention projection (input: attention; dout: ln2 backward); with attn16 its input gradient written in bf16
-  linear(C, C, false, false, L, true, true, 0, attn16 ? 2.0 : act);
+  // attention projection (input: attention; dout: ln2 backward); with attn16 its input gradient written in bf16,
+  // with branch16 its output
+  linear(C, C, false, false, L, true, true, branch_out, attn16 ? 2.0 : act);
   // fc (input: ln2; dout: bias + GeLU backward); with bf16_fc its output written in bf16; with the epilogue also
   // the GeLU output (2 + 2 bytes per element)
   linear(C, F4, false, false, L, true, true, epilogues ? 4.0 : bf16_fc ? 2.0 : act, ln_dinp);
-  // fc projection (input: bias + GeLU; dout: ln1 backward); with bf16_fc its input gradient written in bf16; with the
-  // epilogue it also reads the GeLU input (2 + 2 bytes per element)
-  linear(F4, C, false, false, L, true, true, 0, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
+  // fc projection (input: bias + GeLU; dout: ln1 backward); with bf16_fc its input gradient and output written in
+  // bf16; with the epilogue it also reads the GeLU input (2 + 2 bytes per element)
+  linear(F4, C, false, false, L, true, true, branch_out, epilogues ? 4.0 : bf16_fc ? 2.0 : act);
   // keep: the attention also writes the roundings of out (forward) and dqkv (backward).
   out.push_back({attn, qkv_bytes * n_qkv + out_fp32 * N * C + F * (n_lse + rounding * N * C), attn_fwd, attn_unit, L});
   // With tensor cores the attention backward also sums the qkv bias gradient as it stores dqkv (16-row chunk sums
@@ -1726,7 +1755,8 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
     mem("bias, GeLU, residual, bias grad", (2 * fch_act + fp32_out) * N * F4,
         3 * F4 + (rounding + 2 * fch_fp32) * N * F4, L);
   }
-  mem("bias, GeLU, residual, bias grad", 3 * N * C, 2 * C, 2 * L);  // residual adds (+ bias)
+  // residual adds (+ bias); with branch16 the branch output read in bf16
+  mem("bias, GeLU, residual, bias grad", (2 + part_act) * N * C, 2 * C + part_fp32 * N * C, 2 * L);
   // (the bias gradients of proj and fc proj: summed by the LayerNorm backwards that write their output gradient,
   // counted in their scratch)
   // Embedding, final LayerNorm, head, loss (once per micro-batch).

@@ -134,12 +134,14 @@ __global__ void __launch_bounds__(kEwBlock) ew_add_row_bias_kernel(float* y, con
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] += b[i % C];
 }
 
-// out, x, part: (R, C) flattened to n; bias, bias2: (C) or null. out = ((x + part) + bias) + bias2.
+// out, x, part: (R, C) flattened to n; bias, bias2: (C) or null. out = ((x + part) + bias) + bias2. P: part's type,
+// float or __nv_bfloat16 (widened exactly).
+template <typename P>
 __global__ void __launch_bounds__(kEwBlock)
-    ew_residual_add_kernel(float* out, const float* x, const float* part, const float* bias, const float* bias2,
-                           int64_t n, int64_t C) {
+    ew_residual_add_kernel(float* out, const float* x, const P* part, const float* bias, const float* bias2, int64_t n,
+                           int64_t C) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
-    float v = x[i] + part[i];
+    float v = x[i] + Widen(part[i]);
     if (bias != nullptr) v += bias[i % C];
     if (bias2 != nullptr) v += bias2[i % C];
     out[i] = v;
@@ -371,7 +373,17 @@ cudaError_t ResidualAdd(float* out, const float* x, const float* part, const flo
     MS_LAUNCH(ew_residual_add_vec4_kernel, Vec4Grid(n), kEwBlock, 0, stream, out, x, part, bias, bias2, n / 4, C / 4);
     return cudaGetLastError();
   }
-  MS_LAUNCH(ew_residual_add_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, out, x, part, bias, bias2, n, C);
+  MS_LAUNCH(ew_residual_add_kernel<float>, GridFor(n, kEwBlock), kEwBlock, 0, stream, out, x, part, bias, bias2, n, C);
+  return cudaGetLastError();
+}
+
+cudaError_t ResidualAdd(float* out, const float* x, const __nv_bfloat16* part, const float* bias, const float* bias2,
+                        int64_t R, int64_t C, cudaStream_t stream) {
+  if (part == nullptr) return cudaErrorInvalidValue;
+  if (R <= 0 || C <= 0) return cudaSuccess;
+  const int64_t n = R * C;
+  MS_LAUNCH(ew_residual_add_kernel<__nv_bfloat16>, GridFor(n, kEwBlock), kEwBlock, 0, stream, out, x, part, bias, bias2,
+            n, C);
   return cudaGetLastError();
 }
 

@@ -34,6 +34,10 @@ cudaError_t AddRowBias(float* y, const float* b, int64_t R, int64_t C, cudaStrea
 // be null). WRITES out; out may equal x or part. The residual add fused with the row-parallel biases.
 cudaError_t ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
                         int64_t C, cudaStream_t stream);
+// The same with part (R, C) in bf16 (runtime.activations: bf16: the projection GEMM's output as it wrote it), widened
+// exactly: the bits of the fp32 launcher on the widened values. A null part: cudaErrorInvalidValue.
+cudaError_t ResidualAdd(float* out, const float* x, const __nv_bfloat16* part, const float* bias, const float* bias2,
+                        int64_t R, int64_t C, cudaStream_t stream);
 // Floats of scratch BiasGrad (and BiasGeluBackward, kernels.h) need for dy (R, C): chunks * C per-chunk column
 // sums, 0 when one chunk covers all rows (then scratch may be null).
 int64_t BiasGradScratchFloats(int64_t R, int64_t C);

@@ -72,6 +72,12 @@ cudaError_t ResidualLayerNormForward(float* res, float* out, float* mean, float*
                                      const float* part, const float* rbias, const float* rbias2, const float* w,
                                      const float* b, int64_t N, int64_t C, float eps, cudaStream_t stream,
                                      __nv_bfloat16* out16 = nullptr);
+// The same with part (N, C) in bf16 (runtime.activations: bf16: the projection GEMM's output as it wrote it), widened
+// exactly: the bits of the fp32 launcher on the widened values. A null part: cudaErrorInvalidValue.
+cudaError_t ResidualLayerNormForward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                     const __nv_bfloat16* part, const float* rbias, const float* rbias2, const float* w,
+                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t stream,
+                                     __nv_bfloat16* out16 = nullptr);
 // Floats of scratch LayerNormBackward needs: the per-block partial sums of dw, db and dx, 3 * ceil(N / 16) * C.
 int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C);
 // As ms::ops::LayerNormBackward: dx (N, C), dw (C), db (C) ACCUMULATE. scratch: device memory of

@@ -71,19 +71,22 @@ __global__ void __launch_bounds__(kLnForwardMaxThreads)
 // The residual add fused into the LayerNorm that reads its result: res = x + part (+ rbias) (+ rbias2), as
 // ew_residual_add_kernel computes it, stored and summed in one pass, then LayerNormRow over the row just stored
 // (each thread reads back its own columns: no barrier, and no read of res from memory by another pass). The bits
-// of ResidualAdd then LayerNormForward. res: (N, C) (may equal x); part: (N, C); rbias, rbias2: (C) or null.
+// of ResidualAdd then LayerNormForward. res: (N, C) (may equal x); part: (N, C); rbias, rbias2: (C) or null. P:
+// part's type, float or __nv_bfloat16 (runtime.activations: bf16, the projection GEMM's output kept in bf16: widened
+// exactly, the bits of the fp32 kernel on the widened values).
+template <typename P>
 __global__ void __launch_bounds__(kLnForwardMaxThreads)
     residual_layernorm_forward_kernel(float* res, float* out, __nv_bfloat16* out16, float* mean, float* rstd,
-                                      const float* x, const float* part, const float* rbias, const float* rbias2,
+                                      const float* x, const P* part, const float* rbias, const float* rbias2,
                                       const float* w, const float* b, int C, float eps) {
   MS_SHARED_ARRAY(float, scratch, 32);
   const long row = blockIdx.x;
   const float* xr = x + row * C;
-  const float* pr = part + row * C;
+  const P* pr = part + row * C;
   float* rr = res + row * C;
   float sum = 0.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float v = xr[c] + pr[c];
+    float v = xr[c] + Widen(pr[c]);
     if (rbias != nullptr) v += rbias[c];
     if (rbias2 != nullptr) v += rbias2[c];
     rr[c] = v;
@@ -197,16 +200,33 @@ cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* 
   return cudaGetLastError();
 }
 
+namespace {
+template <typename P>
+cudaError_t ResidualLayerNormForwardT(float* res, float* out, float* mean, float* rstd, const float* x, const P* part,
+                                      const float* rbias, const float* rbias2, const float* w, const float* b,
+                                      int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16) {
+  if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
+  if (N <= 0 || C <= 0) return cudaSuccess;
+  const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
+  MS_LAUNCH(residual_layernorm_forward_kernel<P>, static_cast<unsigned>(N), block, 0, stream, res, out, out16, mean,
+            rstd, x, part, rbias, rbias2, w, b, static_cast<int>(C), eps);
+  return cudaGetLastError();
+}
+}  // namespace
+
 cudaError_t ResidualLayerNormForward(float* res, float* out, float* mean, float* rstd, const float* x,
                                      const float* part, const float* rbias, const float* rbias2, const float* w,
                                      const float* b, int64_t N, int64_t C, float eps, cudaStream_t stream,
                                      __nv_bfloat16* out16) {
-  if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
-  if (N <= 0 || C <= 0) return cudaSuccess;
-  const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
-  MS_LAUNCH(residual_layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, res, out, out16, mean, rstd,
-            x, part, rbias, rbias2, w, b, static_cast<int>(C), eps);
-  return cudaGetLastError();
+  return ResidualLayerNormForwardT(res, out, mean, rstd, x, part, rbias, rbias2, w, b, N, C, eps, stream, out16);
+}
+
+cudaError_t ResidualLayerNormForward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                     const __nv_bfloat16* part, const float* rbias, const float* rbias2, const float* w,
+                                     const float* b, int64_t N, int64_t C, float eps, cudaStream_t stream,
+                                     __nv_bfloat16* out16) {
+  if (part == nullptr) return cudaErrorInvalidValue;
+  return ResidualLayerNormForwardT(res, out, mean, rstd, x, part, rbias, rbias2, w, b, N, C, eps, stream, out16);
 }
 
 int64_t LayerNormBackwardScratchFloats(int64_t N, int64_t C) {

@@ -446,6 +446,26 @@ class CudaBackend final : public ops::Backend {
         kernels::ResidualLayerNormForward(res, out, mean, rstd, x, part, bias, bias2, w, b, R, C, eps, s_, o16),
         "residual add + LayerNorm forward");
   }
+  Status ResidualAdd16(float* out, const float* x, const void* part16, const float* bias, const float* bias2, int64_t R,
+                       int64_t C) override {
+    if (!bf16_activations()) return ops::Backend::ResidualAdd16(out, x, part16, bias, bias2, R, C);
+    if (!part16) return InvalidArgument("ResidualAdd16: part16 is needed");
+    return Launch(kernels::ResidualAdd(out, x, static_cast<const __nv_bfloat16*>(part16), bias, bias2, R, C, s_),
+                  "residual add (bf16 branch output)");
+  }
+  Status ResidualLayerNormForward16(float* res, const float* x, const void* part16, const float* bias,
+                                    const float* bias2, float* out, float* mean, float* rstd, const float* w,
+                                    const float* b, int64_t R, int64_t C, float eps, void* out16) override {
+    if (!bf16_activations()) {
+      return ops::Backend::ResidualLayerNormForward16(res, x, part16, bias, bias2, out, mean, rstd, w, b, R, C, eps,
+                                                      out16);
+    }
+    if (!part16) return InvalidArgument("ResidualLayerNormForward16: part16 is needed");
+    MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "ResidualLayerNormForward16", out));
+    return Launch(kernels::ResidualLayerNormForward(res, out, mean, rstd, x, static_cast<const __nv_bfloat16*>(part16),
+                                                    bias, bias2, w, b, R, C, eps, s_, o16),
+                  "residual add + LayerNorm forward (bf16 branch output)");
+  }
   Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) override {
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward", out));
     return Launch(kernels::BiasGeluForward(out, x, bias, R, C, s_, o16), "bias + GeLU forward");

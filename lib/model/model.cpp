@@ -182,6 +182,7 @@ std::string Gpt::bf16_activations() const {
   const int64_t D = spec_.hidden / spec_.heads;
   if (Bf16AttnIO(D)) s += ", qkv, attention output gradient";
   if (!Atty32(D)) s += ", attention output";
+  if (Bf16BranchOut()) s += ", attention and MLP projection outputs";
   if (Bf16LnGrad()) {
     s += spec_.block == config::BlockKind::kSequential ? ", LayerNorm input gradients"
                                                        : ", final LayerNorm input gradient";
@@ -836,14 +837,20 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       return be_->BiasGeluForward(Off(y.fch_gelu.data(), row0 * Fl), y.fch.data() + row0 * Fl, P(w.fcb), rows, Fl,
                                   gelu_rounds ? k16.GeluOut(row0) : nullptr);
     };
-    auto proj_rows = [&](int64_t row0, int64_t rows, float* dst) {  // the input rounded by the attention
-      return be_->MatmulForward(dst, Off(y.atty.data(), row0 * HlD), P(w.projw), nullptr, rows, HlD, C,
-                                k16.Proj(row0, true));
+    // The branches' output projections; dst16 (those rows), unless null, in place of dst: the output in bf16
+    // (Bf16BranchOut).
+    auto proj_rows = [&](int64_t row0, int64_t rows, float* dst, uint16_t* dst16 = nullptr) {  // input: attention's
+      ops::Bf16Copies kc = k16.Proj(row0, true);
+      kc.out16 = dst16;
+      return be_->MatmulForward(dst16 ? nullptr : dst, Off(y.atty.data(), row0 * HlD), P(w.projw), nullptr, rows, HlD,
+                                C, kc);
     };
-    auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst, bool accumulate) {
+    auto mproj_rows = [&](int64_t row0, int64_t rows, float* dst, bool accumulate, uint16_t* dst16 = nullptr) {
       ops::Bf16Copies kc = k16.Mproj(row0, gelu_rounds);
       kc.out_accumulate = accumulate;
-      return be_->MatmulForward(dst, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), nullptr, rows, Fl, C, kc);
+      kc.out16 = dst16;
+      return be_->MatmulForward(dst16 ? nullptr : dst, Off(y.fch_gelu.data(), row0 * Fl), P(w.mprojw), nullptr, rows,
+                                Fl, C, kc);
     };
     if (!ln1_done) {
       MS_RETURN_IF_ERROR(be_->LayerNormForward(y.ln1.data(), y.ln1_mean.data(), y.ln1_rstd.data(), x, P(w.ln1w),
@@ -851,27 +858,56 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     }
     // The layer's output out = base + part + biases; with the fused kernels and another layer of this chunk next,
     // fused with that layer's first LayerNorm.
-    auto finish = [&](const float* base, const float* part_out, const float* b1, const float* b2) -> Status {
+    // part_out16, unless null, in place of part_out: the branch output in bf16 (Bf16BranchOut; fused kernels).
+    auto finish = [&](const float* base, const float* part_out, const float* b1, const float* b2,
+                      const void* part_out16 = nullptr) -> Status {
       ln1_done = shard_.fused_kernels && i + 1 < ch.num_layers;
-      if (!ln1_done) return ResidualAdd(out, base, part_out, b1, b2, R, C);
+      if (!ln1_done) {
+        return part_out16 ? be_->ResidualAdd16(out, base, part_out16, b1, b2, R, C)
+                          : ResidualAdd(out, base, part_out, b1, b2, R, C);
+      }
       MS_RETURN_IF_ERROR(before(ch.first_layer + i + 1));  // its parameters (ZeRO: waits for their all-gather)
       const LayerW wn = Layer(ch.first_layer + i + 1);
       auto& yn = a.layers[static_cast<size_t>(i + 1)];
       MS_ASSIGN_OR_RETURN(const LayerBf16 kn, KeptLayer(wn, a, i + 1));
+      if (part_out16) {
+        return be_->ResidualLayerNormForward16(out, base, part_out16, b1, b2, yn.ln1.data(), yn.ln1_mean.data(),
+                                               yn.ln1_rstd.data(), P(wn.ln1w), P(wn.ln1b), R, C, spec_.norm_eps,
+                                               ln_rounds ? kn.Ln1Out() : nullptr);
+      }
       return ResidualLayerNorm(out, base, part_out, b1, b2, yn.ln1.data(), yn.ln1_mean.data(), yn.ln1_rstd.data(),
                                P(wn.ln1w), P(wn.ln1b), ln_rounds ? kn.Ln1Out() : nullptr);
     };
     if (seq) {
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
       MS_RETURN_IF_ERROR(attention());
-      MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, part, partR));
-      MS_RETURN_IF_ERROR(ResidualLayerNorm(y.mid.data(), x, attn_out, P(w.projb), nullptr, y.ln2.data(),
-                                           y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
-                                           ln_rounds ? k16.FcInOut() : nullptr));
+      // Bf16BranchOut: each projection writes its output in bf16 alone (part16, in part's scratch), which the
+      // residual add reads.
+      uint16_t* const part16 = Bf16BranchOut() ? reinterpret_cast<uint16_t*>(part) : nullptr;
+      if (part16) {
+        const double t0 = NowSeconds();
+        MS_RETURN_IF_ERROR(proj_rows(0, N, nullptr, part16));
+        GemmSpan("attn.proj", 0, 1, t0);
+        MS_RETURN_IF_ERROR(be_->ResidualLayerNormForward16(y.mid.data(), x, part16, P(w.projb), nullptr, y.ln2.data(),
+                                                           y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
+                                                           R, C, spec_.norm_eps, ln_rounds ? k16.FcInOut() : nullptr));
+      } else {
+        MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, part, partR));
+        MS_RETURN_IF_ERROR(ResidualLayerNorm(y.mid.data(), x, attn_out, P(w.projb), nullptr, y.ln2.data(),
+                                             y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
+                                             ln_rounds ? k16.FcInOut() : nullptr));
+      }
       MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
-      auto mproj_only = [&](int64_t row0, int64_t rows, float* dst) { return mproj_rows(row0, rows, dst, false); };
-      MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_only, part, partR));
-      MS_RETURN_IF_ERROR(finish(y.mid.data(), mlp_out, P(w.mprojb), nullptr));
+      if (part16) {
+        const double t0 = NowSeconds();
+        MS_RETURN_IF_ERROR(mproj_rows(0, N, nullptr, false, part16));
+        GemmSpan("mlp.proj", 0, 1, t0);
+        MS_RETURN_IF_ERROR(finish(y.mid.data(), nullptr, P(w.mprojb), nullptr, part16));
+      } else {
+        auto mproj_only = [&](int64_t row0, int64_t rows, float* dst) { return mproj_rows(row0, rows, dst, false); };
+        MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_only, part, partR));
+        MS_RETURN_IF_ERROR(finish(y.mid.data(), mlp_out, P(w.mprojb), nullptr));
+      }
     } else {
       // One gather feeds both branches' GEMMs.
       auto qkv_fc_rows = [&](int64_t row0, int64_t rows, const float* src) -> Status {

@@ -331,6 +331,13 @@ class Gpt {
   // (Bf16Copies::dinp16, in the fp32 gradient's scratch) and read so by the LayerNorm backward
   // (ops::Backend::LayerNormBackward16). The parallel block's LayerNorm gets the sum of two GEMMs: fp32.
   bool Bf16LnGrad() const { return Bf16Fc() && shard_.tp_size == 1; }
+  // runtime.activations: bf16 at tp 1 with the sequential block: the attention and MLP output projections write their
+  // outputs in bf16 (Bf16Copies::out16, in the fp32 output's scratch) and the residual add (fused into the next
+  // LayerNorm, or alone before the chunk's end) reads them so (ResidualLayerNormForward16 / ResidualAdd16). In the
+  // parallel block the MLP projection accumulates onto the attention projection's fp32 output: fp32.
+  bool Bf16BranchOut() const {
+    return Bf16Fc() && shard_.tp_size == 1 && spec_.block == config::BlockKind::kSequential;
+  }
   bool Atty32(int64_t D) const { return !(keep_bf16_ && Bf16AttnIO(D)); }
   // The scratch of the attention output's gradient, in floats: N x HlD fp32, or with Bf16AttnIO bf16 (rounded up to 256
   // bytes, so that what follows keeps its alignment).

@@ -291,6 +291,16 @@ Status Backend::ResidualLayerNormForward(float* res, const float* x, const float
   return LayerNormForward(out, mean, rstd, res, w, b, R, C, eps, out16);
 }
 
+Status Backend::ResidualAdd16(float*, const float*, const void*, const float*, const float*, int64_t, int64_t) {
+  return FailedPrecondition("ResidualAdd16: the {} backend keeps no bf16 activations (runtime.activations: bf16)",
+                            name());
+}
+Status Backend::ResidualLayerNormForward16(float*, const float*, const void*, const float*, const float*, float*,
+                                           float*, float*, const float*, const float*, int64_t, int64_t, float, void*) {
+  return FailedPrecondition(
+      "ResidualLayerNormForward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)", name());
+}
+
 Status Backend::CastToBf16(void*, const float*, int64_t) {
   return FailedPrecondition("the {} backend keeps no bf16 GEMM operands (CastToBf16)", name());
 }

@@ -369,6 +369,14 @@ class Backend {
   virtual Status ResidualLayerNormForward(float* res, const float* x, const float* part, const float* bias,
                                           const float* bias2, float* out, float* mean, float* rstd, const float* w,
                                           const float* b, int64_t R, int64_t C, float eps, void* out16);
+  // ResidualAdd / ResidualLayerNormForward with part16 (R x C bf16) as the projection GEMM wrote it
+  // (Bf16Copies::out16: runtime.activations: bf16 where one GEMM writes the branch's output alone), widened exactly:
+  // the results of the fp32 calls on the widened values, bit for bit. Only where bf16_activations(), else refused.
+  virtual Status ResidualAdd16(float* out, const float* x, const void* part16, const float* bias, const float* bias2,
+                               int64_t R, int64_t C);
+  virtual Status ResidualLayerNormForward16(float* res, const float* x, const void* part16, const float* bias,
+                                            const float* bias2, float* out, float* mean, float* rstd, const float* w,
+                                            const float* b, int64_t R, int64_t C, float eps, void* out16);
   // out (R, C) = gelu(x + bias[c]) (WRITES): the fc bias fused into the GeLU (x is the GEMM output without bias);
   // out16 as LayerNormForward's.
   virtual Status BiasGeluForward(float* out, const float* x, const float* bias, int64_t R, int64_t C, void* out16) = 0;

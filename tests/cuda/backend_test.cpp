@@ -1023,6 +1023,69 @@ TEST_CASE("cuda backend: LayerNorm backward on a bf16 output gradient gives the 
   }
 }
 
+// runtime.activations: bf16 at tp 1 with the sequential block: the residual add (alone, or fused into the next
+// LayerNorm) reads the projection's output as its GEMM wrote it, in bf16 (ResidualAdd16, ResidualLayerNormForward16):
+// the bits of the fp32 calls on the widened values (res, out, mean, rstd, and with kept operands out16), with kept and
+// with cast operands. Refused: no part16, and on the backends that keep no bf16 activations.
+TEST_CASE("cuda backend: the residual add on a bf16 branch output gives the bits of the fp32 calls on it widened") {
+  const int64_t N = 37, C = 40;
+  std::vector<float> part = Random(N * C, 71);
+  std::vector<uint16_t> part16(part.size());
+  for (size_t i = 0; i < part.size(); ++i) part16[i] = Round16(part[i]);
+  for (Bf16Operands mode : {Bf16Operands::kKeep, Bf16Operands::kCast}) {
+    CAPTURE(static_cast<int>(mode));
+    Pair p(/*bf16=*/true, mode);
+    const bool keep = mode == Bf16Operands::kKeep;
+    float* x = p.On(*p.gpu, Random(N * C, 72, -2.0f, 3.0f));
+    float* w = p.On(*p.gpu, Random(C, 73));
+    float* b = p.On(*p.gpu, Random(C, 74));
+    float* b1 = p.On(*p.gpu, Random(C, 75));
+    float* b2 = p.On(*p.gpu, Random(C, 76));
+    float* p32 = p.On(*p.gpu, Widen16(part16));
+    uint16_t* p16 = p.On(*p.gpu, part16);
+    std::vector<float*> res(2), out(2), mean(2), rstd(2), add(2);
+    std::vector<uint16_t*> out16(2);
+    for (int k = 0; k < 2; ++k) {
+      res[k] = p.On(*p.gpu, std::vector<float>(N * C));
+      out[k] = p.On(*p.gpu, std::vector<float>(N * C));
+      mean[k] = p.On(*p.gpu, std::vector<float>(N));
+      rstd[k] = p.On(*p.gpu, std::vector<float>(N));
+      add[k] = p.On(*p.gpu, std::vector<float>(N * C));
+      out16[k] = p.On(*p.gpu, std::vector<uint16_t>(N * C, 0xFFFF));
+    }
+    REQUIRE(p.gpu
+                ->ResidualLayerNormForward(res[0], x, p32, b1, b2, out[0], mean[0], rstd[0], w, b, N, C, 1e-5f,
+                                           keep ? out16[0] : nullptr)
+                .ok());
+    REQUIRE(p.gpu
+                ->ResidualLayerNormForward16(res[1], x, p16, b1, b2, out[1], mean[1], rstd[1], w, b, N, C, 1e-5f,
+                                             keep ? out16[1] : nullptr)
+                .ok());
+    REQUIRE(p.gpu->ResidualAdd(add[0], x, p32, b1, nullptr, N, C).ok());
+    REQUIRE(p.gpu->ResidualAdd16(add[1], x, p16, b1, nullptr, N, C).ok());
+    CHECK(p.Get(*p.gpu, res[1], N * C) == p.Get(*p.gpu, res[0], N * C));
+    CHECK(p.Get(*p.gpu, out[1], N * C) == p.Get(*p.gpu, out[0], N * C));
+    CHECK(p.Get(*p.gpu, mean[1], N) == p.Get(*p.gpu, mean[0], N));
+    CHECK(p.Get(*p.gpu, rstd[1], N) == p.Get(*p.gpu, rstd[0], N));
+    CHECK(p.Get(*p.gpu, out16[1], N * C) == p.Get(*p.gpu, out16[0], N * C));
+    CHECK(p.Get(*p.gpu, add[1], N * C) == p.Get(*p.gpu, add[0], N * C));
+    CHECK(p.gpu->ResidualAdd16(add[1], x, nullptr, b1, nullptr, N, C).code() == Code::kInvalidArgument);
+    CHECK(p.gpu
+              ->ResidualLayerNormForward16(res[1], x, nullptr, b1, b2, out[1], mean[1], rstd[1], w, b, N, C, 1e-5f,
+                                           nullptr)
+              .code() == Code::kInvalidArgument);
+  }
+  Pair conv(/*bf16=*/true, Bf16Operands::kCublas), fp32;
+  for (ops::Backend* be : {conv.gpu.get(), fp32.gpu.get(), fp32.cpu.get()}) {
+    CAPTURE(be->name());
+    Pair& owner = be == conv.gpu.get() ? conv : fp32;
+    float* v = owner.On(*be, std::vector<float>(16));
+    CHECK(be->ResidualAdd16(v, v, v, v, nullptr, 2, 2).code() == Code::kFailedPrecondition);
+    CHECK(be->ResidualLayerNormForward16(v, v, v, v, nullptr, v, v, v, v, v, 2, 2, 1e-5f, nullptr).code() ==
+          Code::kFailedPrecondition);
+  }
+}
+
 // The fc bias + GeLU in the fc GEMM (Bf16Copies::gelu16) and their gradient in the fc-proj backward GEMM
 // (dgelu_aux16, dgelu_dbias), on a backend with kept operands: out16 = x w^T + b and gelu16 = gelu(x w^T + b), each
 // rounded to bf16; dinp16 = gelu'(aux) (dout w) rounded, dbias += its column sums — against fp32 references within

@@ -186,11 +186,14 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
 # gradient by the projection's backward GEMM, the output read back as its kept rounding); with the fp32 attention
 # (D = 15 in the fallback case) they stay fp32. At tp 1 the LayerNorm input gradients that one GEMM writes are bf16
 # too (the sequential block's two and the final LayerNorm's; the parallel block's first LayerNorm sums two GEMMs and
-# stays fp32).
+# stays fp32), and with the sequential block the attention and MLP projections' outputs, which the residual adds read.
 EPI = "fc GEMMs with the bias + GeLU epilogue: "
 KEPT = "kept in bf16: fc output, GeLU output gradient, logits"
 case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
-     ["runtime.activations=bf16"], [EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback", KEPT + ", qkv, attention output gradient, attention output, LayerNorm input gradients\n"])
+     ["runtime.activations=bf16"],
+     [EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback",
+      KEPT + ", qkv, attention output gradient, attention output, attention and MLP projection outputs, "
+      "LayerNorm input gradients\n"])
 # ... and at tp 1 the logits in bf16 too (the classifier GEMM writes them rounded, the cross-entropy reads them and
 # writes their gradient over them), with a padded vocabulary kept out of the softmax by the cross-entropy itself.
 case("bf16-111-bf16-logits-padded-vocab", "", ["train.precision=bf16", "model.vocab=300", "model.vocab_pad_to=128"],

@@ -336,6 +336,7 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
 // (a single element, a warp plus one, several passes of a 256-thread block; few rows: one block per row is slow
 // under the emulator's TSan build). Fails when the fused pass sums the row in another order, or normalizes other
 // values.
+// With part in bf16 (runtime.activations: bf16) both launchers give the bits of the fp32 ones on part widened.
 TEST_CASE("kernels: ResidualLayerNormForward gives the bits of ResidualAdd then LayerNormForward") {
   for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {3, 770}, {67, 20}}) {
     CAPTURE(N);
@@ -364,6 +365,31 @@ TEST_CASE("kernels: ResidualLayerNormForward gives the bits of ResidualAdd then 
       CHECK(rstd.Get() == want_rstd.Get());
       const auto g16 = out16.Get(), w16 = want16.Get();
       CHECK(std::memcmp(g16.data(), w16.data(), sizeof(__nv_bfloat16) * n) == 0);
+      {  // part in bf16 (the projection GEMM's output kept in bf16): both launchers give the bits of the fp32 ones
+         // on part widened
+        Dev<__nv_bfloat16> part16(n);
+        REQUIRE(CastFloatToBf16(part16.get(), d_part.get(), n, nullptr) == cudaSuccess);
+        Dev<float> widened(n), fres(n), fout(n), fmean(N), frstd(N), hres(n), hout(n), hmean(N), hrstd(N), fadd(n),
+            hadd(n);
+        REQUIRE(CastBf16ToFloat(widened.get(), part16.get(), n, nullptr) == cudaSuccess);
+        const __nv_bfloat16* p16 = part16.get();
+        REQUIRE(ResidualLayerNormForward(fres.get(), fout.get(), fmean.get(), frstd.get(), d_x.get(), widened.get(), b1,
+                                         b2, d_w.get(), d_b.get(), N, C, eps, nullptr) == cudaSuccess);
+        REQUIRE(ResidualLayerNormForward(hres.get(), hout.get(), hmean.get(), hrstd.get(), d_x.get(), p16, b1, b2,
+                                         d_w.get(), d_b.get(), N, C, eps, nullptr) == cudaSuccess);
+        CHECK(hres.Get() == fres.Get());
+        CHECK(hout.Get() == fout.Get());
+        CHECK(hmean.Get() == fmean.Get());
+        CHECK(hrstd.Get() == frstd.Get());
+        REQUIRE(ResidualAdd(fadd.get(), d_x.get(), widened.get(), b1, b2, N, C, nullptr) == cudaSuccess);
+        REQUIRE(ResidualAdd(hadd.get(), d_x.get(), p16, b1, b2, N, C, nullptr) == cudaSuccess);
+        CHECK(hadd.Get() == fadd.Get());
+        CHECK(hadd.Get() == fres.Get());
+        const __nv_bfloat16* none = nullptr;
+        CHECK(ResidualAdd(hadd.get(), d_x.get(), none, b1, b2, N, C, nullptr) == cudaErrorInvalidValue);
+        CHECK(ResidualLayerNormForward(hres.get(), hout.get(), hmean.get(), hrstd.get(), d_x.get(), none, b1, b2,
+                                       d_w.get(), d_b.get(), N, C, eps, nullptr) == cudaErrorInvalidValue);
+      }
       if (biases != 2) continue;
       // Only the rounding, the residual written over x.
       Dev<float> inplace(x), mean2(N), rstd2(N);
