@@ -19,8 +19,9 @@
 #              was kept in bf16
 #   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 # The machine (nvidia-smi) is printed first; after every stage $OUT/summary.txt (the table of stages, exit status and
-# seconds, and per training run its median step time, tokens/s and MFU) and $OUT/logs.tar.gz (every log and run
-# folder) are rewritten, so a call cut short still brings back what ran; kernels_bench's JSON is $OUT/kernels.json.
+# seconds, and per training run its median step time, tokens/s and MFU) and $OUT/logs.tar.gz (the text files: logs,
+# metrics, specs) are rewritten, so a call cut short still brings back what ran; kernels_bench's JSON is
+# $OUT/kernels.json.
 # Without $OUT (not on the device tool) the logs stay in runs/gpu-check-<host>-<time>/. Exit status 1 when a stage
 # failed.
 #   scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--no-build]
