@@ -72,7 +72,7 @@ failed=0
 left() { echo $((budget - ($(date +%s) - start))); }
 
 # The summary so far and every log, where the device tool brings them back (at most 8 files: these 2 and
-# kernels.json).
+# kernels.json). The machine's own Python and tar, without the bundle's libraries.
 publish() {
   {
     cat "$work/machine.txt"
@@ -82,7 +82,7 @@ publish() {
     if compgen -G "$work/train-*/metrics.jsonl" >/dev/null; then
       echo "training (median over steps 4..: step time, tokens/s, MFU against the detected GPU's datasheet peak):"
       for m in "$work"/train-*/metrics.jsonl; do
-        python3 - "$m" <<'PY' || true
+        env -u LD_LIBRARY_PATH python3 - "$m" <<'PY' || true
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
 rows = [r for r in rows if r.get("step", 0) >= 4] or rows
@@ -104,7 +104,7 @@ PY
     [[ -f $work/kernels.json ]] && cp "$work/kernels.json" "$out/kernels.json"
     # Text alone (logs, metrics, summaries, specs), not datasets or checkpoints: it must stay under 16 MiB.
     (cd "$work" && find . -type f \( -name '*.log' -o -name '*.txt' -o -name '*.json' -o -name '*.jsonl' \
-      -o -name '*.yaml' -o -name '*.csv' \) -size -4M -print0 | tar -czf "$out/logs.tar.gz.tmp" --null -T -) &&
+      -o -name '*.yaml' -o -name '*.csv' \) -size -4M -print0 | env -u LD_LIBRARY_PATH tar -czf "$out/logs.tar.gz.tmp" --null -T -) &&
       mv "$out/logs.tar.gz.tmp" "$out/logs.tar.gz"
   fi
 }
