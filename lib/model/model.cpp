@@ -1082,27 +1082,23 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
   const float* lnfin = sp ? a.lnf_full.data() : a.lnf.data();
   MS_ASSIGN_OR_RETURN(const void* head16, KeptWeight(FindParam(head)));
   // With kept bf16 operands every cross-entropy path above also wrote the rounding of dlogits.
-  auto dlnf_rows = [&](int64_t row0, int64_t rows, float* dst) {
-    return be_->MatmulBackward(dst, G(head), nullptr, Off(dlogits, row0 * Vl), Off(lnfin, row0 * C), P(head), rows, C,
-                               Vl,
+  // dst16 (those rows), unless null, in place of dst: the input gradient written in bf16 (Bf16LnGrad).
+  auto dlnf_rows = [&](int64_t row0, int64_t rows, float* dst, uint16_t* dst16 = nullptr) {
+    return be_->MatmulBackward(dst16 ? nullptr : dst, G(head), nullptr, Off(dlogits, row0 * Vl), Off(lnfin, row0 * C),
+                               P(head), rows, C, Vl,
                                {.w = head16,
                                 .inp = keep_bf16_ ? Bf16At(a.lnf_16, row0 * C) : nullptr,
                                 .inp_ready = true,
                                 .dout = dlogits16 ? static_cast<uint16_t*>(dlogits16) + row0 * Vl : nullptr,
-                                .dinp_overwrite = true});
+                                .dinp_overwrite = true,
+                                .dinp16 = dst16});
   };
   const Chunk& ch = chunks_[static_cast<size_t>(num_chunks() - 1)];
   const float* x = a.res.data() + ch.num_layers * R * C;
   if (Bf16LnGrad()) {  // the classifier's GEMM writes the final LayerNorm's input gradient in bf16 alone
     uint16_t* const dlnf16 = reinterpret_cast<uint16_t*>(dln);
     const double t0 = NowSeconds();
-    MS_RETURN_IF_ERROR(be_->MatmulBackward(nullptr, G(head), nullptr, dlogits, lnfin, P(head), N, C, Vl,
-                                           {.w = head16,
-                                            .inp = keep_bf16_ ? Bf16At(a.lnf_16, 0) : nullptr,
-                                            .inp_ready = true,
-                                            .dout = dlogits16,
-                                            .dinp_overwrite = true,
-                                            .dinp16 = dlnf16}));
+    MS_RETURN_IF_ERROR(dlnf_rows(0, N, nullptr, dlnf16));
     GemmSpan("head>dlnf", 0, 1, t0);
     MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
     return be_->LayerNormBackward16(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf16, x,
