@@ -10,6 +10,8 @@
 #                  cuBLASLt, NCCL, the driver)
 #   lib/fallback/  this machine's libstdc++ and libgcc_s, for a GPU machine whose own are older
 #   tests.json     ctest -L gpu --show-only=json-v1 of the build (scripts/gpu_tests.py runs them there)
+#   corpus/        the fortune files the training tests prepare their data from (tests/cuda/gpus.py; the GPU
+#                  machine has no /usr/share/games/fortunes): the first 4 in name order, ~0.6 MB
 #   MANIFEST.json  commit, build and source directories, glibc, CUDA, the libraries and their sizes
 # Then it checks the bundle in a root that has glibc, libstdc++ and the CUDA libraries alone (chroot, when run as
 # root): every program loads, and megascale trains configs/tiny.yaml for two steps on the CPU backend (two ranks:
@@ -76,6 +78,11 @@ for name in libstdc++.so.6 libgcc_s.so.1; do
 done
 
 ctest --test-dir "$build" -L gpu --show-only=json-v1 >"$b/tests.json"
+mkdir -p "$b/corpus"
+mapfile -t fortunes < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort |
+  head -n 4)
+((${#fortunes[@]} == 4)) || die "fewer than 4 fortune files in /usr/share/games/fortunes (scripts/setup.sh)"
+cp "${fortunes[@]}" "$b/corpus/"
 python3 - "$b" "$build" "$(pwd)" <<'PY'
 import json, os, platform, subprocess, sys
 b, build, src = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]

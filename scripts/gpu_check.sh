@@ -2,10 +2,11 @@
 # What to run when a GPU is lent (docs/PERFORMANCE.md, "When a GPU is lent"), sized for the device tool: one call
 # runs at most 600 s, the session has 15 minutes of device time (the machine's start included), and at most 8 files
 # come back from $OUT. The machine has CUDA, CMake and Python but none of the Debian libraries megascale links and no
-# redis-server: carry the binaries built here (scripts/gpu_bundle.sh -> gpu-bundle.tar.xz) and data/, and split the
-# stages over two calls made back to back (the machine stays warm 30 s after a call):
-#   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages tests,kernels
-#   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages train,sanitizer
+# redis-server: carry the binaries built here (scripts/gpu_bundle.sh -> gpu-bundle.tar.xz) and data/, and keep each
+# call short, so that device time is left for a call that checks a fix (docs/PERFORMANCE.md, the H200 run):
+#   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages tests,kernels,train --budget 240 \
+#     --limits tests=100,kernels=60,train=15
+#   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages sanitizer --budget 115 --limits sanitizer=105
 # Stages (each under its own time limit, run whether or not an earlier one failed):
 #   build      without --bundle: Release with -DMS_GPU_TESTS=ON in build-gpu/ (needs the Debian libraries)
 #   bundle     with --bundle: unpack it, find the machine's CUDA libraries, check that every program loads
@@ -28,6 +29,9 @@
 #     --bundle    gpu-bundle.tar.xz from scripts/gpu_bundle.sh (no build on the GPU machine)
 #     --stages    comma-separated among tests,kernels,train,sanitizer (default: all of them, in that order)
 #     --budget    seconds for all stages (default 540: one call's 600 s, less the start and the transfers)
+#     --limits    per-stage caps in seconds, e.g. tests=120,kernels=60,train=30 (train: each training run), for a
+#                 short first call that leaves device time to rerun after a fix (defaults: tests 290, kernels 150,
+#                 train 90 (+50 for the 1.3B runs), sanitizer 890; each also capped by what the budget has left)
 #     --no-build  without --bundle: use build-gpu/ as it is (MS_GPU_BUILD=dir to choose another)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,12 +39,23 @@ budget=540
 build_it=1
 bundle_file=""
 stages="tests,kernels,train,sanitizer"
-usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--no-build]"
+usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]"
+declare -A cap=([tests]=290 [kernels]=150 [train]=90 [sanitizer]=890)
 while (($#)); do
   case "$1" in
     --budget) budget="$2"; shift 2 ;;
     --bundle) bundle_file="$2"; shift 2 ;;
     --stages) stages="$2"; shift 2 ;;
+    --limits)
+      for kv in ${2//,/ }; do
+        k=${kv%%=*} v=${kv#*=}
+        [[ -n ${cap[$k]+x} && $v =~ ^[0-9]+$ && $v -gt 0 ]] || {
+          echo "gpu_check: bad --limits entry '$kv' (STAGE=SECONDS, STAGE among tests, kernels, train, sanitizer)" >&2
+          exit 2
+        }
+        cap[$k]=$v
+      done
+      shift 2 ;;
     --no-build) build_it=0; shift ;;
     *) echo "gpu_check: unknown argument '$1' ($usage)" >&2; exit 2 ;;
   esac
@@ -191,10 +206,10 @@ fi
 # The tests' own limit: the stage's, or what the budget has left, less 10 s to record the result.
 room() { local r=$(($(left) - 10)); echo $((r < $1 ? r : $1)); }
 if want tests; then
-  tests_cmd tests "$(room 290)" -L gpu -LE sanitizer
-  stage tests 300 "${cmd[@]}"
+  tests_cmd tests "$(room "${cap[tests]}")" -L gpu -LE sanitizer
+  stage tests $((cap[tests] + 10)) "${cmd[@]}"
 fi
-want kernels && stage kernels 150 "$bin/kernels_bench" --preset gpu-configs --json "$work/kernels.json"
+want kernels && stage kernels "${cap[kernels]}" "$bin/kernels_bench" --preset gpu-configs --json "$work/kernels.json"
 if want train; then
   if [[ -f data/fortunes.bin ]]; then
     # The likely fastest path first, then as built, the 1.3B config, and the ablations.
@@ -204,7 +219,9 @@ if want train; then
       extra=()
       [[ $mode == *-bf16act* ]] && extra+=(--set runtime.activations=bf16)
       [[ $mode == *-noepi ]] && extra+=(--set runtime.gemm_epilogues=false)
-      stage "train-$run" 90 "$bin/megascale" train "$cfg" --no-progress --set train.steps=$steps \
+      limit=${cap[train]}
+      [[ $run == 1.3b-* ]] && limit=$((limit + 50))  # its startup: ~35 s on an H200 (1.3 B parameters drawn on the host)
+      stage "train-$run" "$limit" "$bin/megascale" train "$cfg" --no-progress --set train.steps=$steps \
         --set runtime.bf16_operands="${mode%%-*}" ${extra[@]+"${extra[@]}"} --set log.run_dir="$work/train-$run"
     done
   else
@@ -214,8 +231,8 @@ if want train; then
   fi
 fi
 if want sanitizer; then
-  tests_cmd sanitizer "$(room 890)" -L sanitizer
-  stage sanitizer 900 "${cmd[@]}"
+  tests_cmd sanitizer "$(room "${cap[sanitizer]}")" -L sanitizer
+  stage sanitizer $((cap[sanitizer] + 10)) "${cmd[@]}"
 fi
 publish
 cat "$work/summary.txt"

@@ -5,9 +5,10 @@ which has neither the build directory nor the source directory of the machine th
   gpu_tests_test.py GPU_TESTS_PY WORK
 
 Checks: build-directory paths of bundled programs become bin/<name>, other build paths scratch folders under --work
-(created), source paths the repository, paths inside an argument and in ENVIRONMENT too, the working directory; the
+(created), source paths the repository, paths inside an argument and in ENVIRONMENT too, the working directory, MS_TEST_CORPUS = the bundle's corpus/; the
 build machine's python3 this Python; a missing program (compute-sanitizer) found by name in PATH; -L / -LE select by
-label; a pass whose last line counts skipped cases shows it; a failing test is FAIL with its exit status, one past its TIMEOUT is TIMEOUT (killed with its children), one
+label; a pass whose last line counts skipped cases shows it; a test without a command (ctest found no program for it) is
+FAIL, and the others still run; a failing test is FAIL with its exit status, one past its TIMEOUT is TIMEOUT (killed with its children), one
 past --deadline is SKIP; the exit status is 1 when any test did not pass, 0 when all did, 2 for a folder that is not
 a bundle; --list prints the mapped commands and runs nothing.
 """
@@ -22,7 +23,7 @@ import time
 runner, work = sys.argv[1], os.path.abspath(sys.argv[2])
 shutil.rmtree(work, ignore_errors=True)
 bundle, repo, tools = (os.path.join(work, d) for d in ("bundle", "repo", "tools"))
-for d in (os.path.join(bundle, "bin"), os.path.join(repo, "configs"), tools):
+for d in (os.path.join(bundle, "bin"), os.path.join(bundle, "corpus"), os.path.join(repo, "configs"), tools):
     os.makedirs(d)
 SRC, BUILD = "/nonexistent-src", "/nonexistent-build"
 
@@ -40,6 +41,7 @@ script(os.path.join(bundle, "bin", "ok_prog"), f"""set -e
 [ "$3" = "--configs={repo}/configs" ] || {{ echo "bad embedded path $3"; exit 13; }}
 [ "$MS_X" = "{repo}/configs" ] || {{ echo "bad environment $MS_X"; exit 14; }}
 [ "$(pwd)" = "{work}/run/build/tests/cuda" ] || {{ echo "bad working directory $(pwd)"; exit 15; }}
+[ "$MS_TEST_CORPUS" = "{bundle}/corpus" ] || {{ echo "bad MS_TEST_CORPUS $MS_TEST_CORPUS"; exit 16; }}
 echo all mapped
 """)
 script(os.path.join(bundle, "bin", "fail_prog"), "exit 3\n")
@@ -66,10 +68,13 @@ tests = [
     test("t_sanitizer", ["/usr/local/cuda-99/bin/fake-sanitizer", f"{BUILD}/tests/cuda/fail_prog"], ["gpu", "sanitizer"]),
     test("t_other", ["/usr/bin/python3", f"{SRC}/check.py"], ["cpu"]),
 ]
+# What ctest writes for a test whose program it could not find when the bundle was made: no command.
+tests.append({"name": "t_nocmd", "properties": [{"name": "LABELS", "value": ["gpu", "sanitizer"]}]})
 json.dump({"kind": "ctestInfo", "tests": tests}, open(os.path.join(bundle, "tests.json"), "w"))
 json.dump({"source_dir": SRC, "build_dir": BUILD}, open(os.path.join(bundle, "MANIFEST.json"), "w"))
 
 env = dict(os.environ, PATH=tools + ":" + os.environ["PATH"])
+env.pop("MS_TEST_CORPUS", None)
 
 
 def run(*args, expect):
@@ -102,10 +107,11 @@ assert took < 20, f"the timed-out test was not stopped at its 1 s ({took:.0f} s)
 
 out, _ = run("-L", "sanitizer", expect=1)  # fake-sanitizer found in PATH runs fail_prog (exit 3)
 assert line(out, "t_sanitizer").startswith("FAIL") and "exit status 3" in line(out, "t_sanitizer")
+assert line(out, "t_nocmd").startswith("FAIL") and "no command" in line(out, "t_nocmd"), "no command: FAIL, no crash"
 assert "fake-sanitizer" in open(os.path.join(work, "run", "t_sanitizer.log")).readline()
 
 out, _ = run("-L", "gpu", "--deadline", str(time.time()), expect=1)
-assert all(line(out, n).startswith("SKIP") for n in ("t_ok", "t_fail", "t_sanitizer"))
+assert all(line(out, n).startswith("SKIP") for n in ("t_ok", "t_fail", "t_sanitizer", "t_nocmd"))
 
 out, _ = run("-L", "cpu", expect=0)
 assert line(out, "t_other").startswith("PASS") and "t_ok" not in out

@@ -22,7 +22,6 @@ Usage: nccl_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--quick] [--gpu]
          a layout needing more GPUs than the machine has is skipped, and the emulator-only cases (deferred
          streams, Gloo, buffering, stuck peer, planted bug) are not run.
 """
-import glob
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpus import gpu_count  # noqa: E402
+from gpus import fortune_corpus, gpu_count  # noqa: E402
 
 BIN, EMU, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 QUICK = "--quick" in sys.argv[4:]
@@ -175,7 +174,7 @@ def must_fail(name, parallel, env, needles, timeout_s=3, layers=2):
 
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*") if os.path.isfile(f) and not f.endswith((".dat", ".u8")))
+corpus = fortune_corpus()
 DATA = os.path.join(WORK, "fortunes")
 rc, _, err, _ = run(BIN, ["prepare-data", "--doc-separator", "%", "--output", DATA, *corpus[:4]])
 if rc != 0:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpus import gpu_count  # noqa: E402
+from gpus import fortune_corpus, gpu_count  # noqa: E402
 
 BIN, EMU, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 # With --gpu, EMU is the GPU build of megascale and the same comparisons run on a real GPU (ctest -L gpu).
@@ -46,7 +46,8 @@ passed = []
 def run(binary, *args, env=None):
     cmd = [binary, *args]
     if SANITIZER and binary == EMU:
-        cmd = [SANITIZER, "--tool", "memcheck", "--target-processes", "all", "--error-exitcode", "99", *cmd]
+        cmd = [SANITIZER, "--tool", "memcheck", "--target-processes", "all", "--report-api-errors", "no",
+               "--error-exitcode", "99", *cmd]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=dict(os.environ, **(env or {})))
     return p.returncode, p.stdout, p.stderr
 
@@ -90,8 +91,9 @@ def compare(name, extra, sets, rtol, emu_sets=(), log_has=None):
     if f"compute: {EXPECT}" not in log:
         return f"the run's log does not say it computed on the backend '{EXPECT}'"
     for want in [log_has] if isinstance(log_has, str) else log_has or []:
-        if want not in log:
-            return f"the run's log has no line with '{want}'"
+        alternatives = want if isinstance(want, tuple) else (want,)  # a tuple: any one of them
+        if not any(w in log for w in alternatives):
+            return f"the run's log has no line with '{' or '.join(alternatives)}'"
     for key, tol in (("loss", rtol), ("grad_norm", rtol)):
         a, b = series(cpu_dir, key), series(emu_dir, key)
         if sorted(a) != sorted(b) or not a:
@@ -148,7 +150,7 @@ def case(name, *a, check=compare):
 
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*") if os.path.isfile(f) and not f.endswith((".dat", ".u8")))
+corpus = fortune_corpus()
 DATA = os.path.join(WORK, "fortunes")
 rc, _, err = run(BIN, "prepare-data", "--doc-separator", "%", "--output", DATA, *corpus[:4])
 if rc != 0:
@@ -198,9 +200,13 @@ case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequ
 # writes their gradient over them), with a padded vocabulary kept out of the softmax by the cross-entropy itself.
 case("bf16-111-bf16-logits-padded-vocab", "", ["train.precision=bf16", "model.vocab=300", "model.vocab_pad_to=128"],
      5e-3, ["runtime.activations=bf16"])
+# (The emulated cuBLASLt has no algorithm for fc widths that are not a multiple of 8; the real one may have: cuBLAS
+# 13.1 on an H200 ran all 32 there, so on a GPU either path passes.)
+FALLBACK = EPI + "0 by cuBLASLt, 32 by the GEMM + kernel fallback"
 case("bf16-111-gemm-epilogue-fallback", "", ["train.precision=bf16", "model.heads=3", "model.hidden=45"], 5e-3,
      ["runtime.activations=bf16"],
-     [EPI + "0 by cuBLASLt, 32 by the GEMM + kernel fallback", KEPT + ", final LayerNorm input gradient\n"])
+     [(FALLBACK, EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback") if GPU else FALLBACK,
+      KEPT + ", final LayerNorm input gradient\n"])
 case("bf16-111-bf16-activations-keep-is-cast", "parallel: {micro_batches: 2}",
      ["train.precision=bf16", "runtime.activations=bf16"], [*KEEP, "runtime.gemm_epilogues=false"],
      ["runtime.bf16_operands=cast"], check=same_bits)
