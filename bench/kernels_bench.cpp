@@ -1354,6 +1354,25 @@ void BenchAttention(Bench& b, const Shape& s) {
     qb.ref_flops = ref_flops;
     qb.ref_what = f.ref_what;
     b.Emit(qb);
+    // The same two with the softmax through shared memory (k::SetAttentionTcSoftmax): what the register-resident
+    // one (the default where the fragment layout probe holds) gains.
+    k::SetAttentionTcSoftmax(k::AttentionTcSoftmax::kShared);
+    Row sf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias, out16 smem", q16_fwd_bytes, fwd_flops, [&] {
+      return k::AttentionForwardBf16(nullptr, lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), out16.get(),
+                                     qkv_bias.get());
+    });
+    Row sb = b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias smem", q16_bwd_bytes, bwd_flops, [&] {
+      return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(),
+                                      lse.get(), B, T, H, D, window, b.stream(), dqkv16.get(), qkv_bias.get(),
+                                      dbias.get());
+    });
+    k::SetAttentionTcSoftmax(k::AttentionTcSoftmax::kAuto);
+    for (Row* r : {&sf, &sb}) {
+      r->ref = ref;
+      r->ref_flops = ref_flops;
+      r->ref_what = f.ref_what;
+      b.Emit(*r);
+    }
   }
 }
 

@@ -59,6 +59,17 @@ cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64
                                  int64_t window, cudaStream_t stream, __nv_bfloat16* out16 = nullptr,
                                  const float* qkv_bias = nullptr);
 //
+// Where the tensor-core kernels run their softmax. kAuto (the default): in registers — the scores (and dP) stay in
+// the wmma accumulator fragments, each lane masks, scales and exponentiates its own elements and the lanes of a row
+// reduce its max and sum by shuffles, and the forward's output accumulates in fragments — where a probe kernel, run
+// once per process at the first call (synchronizing its stream), finds the fragment layout the code assumes (sm_80
+// and sm_90's, and the emulator's); else through shared memory (the scores stored as fp32, two lanes per row). The
+// two give the same results within fp32 rounding (sums in other orders). kAuto's backward at D > 64 runs through
+// shared memory: faster there on an H200 with bf16 inputs (docs/PERFORMANCE.md). kRegisters and kShared force one
+// (tests, kernels_bench); kRegisters where the layout differs: cudaErrorNotSupported. Process-wide.
+enum class AttentionTcSoftmax { kAuto, kRegisters, kShared };
+void SetAttentionTcSoftmax(AttentionTcSoftmax mode);
+//
 // dqkv_bias (3, H, D), unless null: += the column sums of dqkv over its B * T rows — the qkv bias gradient, made as
 // the gradient rows are stored (each warp sums its 16 rows in row order, then BiasGrad's tree adds up the
 // B * ceil(T / 16) chunks: deterministic), so that no pass reads dqkv back. It needs scratch of

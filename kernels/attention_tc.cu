@@ -8,12 +8,16 @@
 // warp owns 16 of them, and the block loops over 64-wide tiles of the other side, visiting only those that
 // meet the band t - window < s <= t of some row of its tile. q, k, v and dout are rounded to bf16 as they
 // are copied into shared memory (rows past T are zero; q, k, v and dout may also be read in bf16, widened
-// exactly: the GEMMs' outputs kept in bf16, then only the bias add rounds); the warp's own 16 x D operand rows stay in
-// wmma fragments for the whole loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync into a per-warp
-// fp32 area, then two lanes per row apply the mask and the softmax terms in fp32 (scale, max, exp, sums), round the
-// probabilities (or dS) to bf16 into a per-warp area, and mma_sync them against the V, dout, K or Q tile. Forward: the
-// 16 x D product P V of the tile goes through the fp32 area and is added by the lanes to their running outputs (two
-// lanes per row, d = 2 j + lane % 2), rescaled by exp(m_old - m_new) as the row max grows. Backward (the dK/dV and dQ
+// exactly: the GEMMs' outputs kept in bf16, then only the bias add rounds; the two tiles of a step loaded together,
+// each thread's loads issued in batches); the warp's own 16 x D operand rows stay in wmma fragments for the whole
+// loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync. With the register-resident softmax (kRegs:
+// where the accumulator layout probe holds, AttentionTcSoftmax) they stay in the accumulator fragments: each lane
+// masks, scales and exponentiates its own elements (AccRow, AccCol), the lanes of a row reduce its max and sum by
+// shuffles, and the forward's output accumulates in fragments, rescaled by exp(m_old - m_new) as the row max grows.
+// Otherwise they go through a per-warp fp32 area where two lanes per row apply the mask and the softmax terms, and
+// the forward's P V product goes through it too, added by the lanes to their running outputs (two lanes per row,
+// d = 2 j + lane % 2). Either way the probabilities (or dS) are rounded to bf16 into a per-warp area and mma_sync'd
+// against the V, dout, K or Q tile. Backward (the dK/dV and dQ
 // kernels, as in attention.cu; no atomics, so the scores and dP are formed in both: 7 products instead of
 // FlashAttention-2's 5): dK, dV and dQ accumulate in fragments. Outputs are staged through the fp32 area and written
 // row by row (coalesced).
@@ -28,7 +32,9 @@
 //   forward: K [64][D+8], V [64][D+8] (bf16), then per warp S/PV [16][kMaxD|64 + 4] fp32 and P [16][72] bf16;
 //   dQ:      K, V as above, per warp S|dP [16][132] fp32 and dS [16][72] bf16;
 //   dK/dV:   Q, dout as above, lse [64], drow [64] fp32, per warp S|dP [16][132] fp32, P and dS [16][72] bf16.
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "attention_common.cuh"
@@ -60,6 +66,54 @@ using FragBRow = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma:
 using FragBCol = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, kF, kF, kF, float>;
 
+// Where the elements of an fp32 accumulator fragment lie, for the register-resident softmax (kRegs). CUDA leaves the
+// lane -> element mapping of a wmma fragment unspecified. On sm_80 and sm_90 an m16n16k16 fp32 accumulator is the C
+// operand of two mma.sync m16n8k16, so lane 4 g + c holds x[i] = element (g + 8 ((i / 2) % 2), 8 (i / 4) + 2 c + i %
+// 2): two rows (slots) per lane, each row spread over 4 consecutive lanes; the emulator's is (lane / 2, 8 (lane % 2) +
+// i) (kernels/sim/simt.h): one row per lane, over 2 lanes. The kRegs kernels run only where the probe kernel below has
+// found this mapping on the device (once per process: AccLayoutHolds).
+constexpr int kAccElems = 8;  // FragC::num_elements
+#if MS_SIM_EMULATION
+constexpr int kAccSlots = 1;     // rows per lane
+constexpr int kAccRowLanes = 2;  // consecutive lanes that share a row
+__host__ __device__ constexpr int AccRow(int lane, int /*i*/) {
+  return lane / 2;
+}
+__host__ __device__ constexpr int AccCol(int lane, int i) {
+  return 8 * (lane % 2) + i;
+}
+__host__ __device__ constexpr int AccSlot(int /*i*/) {
+  return 0;
+}
+#else
+constexpr int kAccSlots = 2;
+constexpr int kAccRowLanes = 4;
+__host__ __device__ constexpr int AccRow(int lane, int i) {
+  return lane / 4 + 8 * ((i / 2) % 2);
+}
+__host__ __device__ constexpr int AccCol(int lane, int i) {
+  return 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+}
+__host__ __device__ constexpr int AccSlot(int i) {
+  return (i / 2) % 2;
+}
+#endif
+// The row of the lane's slot s (x[2 s] lies in it on both mappings).
+__host__ __device__ constexpr int AccSlotRow(int lane, int s) {
+  return AccRow(lane, 2 * s);
+}
+// The max and the sum of v over the lanes that share the lane's row (each lane passes its part of one slot).
+__device__ __forceinline__ float AccRowMax(float v) {
+  MS_UNROLL
+  for (int m = 1; m < kAccRowLanes; m *= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, m));
+  return v;
+}
+__device__ __forceinline__ float AccRowSum(float v) {
+  MS_UNROLL
+  for (int m = 1; m < kAccRowLanes; m *= 2) v += __shfl_xor_sync(kFullMask, v, m);
+  return v;
+}
+
 __host__ __device__ constexpr int LdH(int D) {
   return D + kPadH;
 }
@@ -89,6 +143,25 @@ __device__ __forceinline__ float4 LoadQuad(const __nv_bfloat16* p) {
                      __uint_as_float(u.y & 0xffff0000u));
 }
 
+// The bits of x rounded to bf16 (nearest even, as __float2bfloat16), in the low half.
+__device__ __forceinline__ uint32_t Bf16Bits(float x) {
+  const __nv_bfloat16 h = __float2bfloat16(x);
+  uint16_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+
+// dst[0..3] = bf16(v + bias[d..d + 3]) (bias null: v alone), as one 8-byte store (dst 8-byte aligned: the tiles'
+// ld and d are multiples of 4 elements); element 0 in the low half, as in memory.
+__device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, const float* bias, int d) {
+  if (bias) {
+    const float4 b = *reinterpret_cast<const float4*>(bias + d);
+    v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+  }
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(Bf16Bits(v.x) | (Bf16Bits(v.y) << 16), Bf16Bits(v.z) | (Bf16Bits(v.w) << 16));
+}
+
 // dst[r][d] = bf16(src[(t0 + r) * stride + d] + bias[d]) for r < 64, d < D (bias null: + 0 left out); rows
 // t0 + r >= T are zero. src holds fp32, or bf16 (S = __nv_bfloat16: the qkv GEMM's output kept in bf16, widened
 // exactly: without a bias the tile holds its bits). The bias add is the fp32 add the separate bias kernel
@@ -106,18 +179,8 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S
       const int r = i / quads, d = 4 * (i - r * quads);
       const int t = t0 + r;
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (t < T) {
-        v = LoadQuad(src + static_cast<long>(t) * stride + d);
-        if (bias) {
-          const float4 b = *reinterpret_cast<const float4*>(bias + d);
-          v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
-        }
-      }
-      __nv_bfloat16* const o = dst + r * ld + d;
-      o[0] = __float2bfloat16(v.x);
-      o[1] = __float2bfloat16(v.y);
-      o[2] = __float2bfloat16(v.z);
-      o[3] = __float2bfloat16(v.w);
+      if (t < T) v = LoadQuad(src + static_cast<long>(t) * stride + d);
+      StoreQuadBf16(dst + r * ld + d, v, t < T ? bias : nullptr, d);
     }
     return;
   }
@@ -133,15 +196,67 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S
   }
 }
 
-// C (16 x 64, fp32 at c with leading dimension ldc) = A_w (16 x D) times the transpose of the tile's rows
-// (64 x D bf16 at tile, leading dimension ld): C[i][j] = sum_d A[i][d] tile[j][d]. A_w is the warp's fragments
-// a (kAShared false), or its rows in shared memory at a_shared (bf16, leading dimension ld), read per fragment.
-template <int kMaxD, bool kAShared>
-__device__ __forceinline__ void RowsTimesTileT(float* c, int ldc, const FragA* a, const __nv_bfloat16* a_shared,
-                                               const __nv_bfloat16* tile, int ld, int D) {
-  FragC acc[kTileFrags];
+// One operand of a pair of tiles LoadTilesBf16 loads: rows t0.. of src (fp32 or bf16), stride elements apart, plus
+// bias (or null), into dst.
+template <typename S>
+struct TileSrc {
+  __nv_bfloat16* dst;
+  const S* src;
+  const float* bias;
+  long stride;
+};
+
+// Two tiles of the same rows t0 .. t0 + 63 (K and V, or Q and dout) as LoadTileBf16 each, the same bits, with each
+// thread's global loads issued in batches before any conversion or store (2 x kBatch loads in flight per thread,
+// rather than one load, its conversion and its store at a time, serialized by the loop's possible aliasing of
+// global and shared memory). Falls back to LoadTileBf16 where a source is not aligned to 4 elements.
+template <int kMaxD, typename S>
+__device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc<S>& b, int ld, int t0, int T, int D) {
+  auto aligned = [](const TileSrc<S>& x) {
+    return reinterpret_cast<uintptr_t>(x.src) % (4 * sizeof(S)) == 0 && reinterpret_cast<uintptr_t>(x.bias) % 16 == 0;
+  };
+  if (!aligned(a) || !aligned(b)) {  // uniform across the block
+    LoadTileBf16(a.dst, ld, a.src, a.bias, a.stride, t0, T, D);
+    LoadTileBf16(b.dst, ld, b.src, b.bias, b.stride, t0, T, D);
+    return;
+  }
+  constexpr int kPer = kRows * (kMaxD / 4) / kThreads;  // quads per thread and tile at D = kMaxD: 8 or 16
+  constexpr int kBatch = 4;
+  static_assert(kPer % kBatch == 0, "whole batches");
+  const int quads = D / 4, n = kRows * quads;
   MS_UNROLL
-  for (int n = 0; n < kTileFrags; ++n) wmma::fill_fragment(acc[n], 0.0f);
+  for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+    if (static_cast<int>(threadIdx.x) + b0 * kThreads >= n) break;  // D < kMaxD: fewer quads
+    float4 va[kBatch], vb[kBatch];
+    MS_UNROLL
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kThreads;
+      const int r = i / quads, d = 4 * (i - r * quads), t = t0 + r;
+      const bool in = i < n && t < T;
+      va[j] = in ? LoadQuad(a.src + static_cast<long>(t) * a.stride + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      vb[j] = in ? LoadQuad(b.src + static_cast<long>(t) * b.stride + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    MS_UNROLL
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kThreads;
+      if (i >= n) break;
+      const int r = i / quads, d = 4 * (i - r * quads);
+      const bool in = t0 + r < T;
+      StoreQuadBf16(a.dst + r * ld + d, va[j], in ? a.bias : nullptr, d);
+      StoreQuadBf16(b.dst + r * ld + d, vb[j], in ? b.bias : nullptr, d);
+    }
+  }
+}
+
+// acc[j] = A_w (16 x D) times the transpose of the tile's rows (n0 + j) * 16 .. + 15 (bf16 at tile, leading
+// dimension ld), for j < kN: acc[j][i][c] = sum_d A[i][d] tile[(n0 + j) * 16 + c][d]. A_w is the warp's fragments a
+// (kAShared false), or its rows in shared memory at a_shared (bf16, leading dimension ld), read per fragment.
+template <int kMaxD, bool kAShared, int kN>
+__device__ __forceinline__ void RowsTimesTileTFrags(FragC (&acc)[kN], int n0, const FragA* a,
+                                                    const __nv_bfloat16* a_shared, const __nv_bfloat16* tile, int ld,
+                                                    int D) {
+  MS_UNROLL
+  for (int j = 0; j < kN; ++j) wmma::fill_fragment(acc[j], 0.0f);
   MS_UNROLL
   for (int f = 0; f < kMaxD / kF; ++f) {
     if (f * kF >= D) break;
@@ -152,12 +267,21 @@ __device__ __forceinline__ void RowsTimesTileT(float* c, int ldc, const FragA* a
       af = a[f];
     }
     MS_UNROLL
-    for (int n = 0; n < kTileFrags; ++n) {
+    for (int j = 0; j < kN; ++j) {
       FragBCol b;
-      wmma::load_matrix_sync(b, tile + n * kF * ld + f * kF, ld);
-      wmma::mma_sync(acc[n], af, b, acc[n]);
+      wmma::load_matrix_sync(b, tile + (n0 + j) * kF * ld + f * kF, ld);
+      wmma::mma_sync(acc[j], af, b, acc[j]);
     }
   }
+}
+
+// C (16 x 64, fp32 at c with leading dimension ldc) = A_w (16 x D) times the transpose of the tile's rows
+// (64 x D bf16 at tile, leading dimension ld): C[i][j] = sum_d A[i][d] tile[j][d] (RowsTimesTileTFrags, stored).
+template <int kMaxD, bool kAShared>
+__device__ __forceinline__ void RowsTimesTileT(float* c, int ldc, const FragA* a, const __nv_bfloat16* a_shared,
+                                               const __nv_bfloat16* tile, int ld, int D) {
+  FragC acc[kTileFrags];
+  RowsTimesTileTFrags<kMaxD, kAShared>(acc, 0, a, a_shared, tile, ld, D);
   MS_UNROLL
   for (int n = 0; n < kTileFrags; ++n) wmma::store_matrix_sync(c + n * kF, acc[n], ldc, wmma::mem_row_major);
 }
@@ -255,6 +379,101 @@ size_t DkDvTcSharedBytes(int D) {
 }
 }  // namespace
 
+// The forward's loop over the key tiles and its epilogue with the register-resident softmax
+// (attention_forward_tc_kernel, kRegs): all threads of the block run it (it has the block's barriers); qf are the
+// warp's query fragments.
+template <int kMaxD, typename S>
+__device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, float* lse, const S* k, const S* v,
+                                            const HeadBias& hb, long row, int T, int H, int D, int window, float scale,
+                                            int b, int h, int bh, int q0, int q1, int ra, int rb,
+                                            const FragA (&qf)[kMaxD / kF], __nv_bfloat16* Ks, __nv_bfloat16* Vs,
+                                            __nv_bfloat16* Pw, float* Fw, int ldf, int ld) {
+  const int lane = threadIdx.x % 32;
+  float m[kAccSlots], l[kAccSlots];
+  MS_UNROLL
+  for (int s = 0; s < kAccSlots; ++s) m[s] = -INFINITY, l[s] = 0.0f;
+  FragC of[kMaxD / kF];
+  MS_UNROLL
+  for (int n = 0; n < kMaxD / kF; ++n) wmma::fill_fragment(of[n], 0.0f);
+
+  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
+  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
+    const int k0 = kt * kRows;
+    __syncthreads();  // the Q staging and the previous K, V are no longer read
+    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
+    __syncthreads();
+    if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
+
+    FragC sc[kTileFrags];
+    RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
+    // Scale and mask (-inf) in place, and the row maxima.
+    float mx[kAccSlots];
+    MS_UNROLL
+    for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
+    MS_UNROLL
+    for (int n = 0; n < kTileFrags; ++n) {
+      MS_UNROLL
+      for (int i = 0; i < kAccElems; ++i) {
+        const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
+        const float x = t <= rb && Sees(t, key, window) ? sc[n].x[i] * scale : -INFINITY;
+        sc[n].x[i] = x;
+        mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
+      }
+    }
+    float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
+    MS_UNROLL
+    for (int s = 0; s < kAccSlots; ++s) {
+      const float m_new = fmaxf(m[s], AccRowMax(mx[s]));
+      m_use[s] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
+      alpha[s] = expf(m[s] - m_use[s]);
+      m[s] = m_new;
+      sum[s] = 0.0f;
+    }
+    // P = exp(x - m) (masked: exp(-inf) = 0), rounded to bf16 into the warp's P area.
+    MS_UNROLL
+    for (int n = 0; n < kTileFrags; ++n) {
+      MS_UNROLL
+      for (int i = 0; i < kAccElems; ++i) {
+        const float p = expf(sc[n].x[i] - m_use[AccSlot(i)]);
+        sum[AccSlot(i)] += p;
+        Pw[AccRow(lane, i) * kLdP + n * kF + AccCol(lane, i)] = __float2bfloat16(p);
+      }
+    }
+    MS_UNROLL
+    for (int s = 0; s < kAccSlots; ++s) l[s] = l[s] * alpha[s] + AccRowSum(sum[s]);
+    MS_UNROLL
+    for (int n = 0; n < kMaxD / kF; ++n) {
+      MS_UNROLL
+      for (int i = 0; i < kAccElems; ++i) of[n].x[i] *= alpha[AccSlot(i)];
+    }
+    __syncwarp();  // P written
+    PTimesTile<kMaxD>(of, Pw, Vs, ld, D);
+    __syncwarp();  // P is read before the next tile's
+  }
+
+  if (rb < ra) return;  // after the last barrier
+  float inv[kAccSlots];
+  MS_UNROLL
+  for (int s = 0; s < kAccSlots; ++s) inv[s] = 1.0f / l[s];
+  MS_UNROLL
+  for (int n = 0; n < kMaxD / kF; ++n) {
+    if (n * kF >= D) break;
+    MS_UNROLL
+    for (int i = 0; i < kAccElems; ++i) of[n].x[i] *= inv[AccSlot(i)];
+    wmma::store_matrix_sync(Fw + n * kF, of[n], ldf, wmma::mem_row_major);
+  }
+  if (lane % kAccRowLanes == 0) {  // one lane of each row writes its lse
+    MS_UNROLL
+    for (int s = 0; s < kAccSlots; ++s) {
+      const int t = ra + AccSlotRow(lane, s);
+      if (t <= rb) lse[static_cast<long>(bh) * T + t] = m[s] + logf(l[s]);
+    }
+  }
+  __syncwarp();
+  const long obase = (static_cast<long>(b) * T * H + h) * D;
+  StoreRows(out ? out + obase : nullptr, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, ldf, ra, T, D);
+}
+
 // ---- kernels ----
 
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile): the longest causal
@@ -265,7 +484,11 @@ size_t DkDvTcSharedBytes(int D) {
 // (kThreads, 2): with (kThreads) alone ptxas gave the D <= 128 instance 168 registers on sm_80 and spilled
 // (scripts/check_ptxas.py); 2 blocks per SM allow up to 255. (kThreads, 3) for D <= 64: with the qkv bias loads
 // ptxas chose 174 registers on sm_90 (2 blocks per SM); held to 168 it keeps 3 blocks without spilling.
-template <int kMaxD, typename S>
+// kRegs: the register-resident softmax: the scores stay in accumulator fragments, each lane applies the mask, scale and
+// exp to its elements (AccRow, AccCol) and the lanes of a row reduce its max and sum by shuffles; the output
+// accumulates in fragments (rescaled there as the max grows) and goes through the fp32 area once at the end. Else
+// the scores go through the fp32 area and two lanes per row run the softmax over it (and the P V product too).
+template <int kMaxD, typename S, bool kRegs>
 __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
     attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                                 int T, int H, int D, int window, int ntiles, float scale) {
@@ -299,6 +522,11 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
     if (f * kF < D) wmma::load_matrix_sync(qf[f], Ks + warp * kWarpRows * ld + f * kF, ld);
   }
 
+  if constexpr (kRegs) {
+    ForwardRegs<kMaxD, S>(out, out16, lse, k, v, hb, row, T, H, D, window, scale, b, h, bh, q0, q1, ra, rb, qf, Ks, Vs,
+                          Pw, Fw, kLdF, ld);
+    return;
+  }
   float m = -INFINITY, l = 0.0f, o[kMaxD / 2];
   MS_UNROLL
   for (int j = 0; j < kMaxD / 2; ++j) o[j] = 0.0f;
@@ -307,8 +535,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   for (int kt = kt_lo; kt <= kt_hi; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();  // the Q staging and the previous K, V are no longer read
-    LoadTileBf16(Ks, ld, k, hb.k, row, k0, T, D);
-    LoadTileBf16(Vs, ld, v, hb.v, row, k0, T, D);
+    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
     __syncthreads();
     if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
 
@@ -380,7 +607,8 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile). Loops over the key
 // tiles the query tile sees. dS = P (dP - drow) scale with P = exp(scale q.k - lse), dP = dout.v;
 // dQ_t = sum_s dS_ts k_s.
-template <int kMaxD, typename S>
+// kRegs: S and dP stay in accumulator fragments (16 keys at a time at D > 64), each lane forms dS of its elements.
+template <int kMaxD, typename S, bool kRegs>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                            const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D, int window,
@@ -406,10 +634,16 @@ __global__ void __launch_bounds__(kThreads)
   const int r = lane / 2, half = lane % 2, t = ra + r;
   const float lr = t <= rb ? lse[static_cast<long>(bh) * T + t] : 0.0f;
   const float dr = t <= rb ? drow[static_cast<long>(bh) * T + t] : 0.0f;
+  float lrs[kAccSlots], drs[kAccSlots];  // kRegs: the same for the rows of the lane's slots
+  MS_UNROLL
+  for (int s = 0; s < kAccSlots; ++s) {
+    const int ts = ra + AccSlotRow(lane, s);
+    lrs[s] = ts <= rb ? lse[static_cast<long>(bh) * T + ts] : 0.0f;
+    drs[s] = ts <= rb ? drow[static_cast<long>(bh) * T + ts] : 0.0f;
+  }
 
   // The warp's query and dout rows as fragments (staged through the K and V areas).
-  LoadTileBf16(Ks, ld, q, hb.q, row, q0, T, D);
-  LoadTileBf16(Vs, ld, g, nullptr, orow, q0, T, D);
+  LoadTilesBf16<kMaxD, S>({Ks, q, hb.q, row}, {Vs, g, nullptr, orow}, ld, q0, T, D);
   __syncthreads();
   FragA qf[kMaxD / kF], gf[kMaxD / kF];
   FragC dq[kMaxD / kF];
@@ -425,22 +659,42 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = kt_lo; kt <= kt_hi; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();  // the staging and the previous K, V are no longer read
-    LoadTileBf16(Ks, ld, k, hb.k, row, k0, T, D);
-    LoadTileBf16(Vs, ld, v, hb.v, row, k0, T, D);
+    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
     __syncthreads();
     if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
 
-    RowsTimesTileT<kMaxD, false>(Fw, kLdSdP, qf, nullptr, Ks, ld, D);          // S
-    RowsTimesTileT<kMaxD, false>(Fw + kRows, kLdSdP, gf, nullptr, Vs, ld, D);  // dP
-    __syncwarp();
-    const float* s = Fw + r * kLdSdP + 32 * half;
-    const float* dp = s + kRows;
-    const int key0 = k0 + 32 * half;
-    __nv_bfloat16* const dsr = Pw + r * kLdP + 32 * half;
-    for (int i = 0; i < 32; ++i) {
-      const bool seen = t <= rb && Sees(t, key0 + i, window);
-      const float p = seen ? expf(s[i] * scale - lr) : 0.0f;
-      dsr[i] = __float2bfloat16(seen ? p * (dp[i] - dr) * scale : 0.0f);
+    if constexpr (kRegs) {
+      constexpr int kN = kMaxD <= 64 ? 2 : 1;  // S and dP fragments at a time (registers beside q, dout and dQ)
+      MS_UNROLL
+      for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
+        FragC sc[kN], dpc[kN];
+        RowsTimesTileTFrags<kMaxD, false>(sc, n0, qf, nullptr, Ks, ld, D);
+        RowsTimesTileTFrags<kMaxD, false>(dpc, n0, gf, nullptr, Vs, ld, D);
+        MS_UNROLL
+        for (int j = 0; j < kN; ++j) {
+          MS_UNROLL
+          for (int i = 0; i < kAccElems; ++i) {
+            const int tr = ra + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i);
+            const bool seen = tr <= rb && Sees(tr, k0 + c, window);
+            const float p = seen ? expf(sc[j].x[i] * scale - lrs[AccSlot(i)]) : 0.0f;
+            Pw[AccRow(lane, i) * kLdP + c] =
+                __float2bfloat16(seen ? p * (dpc[j].x[i] - drs[AccSlot(i)]) * scale : 0.0f);
+          }
+        }
+      }
+    } else {
+      RowsTimesTileT<kMaxD, false>(Fw, kLdSdP, qf, nullptr, Ks, ld, D);          // S
+      RowsTimesTileT<kMaxD, false>(Fw + kRows, kLdSdP, gf, nullptr, Vs, ld, D);  // dP
+      __syncwarp();
+      const float* s = Fw + r * kLdSdP + 32 * half;
+      const float* dp = s + kRows;
+      const int key0 = k0 + 32 * half;
+      __nv_bfloat16* const dsr = Pw + r * kLdP + 32 * half;
+      for (int i = 0; i < 32; ++i) {
+        const bool seen = t <= rb && Sees(t, key0 + i, window);
+        const float p = seen ? expf(s[i] * scale - lr) : 0.0f;
+        dsr[i] = __float2bfloat16(seen ? p * (dp[i] - dr) * scale : 0.0f);
+      }
     }
     __syncwarp();
     PTimesTile<kMaxD>(dq, Pw, Ks, ld, D);
@@ -456,7 +710,8 @@ __global__ void __launch_bounds__(kThreads)
 // One block per (b, h, key tile of 64); blockIdx.x = bh * ntiles + tile. Loops over the query tiles that can
 // see the key tile; a warp owns 16 keys and forms the transposed scores S^T = K_w Q^T and dP^T = V_w dout^T.
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
-template <int kMaxD, typename S>
+// kRegs: S^T and dP^T stay in accumulator fragments (32 queries at a time), each lane forms P and dS of its elements.
+template <int kMaxD, typename S, bool kRegs>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
@@ -496,8 +751,7 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* const Vt = kOperandsShared ? KVs + kRows * ld : Gs;
   const __nv_bfloat16* const Kw = Kt + warp * kWarpRows * ld;
   const __nv_bfloat16* const Vw = Vt + warp * kWarpRows * ld;
-  LoadTileBf16(Kt, ld, k, hb.k, row, k0, T, D);
-  LoadTileBf16(Vt, ld, v, hb.v, row, k0, T, D);
+  LoadTilesBf16<kMaxD, S>({Kt, k, hb.k, row}, {Vt, v, hb.v, row}, ld, k0, T, D);
   __syncthreads();
   FragA kf[kOperandsShared ? 1 : kMaxD / kF], vf[kOperandsShared ? 1 : kMaxD / kF];
   FragC dk[kMaxD / kF], dv[kMaxD / kF];
@@ -517,8 +771,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int it = k0 / kRows; it <= t_hi / kRows; ++it) {
     const int i0 = it * kRows;
     __syncthreads();  // the staging and the previous Q, dout, lse, drow are no longer read
-    LoadTileBf16(Qs, ld, q, hb.q, row, i0, T, D);
-    LoadTileBf16(Gs, ld, g, nullptr, orow, i0, T, D);
+    LoadTilesBf16<kMaxD, S>({Qs, q, hb.q, row}, {Gs, g, nullptr, orow}, ld, i0, T, D);
     for (int i = threadIdx.x; i < kRows; i += kThreads) {
       Ls[i] = i0 + i < T ? lse_bh[i0 + i] : 0.0f;
       Rs[i] = i0 + i < T ? drow_bh[i0 + i] : 0.0f;
@@ -526,19 +779,41 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (jb < ja || !Meets(i0, i0 + kRows - 1, ja, jb, window)) continue;  // warp-uniform
 
-    RowsTimesTileT<kMaxD, kOperandsShared>(Fw, kLdSdP, kf, Kw, Qs, ld, D);          // S^T
-    RowsTimesTileT<kMaxD, kOperandsShared>(Fw + kRows, kLdSdP, vf, Vw, Gs, ld, D);  // dP^T
-    __syncwarp();
-    const float* s = Fw + r * kLdSdP + 32 * half;
-    const float* dp = s + kRows;
-    __nv_bfloat16* const pr = Pw + r * kLdP + 32 * half;
-    __nv_bfloat16* const dsr = Dw + r * kLdP + 32 * half;
-    for (int i = 0; i < 32; ++i) {
-      const int c = 32 * half + i, t = i0 + c;
-      const bool seen = t < T && s_key <= jb && Sees(t, s_key, window);
-      const float p = seen ? expf(s[i] * scale - Ls[c]) : 0.0f;
-      pr[i] = __float2bfloat16(p);
-      dsr[i] = __float2bfloat16(seen ? p * (dp[i] - Rs[c]) * scale : 0.0f);
+    if constexpr (kRegs) {
+      constexpr int kN = 2;
+      MS_UNROLL
+      for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
+        FragC sc[kN], dpc[kN];
+        RowsTimesTileTFrags<kMaxD, kOperandsShared>(sc, n0, kf, Kw, Qs, ld, D);   // S^T
+        RowsTimesTileTFrags<kMaxD, kOperandsShared>(dpc, n0, vf, Vw, Gs, ld, D);  // dP^T
+        MS_UNROLL
+        for (int j = 0; j < kN; ++j) {
+          MS_UNROLL
+          for (int i = 0; i < kAccElems; ++i) {
+            const int sk = ja + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i), t = i0 + c;
+            const bool seen = t < T && sk <= jb && Sees(t, sk, window);
+            const float p = seen ? expf(sc[j].x[i] * scale - Ls[c]) : 0.0f;
+            const int at = AccRow(lane, i) * kLdP + c;
+            Pw[at] = __float2bfloat16(p);
+            Dw[at] = __float2bfloat16(seen ? p * (dpc[j].x[i] - Rs[c]) * scale : 0.0f);
+          }
+        }
+      }
+    } else {
+      RowsTimesTileT<kMaxD, kOperandsShared>(Fw, kLdSdP, kf, Kw, Qs, ld, D);          // S^T
+      RowsTimesTileT<kMaxD, kOperandsShared>(Fw + kRows, kLdSdP, vf, Vw, Gs, ld, D);  // dP^T
+      __syncwarp();
+      const float* s = Fw + r * kLdSdP + 32 * half;
+      const float* dp = s + kRows;
+      __nv_bfloat16* const pr = Pw + r * kLdP + 32 * half;
+      __nv_bfloat16* const dsr = Dw + r * kLdP + 32 * half;
+      for (int i = 0; i < 32; ++i) {
+        const int c = 32 * half + i, t = i0 + c;
+        const bool seen = t < T && s_key <= jb && Sees(t, s_key, window);
+        const float p = seen ? expf(s[i] * scale - Ls[c]) : 0.0f;
+        pr[i] = __float2bfloat16(p);
+        dsr[i] = __float2bfloat16(seen ? p * (dp[i] - Rs[c]) * scale : 0.0f);
+      }
     }
     __syncwarp();
     PTimesTile<kMaxD>(dv, Pw, Gs, ld, D);
@@ -564,33 +839,97 @@ cudaError_t CheckShapeTc(int64_t B, int64_t T, int64_t H, int64_t D, int64_t win
   return attention_detail::CheckAttentionShape(B, T, H, D, window, kRows, empty, s);
 }
 
-template <int kMaxD, typename S>
+// The accumulator layout probe: one warp loads the 16 x 16 matrix in[r][c] = 16 r + c into an accumulator fragment
+// and writes its x[i] to out[lane * 8 + i]; AccLayoutHolds compares them with AccRow and AccCol.
+__global__ void __launch_bounds__(32) attention_acc_layout_probe_kernel(float* out, const float* in) {
+  FragC f;
+  wmma::load_matrix_sync(f, in, kF, wmma::mem_row_major);
+  const int lane = threadIdx.x % 32;
+  for (int i = 0; i < kAccElems; ++i) out[lane * kAccElems + i] = i < f.num_elements ? f.x[i] : -1.0f;
+}
+
+std::atomic<int> g_softmax{static_cast<int>(AttentionTcSoftmax::kAuto)};
+std::atomic<int> g_layout_holds{-1};  // -1: not probed yet
+
+// *holds: the accumulator fragments hold their elements where AccRow and AccCol say, on the current device (probed
+// on `stream` once per process; the first call synchronizes it).
+cudaError_t AccLayoutHolds(cudaStream_t stream, bool* holds) {
+  int known = g_layout_holds.load();
+  if (known < 0) {
+    constexpr int kN = kF * kF;
+    float host[kN], got[32 * kAccElems];
+    for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(i);
+    float* dev = nullptr;
+    cudaError_t err = cudaMalloc(&dev, sizeof(float) * (kN + 32 * kAccElems));
+    if (err != cudaSuccess) return err;
+    err = cudaMemcpyAsync(dev, host, sizeof(host), cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) {
+      MS_LAUNCH(attention_acc_layout_probe_kernel, 1, 32, 0, stream, dev + kN, dev);
+      err = cudaGetLastError();
+    }
+    if (err == cudaSuccess) err = cudaMemcpyAsync(got, dev + kN, sizeof(got), cudaMemcpyDeviceToHost, stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    const cudaError_t freed = cudaFree(dev);
+    if (err == cudaSuccess) err = freed;
+    if (err != cudaSuccess) return err;
+    known = 1;
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int i = 0; i < kAccElems; ++i) {
+        if (got[lane * kAccElems + i] != static_cast<float>(kF * AccRow(lane, i) + AccCol(lane, i))) known = 0;
+      }
+    }
+    g_layout_holds.store(known);
+  }
+  *holds = known == 1;
+  return cudaSuccess;
+}
+
+// *regs: run the kRegs kernels (SetAttentionTcSoftmax; kAuto: where the layout holds, but not for the backward at
+// D > 64, where the shared-memory kernels measured faster on an H200: 5.11 vs 5.50 ms at B 4, T 2048, H 16, D 128 —
+// the register dK/dV kernel forms S and dP 32 keys at a time beside its 128 accumulator registers).
+cudaError_t UseRegisters(cudaStream_t stream, bool backward_wide, bool* regs) {
+  const auto mode = static_cast<AttentionTcSoftmax>(g_softmax.load());
+  *regs = false;
+  if (mode == AttentionTcSoftmax::kShared || (mode == AttentionTcSoftmax::kAuto && backward_wide)) return cudaSuccess;
+  bool holds = false;
+  const cudaError_t err = AccLayoutHolds(stream, &holds);
+  if (err != cudaSuccess) return err;
+  if (!holds && mode == AttentionTcSoftmax::kRegisters) return cudaErrorNotSupported;
+  *regs = holds;
+  return cudaSuccess;
+}
+
+template <int kMaxD, typename S, bool kRegs>
 cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t smem = ForwardTcSharedBytes<kMaxD>(s.D);
-  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S>, smem);
+  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S, kRegs>, smem);
   if (err != cudaSuccess) return err;
-  MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv, qkv_bias,
-            s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S, kRegs>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv,
+            qkv_bias, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 
-template <int kMaxD, typename S>
+template <int kMaxD, typename S, bool kRegs>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
                            const S* qkv, const float* qkv_bias, const float* lse,
                            const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
-  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S>, dkdv_smem);
+  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs>, dkdv_smem);
   if (err != cudaSuccess) return err;
-  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S>, dq_smem)) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16, dbias_part, dout,
-            qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S, kRegs>, dq_smem)) != cudaSuccess) return err;
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16,
+            dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dq_tc_kernel<kMaxD, S>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dbias_part, dout,
-            qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dq_tc_kernel<kMaxD, S, kRegs>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dbias_part,
+            dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 }  // namespace
+
+void SetAttentionTcSoftmax(AttentionTcSoftmax mode) {
+  g_softmax.store(static_cast<int>(mode));
+}
 
 namespace {
 template <typename S>
@@ -598,10 +937,16 @@ cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T
                       cudaStream_t stream, __nv_bfloat16* out16, const float* qkv_bias) {
   bool empty = false;
   attention_detail::AttentionShape s{};
-  const cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
+  cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
-  return s.D <= 64 ? LaunchForward<64>(out, out16, lse, qkv, qkv_bias, s, stream)
-                   : LaunchForward<128>(out, out16, lse, qkv, qkv_bias, s, stream);
+  bool regs = false;
+  if ((err = UseRegisters(stream, /*backward_wide=*/false, &regs)) != cudaSuccess) return err;
+  if (regs) {
+    return s.D <= 64 ? LaunchForward<64, S, true>(out, out16, lse, qkv, qkv_bias, s, stream)
+                     : LaunchForward<128, S, true>(out, out16, lse, qkv, qkv_bias, s, stream);
+  }
+  return s.D <= 64 ? LaunchForward<64, S, false>(out, out16, lse, qkv, qkv_bias, s, stream)
+                   : LaunchForward<128, S, false>(out, out16, lse, qkv, qkv_bias, s, stream);
 }
 }  // namespace
 
@@ -649,8 +994,15 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
                 : attention_detail::AttentionRowTerms(drow, dout, out, s, stream);
   }
   if (err != cudaSuccess) return err;
-  err = s.D <= 64 ? LaunchBackward<64>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream)
-                  : LaunchBackward<128>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream);
+  bool regs = false;
+  if ((err = UseRegisters(stream, /*backward_wide=*/s.D > 64, &regs)) != cudaSuccess) return err;
+  if (regs) {
+    err = s.D <= 64 ? LaunchBackward<64, S, true>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream)
+                    : LaunchBackward<128, S, true>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream);
+  } else {
+    err = s.D <= 64 ? LaunchBackward<64, S, false>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream)
+                    : LaunchBackward<128, S, false>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream);
+  }
   if (err != cudaSuccess || dqkv_bias == nullptr) return err;
   // Stage 2: the chunks' column sums added up in BiasGrad's fixed tree (its scratch follows the partial sums).
   const int64_t chunks = BiasChunks(B, T), cols = 3 * H * D;

@@ -203,11 +203,56 @@ TEST_CASE("attention: tokens outside a query's window have no influence (NaN the
 // 64-row tiles (1, 37, 64, 65, 130), D = 16..128 in both instantiations (<= 64, <= 128), windows of 1,
 // inside, equal to and wider than a tile; windows 2 and 66 put the first key of a query tile on the last
 // key of the previous tile, and the last query seeing a key tile on the first row of the next query tile.
+// Both softmax variants (SetAttentionTcSoftmax): in registers (the accumulator fragments' layout, which the probe must
+// confirm here: the emulator's, or sm_80 / sm_90's on a GPU, else kRegisters fails) and through shared memory.
+struct SoftmaxMode {
+  explicit SoftmaxMode(AttentionTcSoftmax m) { SetAttentionTcSoftmax(m); }
+  ~SoftmaxMode() { SetAttentionTcSoftmax(AttentionTcSoftmax::kAuto); }
+  SoftmaxMode(const SoftmaxMode&) = delete;
+  SoftmaxMode& operator=(const SoftmaxMode&) = delete;
+};
+
+#if defined(__SANITIZE_THREAD__)
+// Under ThreadSanitizer (the slowest build: 2.3 min for these cases with both variants) the shared-memory variant runs
+// in the agreement case below alone.
+constexpr AttentionTcSoftmax kSoftmaxModes[] = {AttentionTcSoftmax::kRegisters};
+#else
+constexpr AttentionTcSoftmax kSoftmaxModes[] = {AttentionTcSoftmax::kRegisters, AttentionTcSoftmax::kShared};
+#endif
+
 TEST_CASE("attention bf16 (tensor cores): forward/backward match the reference on bf16-rounded inputs") {
-  for (Case c : {Case{1, 1, 1, 16, 0}, Case{2, 37, 3, 32, 0}, Case{2, 37, 2, 48, 5}, Case{1, 130, 2, 64, 66},
-                 Case{1, 65, 1, 128, 40}, Case{1, 70, 2, 80, 2}, Case{1, 64, 1, 16, 64}, Case{1, 130, 1, 16, 1},
-                 Case{1, 100, 1, 112, 0}}) {
-    CheckCase(c, /*bf16=*/true, 1e-2f, 1e-4f, 2e-2f, /*twice=*/c.T == 130 && c.D == 64);
+  for (const AttentionTcSoftmax mode : kSoftmaxModes) {
+    CAPTURE(static_cast<int>(mode));
+    const SoftmaxMode use(mode);
+    for (Case c : {Case{1, 1, 1, 16, 0}, Case{2, 37, 3, 32, 0}, Case{2, 37, 2, 48, 5}, Case{1, 130, 2, 64, 66},
+                   Case{1, 65, 1, 128, 40}, Case{1, 70, 2, 80, 2}, Case{1, 64, 1, 16, 64}, Case{1, 130, 1, 16, 1},
+                   Case{1, 100, 1, 112, 0}}) {
+      CheckCase(c, /*bf16=*/true, 1e-2f, 1e-4f, 2e-2f, /*twice=*/c.T == 130 && c.D == 64);
+    }
+  }
+  ExpectNoPoisonedReads();
+}
+
+// The two variants compute the same products from the same bf16 operands; only fp32 sums (row max / sum, P V) run
+// in other orders, and a probability or dS may round to the neighbouring bf16 — far inside 1e-2 here (a wrong
+// element -> row/column mapping moves values by O(1)).
+TEST_CASE("attention bf16 (tensor cores): the register-resident softmax agrees with the shared-memory one") {
+  for (const Case c : {Case{1, 130, 1, 64, 0}, Case{1, 100, 1, 128, 70}}) {  // 2-3 tiles; D in both instantiations
+    CAPTURE(c.T);
+    CAPTURE(c.D);
+    const auto qkv = Random(c.B * c.T * 3 * c.H * c.D, 311, -2.0f, 2.0f), dout = Random(c.B * c.T * c.H * c.D, 312);
+    Outputs regs, shared;
+    {
+      const SoftmaxMode use(AttentionTcSoftmax::kRegisters);
+      regs = RunKernels(c, qkv, dout, /*bf16=*/true, /*rounded=*/true);
+    }
+    {
+      const SoftmaxMode use(AttentionTcSoftmax::kShared);
+      shared = RunKernels(c, qkv, dout, /*bf16=*/true, /*rounded=*/true);
+    }
+    ExpectClose(regs.out, shared.out, 1e-2f, 1e-2f, "out, registers vs shared");
+    ExpectClose(regs.lse, shared.lse, 1e-5f, 1e-5f, "lse, registers vs shared");
+    ExpectClose(regs.dqkv, shared.dqkv, 2e-2f, 2e-2f, "dqkv, registers vs shared");
   }
   ExpectNoPoisonedReads();
 }
