@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "device/device.h"
@@ -240,6 +244,25 @@ TEST_CASE("initialization is identical whatever the seed stream and shard extrac
   CHECK(q[0] == 4.0f);   // row 1 of the q block
   CHECK(q[4] == 12.0f);  // row 1 of the k block
   CHECK(q[8] == 20.0f);  // row 1 of the v block
+}
+
+// Gpt::Init draws the tensors on the rank's OpenMP threads, a tensor each (in groups of at most 1 GiB): each has its
+// own RNG stream, so one thread and three give the same bits.
+TEST_CASE("initialization gives the same bits on one OpenMP thread and on several") {
+  auto dev = device::MakeCpuDevice();
+  const int threads = omp_get_max_threads();
+  std::vector<float> got[2];
+  for (int run = 0; run < 2; ++run) {
+    omp_set_num_threads(run == 0 ? 1 : 3);
+    auto created = Gpt::Create(SmallSpec(config::BlockKind::kSequential, 0), {}, 2, 1, dev.get());
+    REQUIRE_MESSAGE(created.ok(), created.status().ToString());
+    auto gpt = std::move(created).value();
+    got[run].assign(gpt->param_data(), gpt->param_data() + gpt->num_params());
+  }
+  omp_set_num_threads(threads);
+  REQUIRE(got[0].size() == got[1].size());
+  CHECK(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)) == 0);
+  CHECK(std::count(got[0].begin(), got[0].end(), 0.0f) < static_cast<std::ptrdiff_t>(got[0].size() / 2));
 }
 
 TEST_CASE("bad inputs are rejected with clear errors") {
