@@ -19,6 +19,10 @@
 #              and MFU against the detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what
 #              was kept in bf16
 #   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
+#   profile    Nsight Compute (ncu --clock-control none; it reads the counters on Firecracker machines, not on gVisor)
+#              over the tensor-core attention kernels of one kernels_bench pass at GPT-2 small's shape: per launch
+#              its duration, SM / memory / L1 throughput, occupancy, registers, shared memory and warp stall reasons
+#              (profile.csv in logs.tar.gz) — where the attention's time goes (docs/PERFORMANCE.md: half the step)
 # The machine (nvidia-smi) is printed first; after every stage $OUT/summary.txt (the table of stages, exit status and
 # seconds, and per training run its median step time, tokens/s and MFU) and $OUT/logs.tar.gz (the text files: logs,
 # metrics, specs) are rewritten, so a call cut short still brings back what ran; kernels_bench's JSON is
@@ -27,7 +31,8 @@
 # failed.
 #   scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--no-build]
 #     --bundle    gpu-bundle.tar.xz from scripts/gpu_bundle.sh (no build on the GPU machine)
-#     --stages    comma-separated among tests,kernels,train,sanitizer (default: all of them, in that order)
+#     --stages    comma-separated among tests,kernels,train,sanitizer,profile (default: the first four, in that
+#                 order; profile only when named)
 #     --budget    seconds for all stages (default 540: one call's 600 s, less the start and the transfers)
 #     --limits    per-stage caps in seconds, e.g. tests=120,kernels=60,train=30 (train: each training run), for a
 #                 short first call that leaves device time to rerun after a fix (defaults: tests 290, kernels 150,
@@ -38,9 +43,9 @@ cd "$(dirname "$0")/.."
 budget=540
 build_it=1
 bundle_file=""
-stages="tests,kernels,train,sanitizer"
+stages="tests,kernels,train,sanitizer"  # profile only when named
 usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]"
-declare -A cap=([tests]=290 [kernels]=150 [train]=90 [sanitizer]=890)
+declare -A cap=([tests]=290 [kernels]=150 [train]=90 [sanitizer]=890 [profile]=120)
 while (($#)); do
   case "$1" in
     --budget) budget="$2"; shift 2 ;;
@@ -50,7 +55,8 @@ while (($#)); do
       for kv in ${2//,/ }; do
         k=${kv%%=*} v=${kv#*=}
         [[ -n ${cap[$k]+x} && $v =~ ^[0-9]+$ && $v -gt 0 ]] || {
-          echo "gpu_check: bad --limits entry '$kv' (STAGE=SECONDS, STAGE among tests, kernels, train, sanitizer)" >&2
+          echo "gpu_check: bad --limits entry '$kv' (STAGE=SECONDS, STAGE among tests, kernels, train, sanitizer," \
+            "profile)" >&2
           exit 2
         }
         cap[$k]=$v
@@ -62,8 +68,8 @@ while (($#)); do
 done
 for s in ${stages//,/ }; do
   case "$s" in
-    tests | kernels | train | sanitizer) ;;
-    *) echo "gpu_check: unknown stage '$s' in --stages (tests, kernels, train, sanitizer)" >&2; exit 2 ;;
+    tests | kernels | train | sanitizer | profile) ;;
+    *) echo "gpu_check: unknown stage '$s' in --stages (tests, kernels, train, sanitizer, profile)" >&2; exit 2 ;;
   esac
 done
 want() { [[ ",$stages," == *",$1,"* ]]; }
@@ -233,6 +239,21 @@ fi
 if want sanitizer; then
   tests_cmd sanitizer "$(room "${cap[sanitizer]}")" -L sanitizer
   stage sanitizer $((cap[sanitizer] + 10)) "${cmd[@]}"
+fi
+if want profile; then
+  # The sanity checks' small launches come first (their grids are small: the CSV's "Grid Size" tells them apart),
+  # then one timed launch of each row at B 16, T 1024, H 12, D 64.
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+  if [[ -z $ncu_bin ]]; then
+    summary+=("$(printf '%-24s %-8s %6s' profile "no ncu" "-")")
+    echo "== profile: ncu (Nsight Compute) is not on this machine"
+    failed=1
+  else
+    stage profile "${cap[profile]}" bash -c '"$1" --clock-control none --kernel-name "regex:attention_(forward|dq|dkdv)_tc" \
+      --launch-count 80 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --csv --page details "$2" --preset gpt2-small-gpu --iters 1 --warmup 0 \
+      >"$3/profile.csv" && grep -c attention "$3/profile.csv"' _ "$ncu_bin" "$bin/kernels_bench" "$work"
+  fi
 fi
 publish
 cat "$work/summary.txt"
