@@ -248,6 +248,23 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
   }
 }
 
+// The loop of the forward and dQ kernels over the key tiles their query tile [q0, q1) sees: at each tile all threads
+// load its K and V rows into Ks and Vs between two barriers (the previous tile, or the Q staging, no longer read),
+// then each warp whose rows [ra, rb] meet the tile runs body(k0) (warp-uniform). All threads of the block call it.
+template <int kMaxD, typename S, typename Body>
+__device__ __forceinline__ void ForKeyTiles(const S* k, const S* v, const HeadBias& hb, long row, int T, int D,
+                                            int window, int q0, int q1, int ra, int rb, __nv_bfloat16* Ks,
+                                            __nv_bfloat16* Vs, int ld, Body&& body) {
+  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
+  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
+    const int k0 = kt * kRows;
+    __syncthreads();
+    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
+    __syncthreads();
+    if (rb >= ra && Meets(ra, rb, k0, k0 + kRows - 1, window)) body(k0);
+  }
+}
+
 // acc[j] = A_w (16 x D) times the transpose of the tile's rows (n0 + j) * 16 .. + 15 (bf16 at tile, leading
 // dimension ld), for j < kN: acc[j][i][c] = sum_d A[i][d] tile[(n0 + j) * 16 + c][d]. A_w is the warp's fragments a
 // (kAShared false), or its rows in shared memory at a_shared (bf16, leading dimension ld), read per fragment.
@@ -396,14 +413,7 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) wmma::fill_fragment(of[n], 0.0f);
 
-  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
-  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
-    const int k0 = kt * kRows;
-    __syncthreads();  // the Q staging and the previous K, V are no longer read
-    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
-    __syncthreads();
-    if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
-
+  ForKeyTiles<kMaxD, S>(k, v, hb, row, T, D, window, q0, q1, ra, rb, Ks, Vs, ld, [&](int k0) {
     FragC sc[kTileFrags];
     RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
     // Scale and mask (-inf) in place, and the row maxima.
@@ -449,7 +459,7 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
     __syncwarp();  // P written
     PTimesTile<kMaxD>(of, Pw, Vs, ld, D);
     __syncwarp();  // P is read before the next tile's
-  }
+  });
 
   if (rb < ra) return;  // after the last barrier
   float inv[kAccSlots];
@@ -531,14 +541,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   MS_UNROLL
   for (int j = 0; j < kMaxD / 2; ++j) o[j] = 0.0f;
 
-  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
-  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
-    const int k0 = kt * kRows;
-    __syncthreads();  // the Q staging and the previous K, V are no longer read
-    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
-    __syncthreads();
-    if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
-
+  ForKeyTiles<kMaxD, S>(k, v, hb, row, T, D, window, q0, q1, ra, rb, Ks, Vs, ld, [&](int k0) {
     RowsTimesTileT<kMaxD, false>(Fw, kLdF, qf, nullptr, Ks, ld, D);
     __syncwarp();
     // Online softmax of row r over keys k0 + 32 half + i.
@@ -589,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
       if (2 * j < D) o[j] = o[j] * alpha + pvr[2 * j + half];
     }
     __syncwarp();  // the fp32 area is read before the next tile's scores
-  }
+  });
 
   if (rb < ra) return;  // after the last barrier
   const float inv = 1.0f / l;
@@ -655,14 +658,7 @@ __global__ void __launch_bounds__(kThreads)
     wmma::load_matrix_sync(gf[f], Vs + warp * kWarpRows * ld + f * kF, ld);
   }
 
-  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
-  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
-    const int k0 = kt * kRows;
-    __syncthreads();  // the staging and the previous K, V are no longer read
-    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
-    __syncthreads();
-    if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
-
+  ForKeyTiles<kMaxD, S>(k, v, hb, row, T, D, window, q0, q1, ra, rb, Ks, Vs, ld, [&](int k0) {
     if constexpr (kRegs) {
       constexpr int kN = kMaxD <= 64 ? 2 : 1;  // S and dP fragments at a time (registers beside q, dout and dQ)
       MS_UNROLL
@@ -699,7 +695,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
     PTimesTile<kMaxD>(dq, Pw, Ks, ld, D);
     __syncwarp();  // dS is read before the next tile's
-  }
+  });
 
   if (rb < ra) return;
   const long qbase = static_cast<long>(b) * T * row + static_cast<long>(h) * D;
