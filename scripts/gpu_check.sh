@@ -29,7 +29,7 @@
 # $OUT/kernels.json.
 # Without $OUT (not on the device tool) the logs stay in runs/gpu-check-<host>-<time>/. Exit status 1 when a stage
 # failed.
-#   scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--no-build]
+#   scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]
 #     --bundle    gpu-bundle.tar.xz from scripts/gpu_bundle.sh (no build on the GPU machine)
 #     --stages    comma-separated among tests,kernels,train,sanitizer,profile (default: the first four, in that
 #                 order; profile only when named)
