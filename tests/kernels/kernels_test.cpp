@@ -851,6 +851,25 @@ TEST_CASE("sim checkers: missing __syncthreads (TSan builds, MS_PLANTED_TSAN=1)"
   Dev<float> f(64);
   CHECK(ms::kernels::testing::PlantedMissingSync(f.get()) == cudaSuccess);
 }
+
+// Warp collectives order the shared-memory accesses of their lanes (the emulator's model; in TSan builds a
+// happens-before edge per collective: kernels_tsan, halt_on_error, fails on a false race here), and only those before
+// them: a write after the last collective races with another lane's read (kernels_tsan_warp_race, MS_PLANTED_TSAN=2).
+TEST_CASE("sim checkers: shared memory passed through warp collectives; a write after them races (MS_PLANTED_TSAN=2)") {
+  const char* env = std::getenv("MS_PLANTED_TSAN");
+  const bool race = env && std::string(env) == "2";
+  Dev<float> f(32);
+  REQUIRE(ms::kernels::testing::PlantedWarpRace(f.get(), race) == cudaSuccess);
+  if (race) return;
+  const auto got = f.Get();
+  for (int lane = 0; lane < 32; ++lane) {
+    float v = static_cast<float>((lane + 1) % 32);
+    if (lane < 16) v += static_cast<float>(((lane ^ 1) + 1) % 32);
+    v += static_cast<float>((lane + 5) % 32);
+    if (lane == 1) v += 7.0f;  // s[7], as lane 7 wrote it
+    CHECK(got[lane] == v);
+  }
+}
 #endif  // MS_KERNELS_SIM
 
 }  // namespace

@@ -80,6 +80,21 @@ __global__ void planted_half_warp_mma_kernel(float* out) {
   out[threadIdx.x] = s[threadIdx.x];
 }
 
+// Shared memory passed between lanes through warp collectives only: what a lane wrote before a collective, every lane
+// of it may read after it (ThreadSanitizer sees no race: the full-mask collective, then a partial-mask one in
+// between, each order their lanes); with `race`, lane 0 writes after the last collective and lane 1 reads it, with
+// nothing between them: a race whatever the schedule.
+__global__ void planted_warp_race_kernel(float* out, bool race) {
+  MS_SHARED_ARRAY(float, s, 32);
+  const unsigned lane = threadIdx.x;
+  s[lane] = static_cast<float>(lane);
+  float v = __shfl_sync(0xffffffffu, s[lane], (lane + 1) % 32);  // = lane + 1 (mod 32)
+  if (lane < 16) v += __shfl_xor_sync(0x0000ffffu, v, 1);
+  v += s[(lane + 5) % 32];          // written by lane + 5 before the full-mask shuffle
+  if (race && lane == 0) s[7] = v;  // BUG (race): no collective or barrier between this write and lane 1's read
+  out[lane] = v + (lane == 1 ? s[7] : 0.0f);
+}
+
 cudaError_t PlantedEarlyReturn(float* out) {
   MS_LAUNCH(planted_early_return_kernel, 1, 64, 0, 0, out);
   return cudaGetLastError();
@@ -118,6 +133,10 @@ cudaError_t PlantedSharedOverflow(float* out) {
 }
 cudaError_t PlantedMissingSync(float* out) {
   MS_LAUNCH(planted_missing_sync_kernel, 1, 64, 0, 0, out);
+  return cudaGetLastError();
+}
+cudaError_t PlantedWarpRace(float* out, bool race) {
+  MS_LAUNCH(planted_warp_race_kernel, 1, 32, 0, 0, out, race);
   return cudaGetLastError();
 }
 cudaError_t PlantedHalfWarpMma(float* out) {

@@ -38,7 +38,9 @@ cudaError_t PlantedTooManyThreads(float* out);       // 1025 threads per block
 cudaError_t PlantedTooMuchStaticShared(float* out);  // 52 KB of static shared memory
 cudaError_t PlantedSharedOverflow(float* out);       // writes one element past a shared array (ASan)
 cudaError_t PlantedMissingSync(float* out);          // reads shared memory written by other warps, no barrier (TSan)
-cudaError_t PlantedHalfWarpMma(float* out);          // half a warp calls wmma::mma_sync, all call store_matrix_sync
+cudaError_t PlantedWarpRace(float* out,
+                            bool race);  // shared memory passed by warp collectives; race: one write after them (TSan)
+cudaError_t PlantedHalfWarpMma(float* out);  // half a warp calls wmma::mma_sync, all call store_matrix_sync
 
 // semantics.cu: one warp runs a single wmma m16n16k16 step,
 //   d = scale_d * (op_a(A) * op_b(B) + C)
