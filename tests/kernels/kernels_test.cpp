@@ -412,7 +412,9 @@ TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (
   struct Shape {
     int64_t N, V;
   };
-  for (Shape s : {Shape{4, 1000}, Shape{3, 33}, Shape{2, 1}, Shape{5, 513}}) {
+  // V % 8 == 0 takes the vector path (8-column chunks; 8488: more than two chunks per thread, then a tail), the others
+  // the element path.
+  for (Shape s : {Shape{4, 1000}, Shape{3, 33}, Shape{2, 1}, Shape{5, 513}, Shape{2, 8488}}) {
     CAPTURE(s.N);
     CAPTURE(s.V);
     const auto logits = Random(s.N * s.V, 20, -4.0f, 4.0f);
@@ -468,6 +470,25 @@ TEST_CASE("kernels: softmax cross-entropy forward/backward match the reference (
                             nullptr, nullptr, false) == cudaErrorInvalidValue);
     CHECK(CrossEntropyBackward(nullptr, d_logits.get(), d_lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V, nullptr,
                                nullptr) == cudaErrorInvalidValue);
+    // Outputs that are not 16-byte aligned: element stores, the same bits. Logits that are not: the element path
+    // (another column -> thread assignment, so other bits), still close to the reference.
+    Dev<float> off(s.N * s.V + 1);
+    Dev<__nv_bfloat16> off16(s.N * s.V + 1);
+    REQUIRE(CrossEntropyBackward(off.get() + 1, d_logits.get(), d_lse.get(), d_targets.get(), d_dloss.get(), s.N, s.V,
+                                 nullptr, off16.get() + 1) == cudaSuccess);
+    const auto o = off.Get();
+    CHECK(std::vector<float>(o.begin() + 1, o.end()) == d_dlogits.Get());
+    const auto o16 = off16.Get();
+    CHECK(std::memcmp(o16.data() + 1, d16b.Get().data(), sizeof(__nv_bfloat16) * s.N * s.V) == 0);
+    std::vector<float> shifted(s.N * s.V + 1, 0.0f);
+    std::copy(logits.begin(), logits.end(), shifted.begin() + 1);
+    Dev<float> d_shifted(shifted), losses4(s.N), lse4(s.N);
+    REQUIRE(CrossEntropyFused(losses4.get(), lse4.get(), d_shifted.get() + 1, d_targets.get(), d_dloss.get(), s.N, s.V,
+                              nullptr) == cudaSuccess);
+    ExpectClose(losses4.Get(), losses, 1e-5f, 1e-5f, "crossentropy losses, unaligned logits");
+    ExpectClose(lse4.Get(), lse, 1e-5f, 1e-5f, "crossentropy lse, unaligned logits");
+    const auto sh = d_shifted.Get();
+    ExpectClose(std::vector<float>(sh.begin() + 1, sh.end()), dlogits, 1e-5f, 1e-6f, "crossentropy dlogits, unaligned");
   }
   ExpectNoPoisonedReads();
 }
@@ -480,7 +501,7 @@ TEST_CASE("kernels: cross-entropy on bf16 logits with padding columns = the fp32
   struct Shape {
     int64_t N, V, Vv;
   };
-  for (Shape s : {Shape{4, 1000, 1000}, Shape{3, 384, 300}, Shape{2, 1, 1}, Shape{5, 513, 257}}) {
+  for (Shape s : {Shape{4, 1000, 1000}, Shape{3, 384, 300}, Shape{2, 1, 1}, Shape{5, 513, 257}, Shape{2, 8576, 8500}}) {
     CAPTURE(s.N);
     CAPTURE(s.V);
     CAPTURE(s.Vv);
