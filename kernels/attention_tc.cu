@@ -151,15 +151,25 @@ __device__ __forceinline__ uint32_t Bf16Bits(float x) {
   return u;
 }
 
-// dst[0..3] = bf16(v + bias[d..d + 3]) (bias null: v alone), as one 8-byte store (dst 8-byte aligned: the tiles'
-// ld and d are multiples of 4 elements); element 0 in the low half, as in memory.
-__device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, const float* bias, int d) {
-  if (bias) {
-    const float4 b = *reinterpret_cast<const float4*>(bias + d);
-    v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
-  }
+// dst[0..3] = bf16(v + b) (add false: v alone, so a -0 stays -0), as one 8-byte store (dst 8-byte aligned: the
+// tiles' ld and d are multiples of 4 elements); element 0 in the low half, as in memory.
+__device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, bool add, float4 b) {
+  if (add) v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
   *reinterpret_cast<uint2*>(dst) =
       make_uint2(Bf16Bits(v.x) | (Bf16Bits(v.y) << 16), Bf16Bits(v.z) | (Bf16Bits(v.w) << 16));
+}
+// The same with the bias quad loaded here: bias[d..d + 3] (16-byte aligned), or nothing added where bias is null.
+__device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, const float* bias, int d) {
+  if (bias) {
+    StoreQuadBf16(dst, v, true, *reinterpret_cast<const float4*>(bias + d));
+  } else {
+    StoreQuadBf16(dst, v, false, v);
+  }
+}
+
+// bias[d..d + 3] (16-byte aligned), or zeros where bias is null.
+__device__ __forceinline__ float4 BiasQuad(const float* bias, int d) {
+  return bias ? *reinterpret_cast<const float4*>(bias + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 // dst[r][d] = bf16(src[(t0 + r) * stride + d] + bias[d]) for r < 64, d < D (bias null: + 0 left out); rows
@@ -209,7 +219,10 @@ struct TileSrc {
 // Two tiles of the same rows t0 .. t0 + 63 (K and V, or Q and dout) as LoadTileBf16 each, the same bits, with each
 // thread's global loads issued in batches before any conversion or store (2 x kBatch loads in flight per thread,
 // rather than one load, its conversion and its store at a time, serialized by the loop's possible aliasing of
-// global and shared memory). Falls back to LoadTileBf16 where a source is not aligned to 4 elements.
+// global and shared memory). Where kThreads is a multiple of D / 4 (D = 16, 32, 64, 128) a thread's quads all lie in
+// the same columns, so its bias quads are loaded once per batch, with the batch's loads, not once per quad after
+// them (each waited for in turn: the compiler cannot move them above the shared-memory stores). Falls back to
+// LoadTileBf16 where a source is not aligned to 4 elements.
 template <int kMaxD, typename S>
 __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc<S>& b, int ld, int t0, int T, int D) {
   auto aligned = [](const TileSrc<S>& x) {
@@ -224,6 +237,8 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
   constexpr int kBatch = 4;
   static_assert(kPer % kBatch == 0, "whole batches");
   const int quads = D / 4, n = kRows * quads;
+  const bool same_cols = kThreads % quads == 0;  // uniform across the block
+  const int d_own = 4 * (static_cast<int>(threadIdx.x) % quads);
   MS_UNROLL
   for (int b0 = 0; b0 < kPer; b0 += kBatch) {
     if (static_cast<int>(threadIdx.x) + b0 * kThreads >= n) break;  // D < kMaxD: fewer quads
@@ -236,14 +251,20 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
       va[j] = in ? LoadQuad(a.src + static_cast<long>(t) * a.stride + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       vb[j] = in ? LoadQuad(b.src + static_cast<long>(t) * b.stride + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    const float4 ba = BiasQuad(same_cols ? a.bias : nullptr, d_own), bb = BiasQuad(same_cols ? b.bias : nullptr, d_own);
     MS_UNROLL
     for (int j = 0; j < kBatch; ++j) {
       const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kThreads;
       if (i >= n) break;
       const int r = i / quads, d = 4 * (i - r * quads);
       const bool in = t0 + r < T;
-      StoreQuadBf16(a.dst + r * ld + d, va[j], in ? a.bias : nullptr, d);
-      StoreQuadBf16(b.dst + r * ld + d, vb[j], in ? b.bias : nullptr, d);
+      if (same_cols) {
+        StoreQuadBf16(a.dst + r * ld + d, va[j], in && a.bias, ba);
+        StoreQuadBf16(b.dst + r * ld + d, vb[j], in && b.bias, bb);
+      } else {
+        StoreQuadBf16(a.dst + r * ld + d, va[j], in ? a.bias : nullptr, d);
+        StoreQuadBf16(b.dst + r * ld + d, vb[j], in ? b.bias : nullptr, d);
+      }
     }
   }
 }
