@@ -250,8 +250,20 @@ __global__ void __launch_bounds__(kSumSquaresFinishThreads)
 
 // ---- kernels: vocab-parallel cross-entropy (one block per row for the row reductions) ----
 
+// The vector path of the two row kernels (kVec: the shard's width V a multiple of 4 and the logits 16-byte aligned):
+// each thread takes 4 consecutive columns at a time with 16-byte loads, two quads per loop step with both loads
+// issued first, where 4-byte loads one at a time left the H200 at 25 % of its bandwidth (docs/PERFORMANCE.md).
+__device__ __forceinline__ float Max4(float m, float4 v) {
+  return fmaxf(fmaxf(fmaxf(m, v.x), v.y), fmaxf(v.z, v.w));
+}
+__device__ __forceinline__ double SumExp4(double acc, float4 v, float m) {
+  return acc + (static_cast<double>(expf(v.x - m)) + static_cast<double>(expf(v.y - m)) +
+                static_cast<double>(expf(v.z - m)) + static_cast<double>(expf(v.w - m)));
+}
+
 // One block per row: mx = the local row max; se = sum_j expf(l - mx) accumulated in double; tl = the local target
 // logit or 0. The second pass reads the row again (normally from L2, right after the first).
+template <bool kVec>
 __global__ void __launch_bounds__(kVpMaxThreads)
     ew_vp_row_stats_kernel(float* mx, float* se, float* tl, const float* logits, const int32_t* targets, int64_t vstart,
                            int64_t V) {
@@ -260,10 +272,27 @@ __global__ void __launch_bounds__(kVpMaxThreads)
   const int64_t row = blockIdx.x;
   const float* l = logits + row * V;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, l[j]);
-  m = BlockMax(m, fscratch);
   double acc = 0.0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) acc += static_cast<double>(expf(l[j] - m));
+  if constexpr (kVec) {
+    const float4* l4 = reinterpret_cast<const float4*>(l);
+    const int64_t quads = V / 4, step = blockDim.x;
+    int64_t c = threadIdx.x;
+    for (; c + step < quads; c += 2 * step) {
+      const float4 a = l4[c], b = l4[c + step];
+      m = Max4(Max4(m, a), b);
+    }
+    if (c < quads) m = Max4(m, l4[c]);
+    m = BlockMax(m, fscratch);
+    for (c = threadIdx.x; c + step < quads; c += 2 * step) {
+      const float4 a = l4[c], b = l4[c + step];
+      acc = SumExp4(SumExp4(acc, a, m), b, m);
+    }
+    if (c < quads) acc = SumExp4(acc, l4[c], m);
+  } else {
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, l[j]);
+    m = BlockMax(m, fscratch);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) acc += static_cast<double>(expf(l[j] - m));
+  }
   const double sum = BlockSumDoubleToThread0(acc, dscratch);
   if (threadIdx.x == 0) {
     mx[row] = m;
@@ -291,24 +320,57 @@ __global__ void __launch_bounds__(kEwBlock)
   }
 }
 
-// One block per row: dlogits (N, V) = expf(l - lse) * dloss, minus dloss at the local target column.
+// One block per row: dlogits (N, V) = expf(l - lse) * dloss, minus dloss at the local target column. kVec (and the
+// outputs 16-byte aligned, vec_out): a quad of columns at a time, 16-byte loads and stores (8-byte for d16).
+template <bool kVec>
 __global__ void __launch_bounds__(kVpMaxThreads)
     ew_vp_backward_kernel(float* dlogits, __nv_bfloat16* d16, const float* logits, const float* lse,
-                          const int32_t* targets, float dloss, int64_t vstart, int64_t V) {
+                          const int32_t* targets, float dloss, int64_t vstart, int64_t V, bool vec_out) {
   const int64_t row = blockIdx.x;
   const int64_t t = targets[row];
   const int64_t local = t < 0 ? -1 : t - vstart;  // outside [0, V) when not this rank's column
   const float z = lse[row];
   const float* l = logits + row * V;
   float* d = dlogits ? dlogits + row * V : nullptr;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+  __nv_bfloat16* h = d16 ? d16 + row * V : nullptr;
+  auto grad = [&](float x, int64_t j) {
     float v = 0.0f;
     if (t >= 0) {
-      v = expf(l[j] - z) * dloss;
+      v = expf(x - z) * dloss;
       if (j == local) v -= dloss;
     }
-    if (d) d[j] = v;
-    if (d16) d16[row * V + j] = __float2bfloat16_rn(v);
+    return v;
+  };
+  if constexpr (kVec) {
+    const int64_t quads = V / 4;
+    for (int64_t c = threadIdx.x; c < quads; c += blockDim.x) {
+      const float4 x = reinterpret_cast<const float4*>(l)[c];
+      const int64_t j = 4 * c;
+      const float v[4] = {grad(x.x, j), grad(x.y, j + 1), grad(x.z, j + 2), grad(x.w, j + 3)};
+      if (vec_out) {
+        if (d) reinterpret_cast<float4*>(d)[c] = make_float4(v[0], v[1], v[2], v[3]);
+        if (h) {
+          uint16_t b[4];
+          for (int i = 0; i < 4; ++i) {
+            const __nv_bfloat16 r = __float2bfloat16_rn(v[i]);
+            memcpy(&b[i], &r, sizeof(b[i]));
+          }
+          *reinterpret_cast<uint2*>(h + j) =
+              make_uint2(b[0] | (static_cast<uint32_t>(b[1]) << 16), b[2] | (static_cast<uint32_t>(b[3]) << 16));
+        }
+      } else {
+        for (int i = 0; i < 4; ++i) {
+          if (d) d[j + i] = v[i];
+          if (h) h[j + i] = __float2bfloat16_rn(v[i]);
+        }
+      }
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      const float v = grad(l[j], j);
+      if (d) d[j] = v;
+      if (h) h[j] = __float2bfloat16_rn(v);
+    }
   }
 }
 
@@ -486,8 +548,13 @@ cudaError_t VocabParallelRowStats(float* mx, float* se, float* tl, const float* 
                                   int64_t vstart, int64_t N, int64_t V, cudaStream_t stream) {
   if (N <= 0) return cudaSuccess;
   if (V <= 0) return cudaErrorInvalidValue;
-  MS_LAUNCH(ew_vp_row_stats_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, mx, se, tl,
-            logits, targets, vstart, V);
+  if (V % 4 == 0 && Aligned16(logits)) {
+    MS_LAUNCH(ew_vp_row_stats_kernel<true>, static_cast<unsigned>(N), BlockThreadsFor(V / 4, kVpMaxThreads), 0, stream,
+              mx, se, tl, logits, targets, vstart, V);
+  } else {
+    MS_LAUNCH(ew_vp_row_stats_kernel<false>, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, mx,
+              se, tl, logits, targets, vstart, V);
+  }
   return cudaGetLastError();
 }
 
@@ -510,8 +577,14 @@ cudaError_t VocabParallelBackward(float* dlogits, const float* logits, const flo
                                   __nv_bfloat16* d16) {
   if (dlogits == nullptr && d16 == nullptr) return cudaErrorInvalidValue;  // the gradient would be written nowhere
   if (N <= 0 || V <= 0) return cudaSuccess;
-  MS_LAUNCH(ew_vp_backward_kernel, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream, dlogits, d16,
-            logits, lse, targets, dloss, vstart, V);
+  if (V % 4 == 0 && Aligned16(logits)) {
+    MS_LAUNCH(ew_vp_backward_kernel<true>, static_cast<unsigned>(N), BlockThreadsFor(V / 4, kVpMaxThreads), 0, stream,
+              dlogits, d16, logits, lse, targets, dloss, vstart, V,
+              Aligned16(dlogits) && reinterpret_cast<uintptr_t>(d16) % 8 == 0);
+  } else {
+    MS_LAUNCH(ew_vp_backward_kernel<false>, static_cast<unsigned>(N), BlockThreadsFor(V, kVpMaxThreads), 0, stream,
+              dlogits, d16, logits, lse, targets, dloss, vstart, V, false);
+  }
   return cudaGetLastError();
 }
 

@@ -255,7 +255,8 @@ TEST_CASE(
   struct Shape {
     int64_t N, V, V0;  // rank 0 holds columns [0, V0), rank 1 [V0, V)
   };
-  for (Shape s : {Shape{4, 1000, 517}, Shape{3, 33, 1}, Shape{5, 130, 65}, Shape{1, 2, 1}}) {
+  // Shards whose width is a multiple of 4 take the vector path (4100: more than two quads per thread, then a tail).
+  for (Shape s : {Shape{4, 1000, 517}, Shape{3, 33, 1}, Shape{5, 130, 65}, Shape{1, 2, 1}, Shape{3, 5100, 4100}}) {
     CAPTURE(s.N);
     CAPTURE(s.V);
     CAPTURE(s.V0);
@@ -359,6 +360,14 @@ TEST_CASE(
       REQUIRE(VocabParallelBackward(nullptr, d_shard[k]->get(), d_ref_lse.get(), d_targets.get(), dloss, vstart[k], s.N,
                                     vlen[k], nullptr, d16_only.get()) == cudaSuccess);
       testing::ExpectBf16CopyOf(d16_only, d_dlogits, s.N * vlen[k], "vocab-parallel dlogits16 without dlogits");
+      Dev<float> off(s.N * vlen[k] + 1);  // outputs not 16-byte aligned: element stores, the same bits
+      Dev<__nv_bfloat16> off16(s.N * vlen[k] + 1);
+      REQUIRE(VocabParallelBackward(off.get() + 1, d_shard[k]->get(), d_ref_lse.get(), d_targets.get(), dloss,
+                                    vstart[k], s.N, vlen[k], nullptr, off16.get() + 1) == cudaSuccess);
+      const auto o = off.Get();
+      CHECK(std::vector<float>(o.begin() + 1, o.end()) == d_dlogits.Get());
+      const auto o16 = off16.Get(), w16 = d16.Get();
+      CHECK(std::memcmp(o16.data() + 1, w16.data(), sizeof(__nv_bfloat16) * w16.size()) == 0);
       CHECK(VocabParallelBackward(nullptr, d_shard[k]->get(), d_ref_lse.get(), d_targets.get(), dloss, vstart[k], s.N,
                                   vlen[k], nullptr, nullptr) == cudaErrorInvalidValue);
     }
