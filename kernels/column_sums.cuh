@@ -33,20 +33,31 @@ inline ColumnSumPlan PlanColumnSums(int64_t R, int64_t C) {
 }
 
 // Stage 1, the body of a kernel launched on grid (plan.chunks, plan.tiles) with blocks of (kColSumCols,
-// kColSumLanes) threads: column c = blockIdx.y * 32 + threadIdx.x; row lane y adds value(r, c) for rows r0 + y,
-// r0 + y + 8, ... < r1 of the chunk in order (value may store what it computes: it is called once per element),
-// then thread (x, 0) adds the 8 lane sums in lane order. With partial != null the chunk sum goes to
-// partial[chunk * C + c] (WRITES); with a single chunk (partial == null) it is added to db[c] directly.
-// lanes: the block's shared [kColSumLanes][kColSumCols + 1] floats.
-template <class Value>
+// kColSumLanes) threads: column c = blockIdx.y * 32 + threadIdx.x; row lane y adds value(load(r, c), r, c) for rows
+// r0 + y, r0 + y + 8, ... < r1 of the chunk in order (value may store what it computes: it is called once per
+// element), then thread (x, 0) adds the 8 lane sums in lane order. load(r, c) reads the element's inputs (and only
+// reads): a lane issues the loads of kColSumBatch rows before it computes any of them, so their latencies overlap
+// where value's stores would otherwise keep each load behind the previous row's store (possible aliasing); the sums
+// keep their order. With partial != null the chunk sum goes to partial[chunk * C + c] (WRITES); with a single chunk
+// (partial == null) it is added to db[c] directly. lanes: the block's shared [kColSumLanes][kColSumCols + 1] floats.
+constexpr int kColSumBatch = 4;  // rows a lane loads before computing them
+template <class Load, class Value>
 __device__ __forceinline__ void ColumnSumChunk(float (*lanes)[kColSumCols + 1], float* db, float* partial, int64_t R,
-                                               int64_t C, int64_t chunk_rows, const Value& value) {
+                                               int64_t C, int64_t chunk_rows, const Load& load, const Value& value) {
   const int64_t c = static_cast<int64_t>(blockIdx.y) * kColSumCols + threadIdx.x;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * chunk_rows;
   const int64_t r1 = r0 + chunk_rows < R ? r0 + chunk_rows : R;
   float acc = 0.0f;
   if (c < C) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColSumLanes) acc += value(r, c);
+    int64_t r = r0 + threadIdx.y;
+    for (; r + (kColSumBatch - 1) * kColSumLanes < r1; r += kColSumBatch * kColSumLanes) {
+      decltype(load(r, c)) in[kColSumBatch];
+      MS_UNROLL
+      for (int j = 0; j < kColSumBatch; ++j) in[j] = load(r + j * kColSumLanes, c);
+      MS_UNROLL
+      for (int j = 0; j < kColSumBatch; ++j) acc += value(in[j], r + j * kColSumLanes, c);
+    }
+    for (; r < r1; r += kColSumLanes) acc += value(load(r, c), r, c);
   }
   lanes[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();

@@ -178,7 +178,9 @@ template <class T>
 __global__ void __launch_bounds__(kColSumThreads)
     ew_bias_grad_chunks_kernel(float* db, float* partial, const T* dy, int64_t R, int64_t C, int64_t chunk_rows) {
   MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
-  ColumnSumChunk(lanes, db, partial, R, C, chunk_rows, [dy, C](int64_t r, int64_t c) { return Widen(dy[r * C + c]); });
+  ColumnSumChunk(
+      lanes, db, partial, R, C, chunk_rows, [dy, C](int64_t r, int64_t c) { return Widen(dy[r * C + c]); },
+      [](float v, int64_t, int64_t) { return v; });
 }
 
 // Stage 2: db[c] += sum of partial[k * C + c] over the chunks k in order (one thread per column).

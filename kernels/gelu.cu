@@ -68,13 +68,16 @@ __global__ void __launch_bounds__(kColSumThreads)
     bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, float* dbias, float* partial, const X* x,
                               const float* bias, const G* dout, int64_t N, int64_t C, int64_t chunk_rows) {
   MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
-  ColumnSumChunk(lanes, dbias, partial, N, C, chunk_rows, [=](int64_t r, int64_t c) {
+  const float b = kBias && blockIdx.y * kColSumCols + threadIdx.x < C ? bias[blockIdx.y * kColSumCols + threadIdx.x]
+                                                                      : 0.0f;  // the thread's column's
+  auto load = [=](int64_t r, int64_t c) { return float2{Widen(x[r * C + c]), Widen(dout[r * C + c])}; };
+  ColumnSumChunk(lanes, dbias, partial, N, C, chunk_rows, load, [=](float2 in, int64_t r, int64_t c) {
     const int64_t i = r * C + c;
     // __fmul_rn: the product is rounded before the sum adds it (never contracted into an FMA with the sum), so
     // dbias adds exactly the stored values.
-    float u = Widen(x[i]);
-    if constexpr (kBias) u += bias[c];
-    const float v = __fmul_rn(Widen(dout[i]), GeluGrad(u));
+    float u = in.x;
+    if constexpr (kBias) u += b;
+    const float v = __fmul_rn(in.y, GeluGrad(u));
     if (dx) dx[i] = v;
     if (dx16) dx16[i] = __float2bfloat16_rn(v);
     return v;
