@@ -132,31 +132,11 @@ __device__ __forceinline__ HeadBias HeadBiasOf(const float* qkv_bias, int h, int
   return {q, q + static_cast<long>(H) * D, q + 2L * H * D};
 }
 
-// Four consecutive elements of a q, k, v or dout row, widened to fp32 (exactly: a bf16's bits are the high half of
-// its fp32 value), from a 16-byte (fp32) or 8-byte (bf16) aligned address.
-__device__ __forceinline__ float4 LoadQuad(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-__device__ __forceinline__ float4 LoadQuad(const __nv_bfloat16* p) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p);  // little-endian: element 0 in the low half of u.x
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                     __uint_as_float(u.y & 0xffff0000u));
-}
-
-// The bits of x rounded to bf16 (nearest even, as __float2bfloat16), in the low half.
-__device__ __forceinline__ uint32_t Bf16Bits(float x) {
-  const __nv_bfloat16 h = __float2bfloat16(x);
-  uint16_t u;
-  memcpy(&u, &h, sizeof(u));
-  return u;
-}
-
 // dst[0..3] = bf16(v + b) (add false: v alone, so a -0 stays -0), as one 8-byte store (dst 8-byte aligned: the
 // tiles' ld and d are multiples of 4 elements); element 0 in the low half, as in memory.
 __device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, bool add, float4 b) {
   if (add) v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
-  *reinterpret_cast<uint2*>(dst) =
-      make_uint2(Bf16Bits(v.x) | (Bf16Bits(v.y) << 16), Bf16Bits(v.z) | (Bf16Bits(v.w) << 16));
+  ms::kernels::StoreQuadBf16(dst, v);
 }
 // The same with the bias quad loaded here: bias[d..d + 3] (16-byte aligned), or nothing added where bias is null.
 __device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, const float* bias, int d) {

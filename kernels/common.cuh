@@ -1,6 +1,9 @@
 // kernels/common.cuh: device helpers shared by the kernels (warp and block reductions, launch sizing).
-// defines: WarpSum, WarpMax, BlockSum, BlockMax, BlockThreadsFor, GridFor
+// defines: WarpSum, WarpMax, BlockSum, BlockMax, BlockThreadsFor, GridFor, Widen, LoadQuad, Bf16Bits, StoreQuadBf16
 #pragma once
+
+#include <cstdint>
+#include <cstring>
 
 #include "sim/simt.h"
 
@@ -59,6 +62,32 @@ __device__ __forceinline__ float Widen(float v) {
 }
 __device__ __forceinline__ float Widen(__nv_bfloat16 v) {
   return __bfloat162float(v);
+}
+
+// Four consecutive elements widened to fp32 (exactly: a bf16's bits are the high half of its fp32 value), from a
+// 16-byte (fp32) or 8-byte (bf16) aligned address: one load.
+__device__ __forceinline__ float4 LoadQuad(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 LoadQuad(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);  // little-endian: element 0 in the low half of u.x
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+
+// The bits of x rounded to bf16 (nearest even, as __float2bfloat16), in the low half.
+__device__ __forceinline__ uint32_t Bf16Bits(float x) {
+  const __nv_bfloat16 h = __float2bfloat16(x);
+  uint16_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+
+// dst[0..3] = v rounded to bf16 (nearest even), as one 8-byte store (dst 8-byte aligned); element 0 in the low half,
+// as in memory.
+__device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v) {
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(Bf16Bits(v.x) | (Bf16Bits(v.y) << 16), Bf16Bits(v.z) | (Bf16Bits(v.w) << 16));
 }
 
 }  // namespace ms::kernels

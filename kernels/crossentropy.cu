@@ -154,16 +154,10 @@ __device__ __forceinline__ void RowGradient(float* d, __nv_bfloat16* d16, const 
           reinterpret_cast<float4*>(d + c0)[0] = make_float4(v[0], v[1], v[2], v[3]);
           reinterpret_cast<float4*>(d + c0)[1] = make_float4(v[4], v[5], v[6], v[7]);
         }
-        if (d16) {
+        if (d16) {  // one 16-byte store; element 0 in the low half of the first word
           uint32_t w[4];
           MS_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            const __nv_bfloat16 lo = __float2bfloat16_rn(v[2 * i]), hi = __float2bfloat16_rn(v[2 * i + 1]);
-            uint16_t a, b;
-            memcpy(&a, &lo, sizeof(a));
-            memcpy(&b, &hi, sizeof(b));
-            w[i] = static_cast<uint32_t>(a) | (static_cast<uint32_t>(b) << 16);
-          }
+          for (int i = 0; i < 4; ++i) w[i] = Bf16Bits(v[2 * i]) | (Bf16Bits(v[2 * i + 1]) << 16);
           *reinterpret_cast<uint4*>(d16 + c0) = make_uint4(w[0], w[1], w[2], w[3]);
         }
       } else {

@@ -351,15 +351,7 @@ __global__ void __launch_bounds__(kVpMaxThreads)
       const float v[4] = {grad(x.x, j), grad(x.y, j + 1), grad(x.z, j + 2), grad(x.w, j + 3)};
       if (vec_out) {
         if (d) reinterpret_cast<float4*>(d)[c] = make_float4(v[0], v[1], v[2], v[3]);
-        if (h) {
-          uint16_t b[4];
-          for (int i = 0; i < 4; ++i) {
-            const __nv_bfloat16 r = __float2bfloat16_rn(v[i]);
-            memcpy(&b[i], &r, sizeof(b[i]));
-          }
-          *reinterpret_cast<uint2*>(h + j) =
-              make_uint2(b[0] | (static_cast<uint32_t>(b[1]) << 16), b[2] | (static_cast<uint32_t>(b[3]) << 16));
-        }
+        if (h) StoreQuadBf16(h + j, make_float4(v[0], v[1], v[2], v[3]));
       } else {
         for (int i = 0; i < 4; ++i) {
           if (d) d[j + i] = v[i];
