@@ -197,6 +197,7 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
     for (int64_t C : {1, 33, 770}) shapes.push_back({N == kManyRows && C == 770 ? 45 : N, C});
   }
   shapes.push_back({130, 20});
+  shapes.push_back({45, 516});  // C % 4 == 0: the backward's vector path, 4 columns a lane, 128-column steps and a tail
   for (Shape s : shapes) {
     CAPTURE(s.N);
     CAPTURE(s.C);
@@ -245,6 +246,15 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
     ExpectClose(got_dx, dx, 1e-4f, 1e-5f, "layernorm dx (accumulated)");
     ExpectClose(got_dw, dw, 1e-4f, grad_atol, "layernorm dw (accumulated)");
     ExpectClose(got_db, db, 1e-4f, grad_atol, "layernorm db (accumulated)");
+    if (s.C % 4 == 0) {  // dx not 16-byte aligned: the element path (another sum order), still close to the reference
+      std::vector<float> shifted(n + 1, 0.0f);
+      std::copy(dx0.begin(), dx0.end(), shifted.begin() + 1);
+      Dev<float> d_off(shifted), d_dw2(dw0), d_db2(db0);
+      REQUIRE(LayerNormBackward(d_off.get() + 1, d_dw2.get(), d_db2.get(), scratch.get(), d_dout.get(), d_x.get(),
+                                d_w.get(), d_mean.get(), d_rstd.get(), s.N, s.C, nullptr) == cudaSuccess);
+      const auto o = d_off.Get();
+      ExpectClose(std::vector<float>(o.begin() + 1, o.end()), dx, 1e-4f, 1e-5f, "layernorm dx (unaligned)");
+    }
 
     // Same bits run after run (the scratch holds the previous run's partials: it is overwritten, not read).
     d_dx.Set(dx0);
