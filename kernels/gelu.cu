@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(kColSumThreads)
     bias_gelu_backward_kernel(float* dx, __nv_bfloat16* dx16, float* dbias, float* partial, const X* x,
                               const float* bias, const G* dout, int64_t N, int64_t C, int64_t chunk_rows) {
   MS_SHARED_ARRAY2D(float, lanes, kColSumLanes, kColSumCols + 1);
-  const float b = kBias && blockIdx.y * kColSumCols + threadIdx.x < C ? bias[blockIdx.y * kColSumCols + threadIdx.x]
-                                                                      : 0.0f;  // the thread's column's
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * kColSumCols + threadIdx.x;  // the thread's (ColumnSumChunk's)
+  const float b = kBias && col < C ? bias[col] : 0.0f;
   auto load = [=](int64_t r, int64_t c) { return float2{Widen(x[r * C + c]), Widen(dout[r * C + c])}; };
   ColumnSumChunk(lanes, dbias, partial, N, C, chunk_rows, load, [=](float2 in, int64_t r, int64_t c) {
     const int64_t i = r * C + c;
