@@ -164,6 +164,16 @@ struct Thread {
   unsigned collectives = 0;        // count, for the TSan sync slot parity
   const WmmaCall* wmma = nullptr;  // at a wmma collective: its call (in the lane's frame)
   std::string wmma_error;          // set when the warp's wmma call completed wrongly: the lane faults
+  // Its asynchronous copies not yet waited for, each with its group: the number of groups committed before it.
+  struct PendingCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;  // read from src; then zfill zero bytes
+    size_t zfill;
+    uint64_t group;
+  };
+  std::vector<PendingCopy> copies;
+  uint64_t committed = 0;  // __pipeline_commit calls
 #if MS_SIM_TSAN
   char tsan_sync[2] = {0, 0};     // release slots of its partial-mask collectives (alternating)
   unsigned full_collectives = 0;  // its full-mask collectives, for the parity of the warp's slot
@@ -960,6 +970,63 @@ void* SharedArray(Site site, size_t bytes) {
 #endif
   s.shared.push_back(SharedAlloc{site, bytes, p});
   return p;
+}
+
+namespace {
+// [p, p + bytes) lies inside the running block's dynamic shared memory or one of its shared arrays.
+bool InShared(const Scheduler& s, const void* p, size_t bytes) {
+  auto inside = [&](const void* base, size_t size) {
+    const auto b = reinterpret_cast<uintptr_t>(base), a = reinterpret_cast<uintptr_t>(p);
+    return base != nullptr && a >= b && a + bytes <= b + size;
+  };
+  if (inside(s.dynamic_shared, s.info->dynamic_smem)) return true;
+  for (const SharedAlloc& a : s.shared) {
+    if (inside(a.ptr, a.bytes)) return true;
+  }
+  return false;
+}
+}  // namespace
+
+void AsyncCopy(Site site, void* dst, const void* src, size_t size_and_align, size_t zfill) {
+  Scheduler& s = tls_sched;
+  Thread& t = CurrentThread("__pipeline_memcpy_async");
+  if (size_and_align != 4 && size_and_align != 8 && size_and_align != 16) {
+    Fault(site, "__pipeline_memcpy_async: size_and_align %zu is not 4, 8 or 16", size_and_align);
+  }
+  if (zfill > size_and_align) {
+    Fault(site, "__pipeline_memcpy_async: zfill %zu exceeds size_and_align %zu", zfill, size_and_align);
+  }
+  if (reinterpret_cast<uintptr_t>(dst) % size_and_align != 0 ||
+      reinterpret_cast<uintptr_t>(src) % size_and_align != 0) {
+    Fault(site, "__pipeline_memcpy_async: destination %p or source %p is not aligned to %zu bytes", dst, src,
+          size_and_align);
+  }
+  if (!InShared(s, dst, size_and_align)) {
+    Fault(site, "__pipeline_memcpy_async: destination %p (%zu bytes) is not in the block's shared memory", dst,
+          size_and_align);
+  }
+  t.copies.push_back(Thread::PendingCopy{dst, src, size_and_align - zfill, zfill, t.committed});
+}
+
+void AsyncCommit(Site /*site*/) {
+  ++CurrentThread("__pipeline_commit").committed;
+}
+
+void AsyncWaitPrior(Site /*site*/, size_t prior) {
+  Thread& t = CurrentThread("__pipeline_wait_prior");
+  // Every group but the newest `prior` committed ones is complete; the open group (not committed) is not waited for.
+  const uint64_t done = t.committed > prior ? t.committed - prior : 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < t.copies.size(); ++i) {
+    const Thread::PendingCopy c = t.copies[i];
+    if (c.group < done) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      std::memset(static_cast<char*>(c.dst) + c.bytes, 0, c.zfill);
+    } else {
+      t.copies[kept++] = c;
+    }
+  }
+  t.copies.resize(kept);
 }
 
 void* DynamicShared() {

@@ -54,8 +54,16 @@
 // (so ASan and TSan see those accesses as the kernel's); mma_sync accumulates in float, computed by the
 // scheduler from all 32 lanes' fragments while the warp waits.
 //
+// Asynchronous copies (cp.async through the primitives of <cuda_pipeline_primitives.h>: __pipeline_memcpy_async,
+// __pipeline_commit, __pipeline_wait_prior) are deferred as late as CUDA allows: a copy lands in shared memory only
+// when its thread waits for its group (__pipeline_wait_prior), written then by that thread (so TSan sees the write as
+// the waiter's, ordered for the others only by a later barrier); a barrier alone completes nothing, and copies never
+// waited for are dropped. Reading the destination too early thus reads the poison (NaN) or the previous contents.
+// A size other than 4, 8 or 16, zfill above it, a misaligned source or destination, or a destination outside the
+// block's shared memory fails the launch.
+//
 // Out of scope (not emulated; compile errors or undefined in the sim): mma PTX (mma.sync, ldmatrix),
-// other wmma shapes or element types (tf32, int8, sub-byte), inline PTX, cp.async / TMA / async barriers,
+// other wmma shapes or element types (tf32, int8, sub-byte), inline PTX, TMA / async barriers (mbarrier),
 // thread-block clusters and distributed shared memory, grid sync and cooperative launches, dynamic
 // parallelism, concurrent execution of streams by default (streams and events run eagerly, in order, so a
 // missing stream/event synchronization is not caught; MS_SIM_STREAMS=async|deferred gives every stream a thread
@@ -72,6 +80,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline_primitives.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -221,6 +230,12 @@ T Shuffle(Site site, Op op, unsigned mask, T var, int arg, int width = 32) {
   return out;
 }
 
+// ---- asynchronous copies (cp.async: __pipeline_memcpy_async / _commit / _wait_prior) ----
+
+void AsyncCopy(Site site, void* dst, const void* src, size_t size_and_align, size_t zfill = 0);
+void AsyncCommit(Site site);
+void AsyncWaitPrior(Site site, size_t prior);
+
 // ---- introspection for tests ----
 
 struct Stats {
@@ -287,6 +302,11 @@ inline void SyncWarp(Site site, unsigned mask = 0xffffffffu) {
   static_cast<int>(::ms::sim::WarpCollective(MS_SIM_SITE, ::ms::sim::Op::kAny, (mask), (pred) ? 1 : 0, 0, 32))
 #define __all_sync(mask, pred) \
   static_cast<int>(::ms::sim::WarpCollective(MS_SIM_SITE, ::ms::sim::Op::kAll, (mask), (pred) ? 1 : 0, 0, 32))
+// ---- asynchronous copies: the primitives of <cuda_pipeline_primitives.h> ----
+#define __pipeline_memcpy_async(...) ::ms::sim::AsyncCopy(MS_SIM_SITE, __VA_ARGS__)
+#define __pipeline_commit() ::ms::sim::AsyncCommit(MS_SIM_SITE)
+#define __pipeline_wait_prior(prior) ::ms::sim::AsyncWaitPrior(MS_SIM_SITE, (prior))
+
 inline unsigned __activemask() {
   return 0xffffffffu;
 }  // the sim cannot know; callers should not rely on it

@@ -807,6 +807,27 @@ TEST_CASE("sim semantics: atomics, 3-D indexing, dynamic shared memory above 48 
   }
 }
 
+TEST_CASE("sim semantics: asynchronous copies (cp.async) land by __pipeline_wait_prior, zfill zeroes the tail") {
+  namespace t = ms::kernels::testing;
+  std::vector<float> in(704);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = 1.0f + static_cast<float>(i);
+  Dev<float> d_in(in), out(960);
+  REQUIRE(t::AsyncCopies(out.get(), d_in.get()) == cudaSuccess);
+  const auto got = out.Get();
+  for (int tid = 0; tid < 64; ++tid) {
+    CAPTURE(tid);
+    const int m = 63 - tid;
+    for (int i = 0; i < 4; ++i) CHECK(got[4 * tid + i] == in[4 * tid + i]);            // own group 0
+    for (int i = 0; i < 4; ++i) CHECK(got[256 + 4 * tid + i] == in[4 * m + i]);        // another's group 0
+    for (int i = 0; i < 2; ++i) CHECK(got[512 + 2 * tid + i] == in[256 + 2 * m + i]);  // 8 bytes
+    CHECK(got[640 + 4 * tid + 0] == in[384 + 4 * m + 0]);  // 16 bytes, zfill 8: two floats copied ...
+    CHECK(got[640 + 4 * tid + 1] == in[384 + 4 * m + 1]);
+    CHECK(got[640 + 4 * tid + 2] == 0.0f);  // ... two zeroed
+    CHECK(got[640 + 4 * tid + 3] == 0.0f);
+    CHECK(got[896 + tid] == in[640 + m]);  // 4 bytes
+  }
+}
+
 #if MS_KERNELS_SIM
 // ---- planted bugs: each checker of the emulator reports its bug, with the kernel and the source line ----
 
@@ -816,6 +837,20 @@ void ExpectLaunchError(cudaError_t err, cudaError_t code, const std::vector<std:
   INFO("message: " << msg);
   for (const auto& needle : needles) CHECK(msg.find(needle) != std::string::npos);
   CHECK(cudaGetLastError() == cudaSuccess);  // not sticky in the emulator
+}
+
+// cp.async: a copy is written only when its thread waits for its group, so reading one never waited for (here after a
+// barrier alone) reads the shared memory's poison; misaligned and non-shared destinations fail the launch.
+TEST_CASE("sim checkers: asynchronous copies read before __pipeline_wait_prior, misaligned, or not to shared memory") {
+  namespace t = ms::kernels::testing;
+  std::vector<float> in(64, 2.5f);
+  Dev<float> d_in(in), out(64);
+  REQUIRE(t::PlantedAsyncCopy(out.get(), d_in.get(), 0) == cudaSuccess);
+  for (const float v : out.Get()) CHECK(std::isnan(v));
+  ExpectLaunchError(t::PlantedAsyncCopy(out.get(), d_in.get(), 1), cudaErrorLaunchFailure,
+                    {"planted_async_copy_kernel", "planted.cu:", "not aligned to 16 bytes"});
+  ExpectLaunchError(t::PlantedAsyncCopy(out.get(), d_in.get(), 2), cudaErrorLaunchFailure,
+                    {"planted_async_copy_kernel", "planted.cu:", "not in the block's shared memory"});
 }
 
 TEST_CASE("sim checkers: planted bugs are reported with kernel, block, thread and line") {

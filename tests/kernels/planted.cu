@@ -115,6 +115,21 @@ cudaError_t PlantedMismatchedCollectives(int* out) {
   MS_LAUNCH(planted_mismatched_kernel, 1, 32, 0, 0, out);
   return cudaGetLastError();
 }
+__global__ void planted_async_copy_kernel(float* out, const float* in, int kind) {
+  MS_SHARED_ARRAY(float, buf, 68);
+  const int t = threadIdx.x;
+  if (kind == 0) __pipeline_memcpy_async(buf + t, in + t, 4);  // BUG (kind 0): never waited for
+  if (kind == 1) __pipeline_memcpy_async(buf + 1, in, 16);     // BUG (kind 1): the destination is 4-byte aligned
+  if (kind == 2) __pipeline_memcpy_async(out + t, in + t, 4);  // BUG (kind 2): a global destination
+  __pipeline_commit();
+  __syncthreads();
+  out[t] = buf[63 - t];
+}
+
+cudaError_t PlantedAsyncCopy(float* out, const float* in, int kind) {
+  MS_LAUNCH(planted_async_copy_kernel, 1, 64, 0, 0, out, in, kind);
+  return cudaGetLastError();
+}
 cudaError_t PlantedPartialWarpShuffle(int* out) {
   MS_LAUNCH(planted_partial_warp_kernel, 1, 48, 0, 0, out);
   return cudaGetLastError();

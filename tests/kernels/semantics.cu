@@ -73,6 +73,34 @@ __global__ void dynamic_shared_kernel(float* out, int slots_per_thread) {
   out[t] = sum;
 }
 
+// Asynchronous copies (cp.async), 64 threads: group 0 a 16-byte copy of in[4 t ..]; group 1 an 8-byte copy of
+// in[256 + 2 t ..] and a 16-byte copy of in[384 + 4 t ..] with zfill 8 (its last two floats zero) and a 4-byte copy of
+// in[640 + t]. After __pipeline_wait_prior(1) the thread reads its own group-0 floats (out[4 t ..]); after
+// __pipeline_wait_prior(0) and a barrier, those of the mirrored thread 63 - t (out[256 + ...]).
+__global__ void async_copy_kernel(float* out, const float* in) {
+  MS_SHARED_ARRAY(float, buf, 704);
+  const int t = threadIdx.x, m = 63 - t;
+  __pipeline_memcpy_async(buf + 4 * t, in + 4 * t, 16);
+  __pipeline_commit();
+  __pipeline_memcpy_async(buf + 256 + 2 * t, in + 256 + 2 * t, 8);
+  __pipeline_memcpy_async(buf + 384 + 4 * t, in + 384 + 4 * t, 16, 8);
+  __pipeline_memcpy_async(buf + 640 + t, in + 640 + t, 4);
+  __pipeline_commit();
+  __pipeline_wait_prior(1);
+  for (int i = 0; i < 4; ++i) out[4 * t + i] = buf[4 * t + i];
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  for (int i = 0; i < 4; ++i) out[256 + 4 * t + i] = buf[4 * m + i];
+  for (int i = 0; i < 2; ++i) out[512 + 2 * t + i] = buf[256 + 2 * m + i];
+  for (int i = 0; i < 4; ++i) out[640 + 4 * t + i] = buf[384 + 4 * m + i];
+  out[896 + t] = buf[640 + m];
+}
+
+cudaError_t AsyncCopies(float* out, const float* in) {
+  MS_LAUNCH(async_copy_kernel, 1, 64, 0, 0, out, in);
+  return cudaGetLastError();
+}
+
 cudaError_t Shuffles(int* out, int threads, int width) {
   MS_LAUNCH(shuffles_kernel, 1, threads, 0, 0, out, width);
   return cudaGetLastError();

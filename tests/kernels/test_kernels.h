@@ -26,6 +26,10 @@ cudaError_t Indexing(int* out, dim3 grid, dim3 block);
 // Dynamic shared memory of `bytes` (> 48 KiB needs the attribute): each thread writes its slots, then sums
 // the slots of the mirrored thread. out (threads).
 cudaError_t DynamicShared(float* out, int threads, size_t bytes, bool raise_limit);
+// Asynchronous copies into shared memory (__pipeline_memcpy_async of 16, 8 and 4 bytes, one with zfill, in two
+// groups), read after __pipeline_wait_prior(1) by the copying thread and after (0) + a barrier by another:
+// in (704 floats), out (960): see semantics.cu.
+cudaError_t AsyncCopies(float* out, const float* in);
 
 // planted.cu (emulator only): each kernel has the bug its name says.
 cudaError_t PlantedEarlyReturn(float* out);          // return before __syncthreads in some threads
@@ -40,7 +44,12 @@ cudaError_t PlantedSharedOverflow(float* out);       // writes one element past 
 cudaError_t PlantedMissingSync(float* out);          // reads shared memory written by other warps, no barrier (TSan)
 cudaError_t PlantedWarpRace(float* out,
                             bool race);  // shared memory passed by warp collectives; race: one write after them (TSan)
-cudaError_t PlantedHalfWarpMma(float* out);  // half a warp calls wmma::mma_sync, all call store_matrix_sync
+cudaError_t PlantedHalfWarpMma(float* out);
+// Asynchronous copies (64 threads, in: 64 floats): kind 0 reads the copies after a barrier but without
+// __pipeline_wait_prior (the emulator completes them only there: out reads the poison); 1 copies 16 bytes to a
+// destination aligned to 4; 2 copies to global memory.
+cudaError_t PlantedAsyncCopy(float* out, const float* in,
+                             int kind);  // half a warp calls wmma::mma_sync, all call store_matrix_sync
 
 // semantics.cu: one warp runs a single wmma m16n16k16 step,
 //   d = scale_d * (op_a(A) * op_b(B) + C)
