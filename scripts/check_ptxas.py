@@ -21,6 +21,7 @@ launch bounds and with spills (tests/kernels/ptxas_bad.cu.txt) must fail it (`ke
 """
 
 import argparse
+import concurrent.futures
 import glob
 import json
 import os
@@ -40,10 +41,14 @@ def die(msg, code=2):
     sys.exit(code)
 
 
+class CommandFailed(Exception):
+    pass
+
+
 def run(cmd):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
-        die(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stdout}")
+        raise CommandFailed(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stdout}")
     return p.stdout
 
 
@@ -125,19 +130,36 @@ def main():
 
     rows, failures = [], []
     with tempfile.TemporaryDirectory(prefix="check_ptxas.") as tmp:
+        # A planted file may be named *.cu.txt (so that the build never compiles it): nvcc needs .cu.
+        cus = {}
         for src in sources:
-            # A planted file may be named *.cu.txt (so that the build never compiles it): nvcc needs .cu.
-            cu = src
+            cus[src] = src
             if not src.endswith(".cu"):
-                cu = os.path.join(tmp, os.path.basename(src).split(".")[0] + "_planted.cu")
-                shutil.copyfile(src, cu)
+                cus[src] = os.path.join(tmp, os.path.basename(src).split(".")[0] + "_planted.cu")
+                shutil.copyfile(src, cus[src])
+
+        def compile_one(job):  # (source, arch) -> (its PTX, ptxas -v's report)
+            src, arch = job
+            cu = cus[src]
+            ptx_file = os.path.join(tmp, f"{os.path.basename(cu)}.{arch}.ptx")
+            run([args.nvcc, "-std=c++17", "-O3", "-ptx", f"-arch=compute_{arch}", "-I", include, "-o", ptx_file, cu])
+            with open(ptx_file) as f:
+                ptx = f.read()
+            return ptx, run([ptxas, "-v", f"-arch=sm_{arch}", ptx_file, "-o", os.devnull])
+
+        # The compilations run in parallel (one per core: most of the check's time), reported in order.
+        jobs = [(src, arch) for src in sources for arch in archs]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            futures = [pool.submit(compile_one, job) for job in jobs]
+            try:
+                compiled = dict(zip(jobs, [f.result() for f in futures]))
+            except CommandFailed as e:
+                die(str(e))
+        for src in sources:
             for arch in archs:
-                ptx_file = os.path.join(tmp, f"{os.path.basename(cu)}.{arch}.ptx")
-                run([args.nvcc, "-std=c++17", "-O3", "-ptx", f"-arch=compute_{arch}", "-I", include, "-o", ptx_file,
-                     cu])
-                with open(ptx_file) as f:
-                    bounds = max_threads(f.read())
-                usage = ptxas_usage(run([ptxas, "-v", f"-arch=sm_{arch}", ptx_file, "-o", os.devnull]))
+                ptx, report = compiled[(src, arch)]
+                bounds = max_threads(ptx)
+                usage = ptxas_usage(report)
                 names = demangle(sorted(bounds))
                 for entry in sorted(bounds):
                     u = usage.get(entry)
