@@ -1383,7 +1383,20 @@ void BenchAttention(Bench& b, const Shape& s) {
                                       dbias.get());
     });
     k::SetAttentionTcSoftmax(k::AttentionTcSoftmax::kAuto);
-    for (Row* r : {&sf, &sb}) {
+    // Training's two rows with the tiles loaded synchronously (k::SetAttentionTcAsyncLoads(false)): what the
+    // double-buffered asynchronous copies of the rows above gain.
+    k::SetAttentionTcAsyncLoads(false);
+    Row yf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias, out16 sync", q16_fwd_bytes, fwd_flops, [&] {
+      return k::AttentionForwardBf16(nullptr, lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), out16.get(),
+                                     qkv_bias.get());
+    });
+    Row yb = b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias sync", q16_bwd_bytes, bwd_flops, [&] {
+      return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(),
+                                      lse.get(), B, T, H, D, window, b.stream(), dqkv16.get(), qkv_bias.get(),
+                                      dbias.get());
+    });
+    k::SetAttentionTcAsyncLoads(true);
+    for (Row* r : {&sf, &sb, &yf, &yb}) {
       r->ref = ref;
       r->ref_flops = ref_flops;
       r->ref_what = f.ref_what;

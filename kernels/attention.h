@@ -70,6 +70,13 @@ cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64
 enum class AttentionTcSoftmax { kAuto, kRegisters, kShared };
 void SetAttentionTcSoftmax(AttentionTcSoftmax mode);
 //
+// With bf16 operands (qkv, and dout in the backward) whose rows are 16-byte aligned, the tensor-core kernels copy the
+// tiles of their loop (K and V in the forward and dQ kernels, Q, dout, lse and drow in the dK/dV kernel) with
+// asynchronous copies (cp.async) into two buffers used in turn, the next tile's copies in flight while the block
+// computes on this one; the qkv bias is then added in shared memory. The same bits as the synchronous loads, which
+// SetAttentionTcAsyncLoads(false) selects (tests, kernels_bench). Process-wide; on by default.
+void SetAttentionTcAsyncLoads(bool on);
+//
 // dqkv_bias (3, H, D), unless null: += the column sums of dqkv over its B * T rows — the qkv bias gradient, made as
 // the gradient rows are stored (each warp sums its 16 rows in row order, then BiasGrad's tree adds up the
 // B * ceil(T / 16) chunks: deterministic), so that no pass reads dqkv back. It needs scratch of

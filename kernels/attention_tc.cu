@@ -9,18 +9,18 @@
 // meet the band t - window < s <= t of some row of its tile. q, k, v and dout are rounded to bf16 as they
 // are copied into shared memory (rows past T are zero; q, k, v and dout may also be read in bf16, widened
 // exactly: the GEMMs' outputs kept in bf16, then only the bias add rounds; the two tiles of a step loaded together,
-// each thread's loads issued in batches); the warp's own 16 x D operand rows stay in wmma fragments for the whole
-// loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync. With the register-resident softmax (kRegs:
-// where the accumulator layout probe holds, AttentionTcSoftmax) they stay in the accumulator fragments: each lane
-// masks, scales and exponentiates its own elements (AccRow, AccCol), the lanes of a row reduce its max and sum by
-// shuffles, and the forward's output accumulates in fragments, rescaled by exp(m_old - m_new) as the row max grows.
-// Otherwise they go through a per-warp fp32 area where two lanes per row apply the mask and the softmax terms, and
-// the forward's P V product goes through it too, added by the lanes to their running outputs (two lanes per row,
-// d = 2 j + lane % 2). Either way the probabilities (or dS) are rounded to bf16 into a per-warp area and mma_sync'd
-// against the V, dout, K or Q tile. Backward (the dK/dV and dQ
-// kernels, as in attention.cu; no atomics, so the scores and dP are formed in both: 7 products instead of
-// FlashAttention-2's 5): dK, dV and dQ accumulate in fragments. Outputs are staged through the fp32 area and written
-// row by row (coalesced).
+// each thread's loads issued in batches; with bf16 rows 16-byte aligned, the kAsync instances double-buffer the
+// loop's tiles with asynchronous copies instead: see "kAsync" below); the warp's own 16 x D operand rows stay in
+// wmma fragments for the whole loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync. With the
+// register-resident softmax (kRegs: where the accumulator layout probe holds, AttentionTcSoftmax) they stay in the
+// accumulator fragments: each lane masks, scales and exponentiates its own elements (AccRow, AccCol), the lanes of a
+// row reduce its max and sum by shuffles, and the forward's output accumulates in fragments, rescaled by exp(m_old -
+// m_new) as the row max grows. Otherwise they go through a per-warp fp32 area where two lanes per row apply the mask
+// and the softmax terms, and the forward's P V product goes through it too, added by the lanes to their running outputs
+// (two lanes per row, d = 2 j + lane % 2). Either way the probabilities (or dS) are rounded to bf16 into a per-warp
+// area and mma_sync'd against the V, dout, K or Q tile. Backward (the dK/dV and dQ kernels, as in attention.cu; no
+// atomics, so the scores and dP are formed in both: 7 products instead of FlashAttention-2's 5): dK, dV and dQ
+// accumulate in fragments. Outputs are staged through the fp32 area and written row by row (coalesced).
 //
 // Rounding: every product has bf16 operands (q, k, v, dout, P, dS) and an fp32 sum; scores, softmax
 // statistics (max, sum, lse), dS before rounding and every output stay fp32. Unlike the fp32 kernels, masked
@@ -32,6 +32,9 @@
 //   forward: K [64][D+8], V [64][D+8] (bf16), then per warp S/PV [16][kMaxD|64 + 4] fp32 and P [16][72] bf16;
 //   dQ:      K, V as above, per warp S|dP [16][132] fp32 and dS [16][72] bf16;
 //   dK/dV:   Q, dout as above, lse [64], drow [64] fp32, per warp S|dP [16][132] fp32, P and dS [16][72] bf16.
+//   kAsync adds a second K, V (Q, dout, lse, drow) after all that — or, in the backward kernels with the register
+//   softmax where it fits (D <= 64), inside the per-warp fp32 areas, used then only after the loop — and the qkv bias
+//   staged for the in-place add (2 x kMaxD fp32).
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -249,20 +252,113 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
   }
 }
 
-// The loop of the forward and dQ kernels over the key tiles their query tile [q0, q1) sees: at each tile all threads
-// load its K and V rows into Ks and Vs between two barriers (the previous tile, or the Q staging, no longer read),
-// then each warp whose rows [ra, rb] meet the tile runs body(k0) (warp-uniform). All threads of the block call it.
-template <int kMaxD, typename S, typename Body>
+// ---- kAsync: the loops' tiles copied asynchronously (cp.async), double-buffered ----
+// Where the loop's operands are bf16 in global memory (runtime.activations: bf16) and 16-byte aligned, the kernels'
+// kAsync instances copy the next tile's rows into a second buffer with __pipeline_memcpy_async while the block
+// computes on this one (one commit group per tile: the copies of tile i + 1 are issued right after the barrier that
+// frees their buffer, and waited for — __pipeline_wait_prior(1) — at the next step), instead of loading each tile
+// between two barriers with nothing to overlap the loads' latency. The bits are those of LoadTilesBf16: the copies
+// move the bf16 rows unchanged and the bias (kept in shared memory) is added in place after they land, by the thread
+// that copied them, with the same fp32 add and rounding.
+
+// Issues this thread's asynchronous copies of rows t0 .. t0 + 63 of src (bf16, stride elements apart, D columns)
+// into dst (leading dimension ld): 16 bytes (8 elements) a copy, copy i = threadIdx.x + j kThreads; rows past T are
+// zeroed by plain stores. src 16-byte aligned (the launcher checks it), D a multiple of 16 and stride of 8 keep every
+// copy aligned.
+__device__ __forceinline__ void IssueTileAsync(__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, long stride,
+                                               int t0, int T, int D) {
+  const int chunks = D / 8, n = kRows * chunks;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const int r = i / chunks, c = 8 * (i - r * chunks);
+    __nv_bfloat16* const d = dst + r * ld + c;
+    if (t0 + r < T) {
+      __pipeline_memcpy_async(d, src + static_cast<long>(t0 + r) * stride + c, 16);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// Once this thread's copies of the tile (rows t0 ..) have landed: adds bias (fp32 in shared memory, D values; null:
+// nothing to add) to the elements of rows t0 + r < T that IssueTileAsync gave it, in place — bf16(x + b), the add and
+// rounding of LoadTileBf16, so the tile holds the same bits.
+__device__ __forceinline__ void AddBiasOwnChunks(__nv_bfloat16* dst, int ld, const float* bias, int t0, int T, int D) {
+  if (bias == nullptr) return;  // uniform
+  const int chunks = D / 8, n = kRows * chunks;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const int r = i / chunks, c = 8 * (i - r * chunks);
+    if (t0 + r >= T) continue;
+    __nv_bfloat16* const d = dst + r * ld + c;
+    const float4 lo = LoadQuad(d), hi = LoadQuad(d + 4);
+    StoreQuadBf16(d, lo, true, *reinterpret_cast<const float4*>(bias + c));
+    StoreQuadBf16(d + 4, hi, true, *reinterpret_cast<const float4*>(bias + c + 4));
+  }
+}
+
+// bias[0 .. D) into dst (shared memory), or nothing where bias is null. All threads take part; a later barrier
+// publishes it.
+__device__ __forceinline__ void StageBias(float* dst, const float* bias, int D) {
+  if (bias == nullptr) return;
+  for (int i = threadIdx.x; i < D; i += kThreads) dst[i] = bias[i];
+}
+
+// The K and V tile buffers of the forward and dQ loops: one pair, or (kAsync) two used in turn; bk and bv the k and v
+// bias staged in shared memory (kAsync with a bias; else null).
+// (Selected by a condition, not an index: an array indexed at run time would live in local memory.)
+struct KvBuffers {
+  __nv_bfloat16 *k0, *k1, *v0, *v1;
+  const float* bk;
+  const float* bv;
+  __device__ __forceinline__ __nv_bfloat16* K(int b) const { return b ? k1 : k0; }
+  __device__ __forceinline__ __nv_bfloat16* V(int b) const { return b ? v1 : v0; }
+};
+
+// The first key tile the query tile [q0, ..) sees.
+__device__ __forceinline__ int FirstKeyTile(int q0, int window) {
+  return (window > 0 ? max(0, q0 - window + 1) : 0) / kRows;
+}
+
+// kAsync: issues the copies of the first key tile (FirstKeyTile) into buffer 0 and commits them; the caller calls it
+// before staging its own rows in buffer 1.
+__device__ __forceinline__ void StartKeyTilesAsync(const __nv_bfloat16* k, const __nv_bfloat16* v, long row, int T,
+                                                   int D, int window, int q0, const KvBuffers& kv, int ld) {
+  const int k0 = FirstKeyTile(q0, window) * kRows;
+  IssueTileAsync(kv.k0, ld, k, row, k0, T, D);
+  IssueTileAsync(kv.v0, ld, v, row, k0, T, D);
+  __pipeline_commit();
+}
+
+// The loop of the forward and dQ kernels over the key tiles their query tile [q0, q1) sees; each warp whose rows
+// [ra, rb] meet a tile runs body(k0, K, V) (warp-uniform) on its K and V rows in shared memory. Without kAsync all
+// threads load the tile into buffer 0 between two barriers (the previous tile, or the Q staging, no longer read);
+// with it (StartKeyTilesAsync has issued the first tile) each step issues the next tile's copies into the other
+// buffer right after the barrier that frees it, waits for this tile's, adds the bias and meets the others at a
+// barrier. All threads of the block call it.
+template <int kMaxD, typename S, bool kAsync, typename Body>
 __device__ __forceinline__ void ForKeyTiles(const S* k, const S* v, const HeadBias& hb, long row, int T, int D,
-                                            int window, int q0, int q1, int ra, int rb, __nv_bfloat16* Ks,
-                                            __nv_bfloat16* Vs, int ld, Body&& body) {
-  const int kt_lo = (window > 0 ? max(0, q0 - window + 1) : 0) / kRows, kt_hi = (q1 - 1) / kRows;
+                                            int window, int q0, int q1, int ra, int rb, const KvBuffers& kv, int ld,
+                                            Body&& body) {
+  const int kt_lo = FirstKeyTile(q0, window), kt_hi = (q1 - 1) / kRows;
   for (int kt = kt_lo; kt <= kt_hi; ++kt) {
     const int k0 = kt * kRows;
+    int cur = 0;
     __syncthreads();
-    LoadTilesBf16<kMaxD, S>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);
+    if constexpr (kAsync) {
+      static_assert(std::is_same_v<S, __nv_bfloat16>, "asynchronous copies move bf16 rows");
+      cur = (kt - kt_lo) & 1;
+      if (kt < kt_hi) {
+        IssueTileAsync(kv.K(cur ^ 1), ld, k, row, k0 + kRows, T, D);
+        IssueTileAsync(kv.V(cur ^ 1), ld, v, row, k0 + kRows, T, D);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);  // this thread's copies of tile kt have landed
+      AddBiasOwnChunks(kv.K(cur), ld, kv.bk, k0, T, D);
+      AddBiasOwnChunks(kv.V(cur), ld, kv.bv, k0, T, D);
+    } else {
+      LoadTilesBf16<kMaxD, S>({kv.k0, k, hb.k, row}, {kv.v0, v, hb.v, row}, ld, k0, T, D);
+    }
     __syncthreads();
-    if (rb >= ra && Meets(ra, rb, k0, k0 + kRows - 1, window)) body(k0);
+    if (rb >= ra && Meets(ra, rb, k0, k0 + kRows - 1, window)) body(k0, kv.K(cur), kv.V(cur));
   }
 }
 
@@ -375,37 +471,64 @@ __device__ __forceinline__ float* BiasPart(float* dbias_part, int b, int t0, int
   return dbias_part + chunk * 3L * H * D + (static_cast<long>(part) * H + h) * D;
 }
 
-template <int kMaxD>
+// Bytes of one K and V (or Q and dout) tile pair, of the backward kernels' fp32 area, and of the second buffers of
+// the dK/dV kernel (kAsync: the Q and dout tiles and their lse and drow rows).
+__host__ __device__ constexpr size_t TilePairBytes(int D) {
+  return sizeof(__nv_bfloat16) * 2 * kRows * LdH(D);
+}
+constexpr size_t kSdPBytes = sizeof(float) * kWarps * kWarpRows * kLdSdP;
+__host__ __device__ constexpr size_t DkDvSecondBytes(int D) {
+  return TilePairBytes(D) + sizeof(float) * 2 * kRows;
+}
+// kAsync with the register softmax: the backward kernels' second buffers (of `bytes`) lie in the fp32 area, which
+// that softmax uses only after the loop (a barrier then separates the two uses), where they fit (D <= 64).
+__host__ __device__ constexpr bool SecondInSdP(bool regs, size_t bytes) {
+  return regs && bytes <= kSdPBytes;
+}
+// kAsync: the bias staged in shared memory (two of kMaxD floats), after everything else.
+template <int kMaxD, bool kAsync>
+constexpr size_t kBiasStageBytes = kAsync ? sizeof(float) * 2 * kMaxD : 0;
+
+// Forward: K V [P] [fp32 area], then with kAsync the second K V and the k, v bias.
+template <int kMaxD, bool kAsync>
 size_t ForwardTcSharedBytes(int D) {
   return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + kWarps * kWarpRows * kLdP) +
-         sizeof(float) * kWarps * kWarpRows * LdForward(kMaxD);
+         sizeof(float) * kWarps * kWarpRows * LdForward(kMaxD) + (kAsync ? TilePairBytes(D) : 0) +
+         kBiasStageBytes<kMaxD, kAsync>;
 }
+// dQ: K V [dS] [fp32 area], then with kAsync the second K V (unless in the fp32 area) and the k, v bias.
+template <int kMaxD, bool kRegs, bool kAsync>
 size_t DqTcSharedBytes(int D) {
-  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + kWarps * kWarpRows * kLdP) +
-         sizeof(float) * kWarps * kWarpRows * kLdSdP;
+  const bool second = kAsync && !SecondInSdP(kRegs, TilePairBytes(D));
+  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + kWarps * kWarpRows * kLdP) + kSdPBytes +
+         (second ? TilePairBytes(D) : 0) + kBiasStageBytes<kMaxD, kAsync>;
 }
 // The dK/dV kernel keeps its K and V operand rows in shared memory rather than registers above D = 64 (with
 // them in registers beside the dK and dV accumulators, ptxas spills at D = 128).
 __host__ __device__ constexpr bool DkDvOperandsShared(int max_d) {
   return max_d > 64;
 }
-template <int kMaxD>
+// dK/dV: Q dout [P] [dS] lse drow [fp32 area] (K V where DkDvOperandsShared), then with kAsync the second Q, dout,
+// lse and drow (unless in the fp32 area) and the q bias.
+template <int kMaxD, bool kRegs, bool kAsync>
 size_t DkDvTcSharedBytes(int D) {
+  const bool second = kAsync && !SecondInSdP(kRegs, DkDvSecondBytes(D));
   return sizeof(__nv_bfloat16) *
              ((DkDvOperandsShared(kMaxD) ? 4 : 2) * kRows * LdH(D) + 2 * kWarps * kWarpRows * kLdP) +
-         sizeof(float) * (2 * kRows + kWarps * kWarpRows * kLdSdP);
+         sizeof(float) * (2 * kRows + kWarps * kWarpRows * kLdSdP) + (second ? DkDvSecondBytes(D) : 0) +
+         kBiasStageBytes<kMaxD, kAsync>;
 }
 }  // namespace
 
 // The forward's loop over the key tiles and its epilogue with the register-resident softmax
 // (attention_forward_tc_kernel, kRegs): all threads of the block run it (it has the block's barriers); qf are the
 // warp's query fragments.
-template <int kMaxD, typename S>
+template <int kMaxD, typename S, bool kAsync>
 __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, float* lse, const S* k, const S* v,
                                             const HeadBias& hb, long row, int T, int H, int D, int window, float scale,
                                             int b, int h, int bh, int q0, int q1, int ra, int rb,
-                                            const FragA (&qf)[kMaxD / kF], __nv_bfloat16* Ks, __nv_bfloat16* Vs,
-                                            __nv_bfloat16* Pw, float* Fw, int ldf, int ld) {
+                                            const FragA (&qf)[kMaxD / kF], const KvBuffers& kv, __nv_bfloat16* Pw,
+                                            float* Fw, int ldf, int ld) {
   const int lane = threadIdx.x % 32;
   float m[kAccSlots], l[kAccSlots];
   MS_UNROLL
@@ -414,53 +537,54 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) wmma::fill_fragment(of[n], 0.0f);
 
-  ForKeyTiles<kMaxD, S>(k, v, hb, row, T, D, window, q0, q1, ra, rb, Ks, Vs, ld, [&](int k0) {
-    FragC sc[kTileFrags];
-    RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
-    // Scale and mask (-inf) in place, and the row maxima.
-    float mx[kAccSlots];
-    MS_UNROLL
-    for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
-    MS_UNROLL
-    for (int n = 0; n < kTileFrags; ++n) {
-      MS_UNROLL
-      for (int i = 0; i < kAccElems; ++i) {
-        const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
-        const float x = t <= rb && Sees(t, key, window) ? sc[n].x[i] * scale : -INFINITY;
-        sc[n].x[i] = x;
-        mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
-      }
-    }
-    float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
-    MS_UNROLL
-    for (int s = 0; s < kAccSlots; ++s) {
-      const float m_new = fmaxf(m[s], AccRowMax(mx[s]));
-      m_use[s] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
-      alpha[s] = expf(m[s] - m_use[s]);
-      m[s] = m_new;
-      sum[s] = 0.0f;
-    }
-    // P = exp(x - m) (masked: exp(-inf) = 0), rounded to bf16 into the warp's P area.
-    MS_UNROLL
-    for (int n = 0; n < kTileFrags; ++n) {
-      MS_UNROLL
-      for (int i = 0; i < kAccElems; ++i) {
-        const float p = expf(sc[n].x[i] - m_use[AccSlot(i)]);
-        sum[AccSlot(i)] += p;
-        Pw[AccRow(lane, i) * kLdP + n * kF + AccCol(lane, i)] = __float2bfloat16(p);
-      }
-    }
-    MS_UNROLL
-    for (int s = 0; s < kAccSlots; ++s) l[s] = l[s] * alpha[s] + AccRowSum(sum[s]);
-    MS_UNROLL
-    for (int n = 0; n < kMaxD / kF; ++n) {
-      MS_UNROLL
-      for (int i = 0; i < kAccElems; ++i) of[n].x[i] *= alpha[AccSlot(i)];
-    }
-    __syncwarp();  // P written
-    PTimesTile<kMaxD>(of, Pw, Vs, ld, D);
-    __syncwarp();  // P is read before the next tile's
-  });
+  ForKeyTiles<kMaxD, S, kAsync>(k, v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
+                                [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
+                                  FragC sc[kTileFrags];
+                                  RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
+                                  // Scale and mask (-inf) in place, and the row maxima.
+                                  float mx[kAccSlots];
+                                  MS_UNROLL
+                                  for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
+                                  MS_UNROLL
+                                  for (int n = 0; n < kTileFrags; ++n) {
+                                    MS_UNROLL
+                                    for (int i = 0; i < kAccElems; ++i) {
+                                      const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
+                                      const float x = t <= rb && Sees(t, key, window) ? sc[n].x[i] * scale : -INFINITY;
+                                      sc[n].x[i] = x;
+                                      mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
+                                    }
+                                  }
+                                  float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
+                                  MS_UNROLL
+                                  for (int s = 0; s < kAccSlots; ++s) {
+                                    const float m_new = fmaxf(m[s], AccRowMax(mx[s]));
+                                    m_use[s] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
+                                    alpha[s] = expf(m[s] - m_use[s]);
+                                    m[s] = m_new;
+                                    sum[s] = 0.0f;
+                                  }
+                                  // P = exp(x - m) (masked: exp(-inf) = 0), rounded to bf16 into the warp's P area.
+                                  MS_UNROLL
+                                  for (int n = 0; n < kTileFrags; ++n) {
+                                    MS_UNROLL
+                                    for (int i = 0; i < kAccElems; ++i) {
+                                      const float p = expf(sc[n].x[i] - m_use[AccSlot(i)]);
+                                      sum[AccSlot(i)] += p;
+                                      Pw[AccRow(lane, i) * kLdP + n * kF + AccCol(lane, i)] = __float2bfloat16(p);
+                                    }
+                                  }
+                                  MS_UNROLL
+                                  for (int s = 0; s < kAccSlots; ++s) l[s] = l[s] * alpha[s] + AccRowSum(sum[s]);
+                                  MS_UNROLL
+                                  for (int n = 0; n < kMaxD / kF; ++n) {
+                                    MS_UNROLL
+                                    for (int i = 0; i < kAccElems; ++i) of[n].x[i] *= alpha[AccSlot(i)];
+                                  }
+                                  __syncwarp();  // P written
+                                  PTimesTile<kMaxD>(of, Pw, Vs, ld, D);
+                                  __syncwarp();  // P is read before the next tile's
+                                });
 
   if (rb < ra) return;  // after the last barrier
   float inv[kAccSlots];
@@ -499,7 +623,9 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
 // exp to its elements (AccRow, AccCol) and the lanes of a row reduce its max and sum by shuffles; the output
 // accumulates in fragments (rescaled there as the max grows) and goes through the fp32 area once at the end. Else
 // the scores go through the fp32 area and two lanes per row run the softmax over it (and the P V product too).
-template <int kMaxD, typename S, bool kRegs>
+// kAsync (bf16 qkv, 16-byte aligned): the key tiles double-buffered with asynchronous copies (ForKeyTiles); the
+// query rows are then staged in the second buffer while the first key tile's copies are in flight.
+template <int kMaxD, typename S, bool kRegs, bool kAsync>
 __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
     attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                                 int T, int H, int D, int window, int ntiles, float scale) {
@@ -510,6 +636,8 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   __nv_bfloat16* const Vs = Ks + kRows * ld;
   __nv_bfloat16* const Ps = Vs + kRows * ld;
   float* const Fs = reinterpret_cast<float*>(Ps + kWarps * kWarpRows * kLdP);
+  __nv_bfloat16* const K1 = reinterpret_cast<__nv_bfloat16*>(Fs + kWarps * kWarpRows * kLdF);  // kAsync
+  float* const Bs = reinterpret_cast<float*>(K1 + 2 * kRows * ld);                             // kAsync: k, v bias
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
@@ -523,77 +651,92 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   __nv_bfloat16* const Pw = Ps + warp * kWarpRows * kLdP;
   float* const Fw = Fs + warp * kWarpRows * kLdF;
   const int r = lane / 2, half = lane % 2, t = ra + r;  // the lane's row
+  KvBuffers kv{Ks, Ks, Vs, Vs, nullptr, nullptr};
+  if constexpr (kAsync) {
+    kv.k1 = K1;
+    kv.v1 = K1 + kRows * ld;
+    if (hb.k) {
+      StageBias(Bs, hb.k, D);
+      StageBias(Bs + kMaxD, hb.v, D);
+      kv.bk = Bs;
+      kv.bv = Bs + kMaxD;
+    }
+    StartKeyTilesAsync(k, v, row, T, D, window, q0, kv, ld);
+  }
 
-  // The warp's query rows as fragments (staged through the K area).
-  LoadTileBf16(Ks, ld, q, hb.q, row, q0, T, D);
+  // The warp's query rows as fragments (staged through the K area; kAsync: the second one).
+  __nv_bfloat16* const Qstage = (kAsync ? kv.k1 : kv.k0);
+  LoadTileBf16(Qstage, ld, q, hb.q, row, q0, T, D);
   __syncthreads();
   FragA qf[kMaxD / kF];
   MS_UNROLL
   for (int f = 0; f < kMaxD / kF; ++f) {
-    if (f * kF < D) wmma::load_matrix_sync(qf[f], Ks + warp * kWarpRows * ld + f * kF, ld);
+    if (f * kF < D) wmma::load_matrix_sync(qf[f], Qstage + warp * kWarpRows * ld + f * kF, ld);
   }
 
   if constexpr (kRegs) {
-    ForwardRegs<kMaxD, S>(out, out16, lse, k, v, hb, row, T, H, D, window, scale, b, h, bh, q0, q1, ra, rb, qf, Ks, Vs,
-                          Pw, Fw, kLdF, ld);
+    ForwardRegs<kMaxD, S, kAsync>(out, out16, lse, k, v, hb, row, T, H, D, window, scale, b, h, bh, q0, q1, ra, rb, qf,
+                                  kv, Pw, Fw, kLdF, ld);
     return;
   }
   float m = -INFINITY, l = 0.0f, o[kMaxD / 2];
   MS_UNROLL
   for (int j = 0; j < kMaxD / 2; ++j) o[j] = 0.0f;
 
-  ForKeyTiles<kMaxD, S>(k, v, hb, row, T, D, window, q0, q1, ra, rb, Ks, Vs, ld, [&](int k0) {
-    RowsTimesTileT<kMaxD, false>(Fw, kLdF, qf, nullptr, Ks, ld, D);
-    __syncwarp();
-    // Online softmax of row r over keys k0 + 32 half + i.
-    const float* s = Fw + r * kLdF + 32 * half;
-    const int key0 = k0 + 32 * half;
-    float mx = -INFINITY;
-    for (int i = 0; i < 32; ++i) {
-      if (t <= rb && Sees(t, key0 + i, window)) mx = fmaxf(mx, s[i] * scale);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
-    const float alpha = expf(m - m_use);
-    float sum = 0.0f;
-    __nv_bfloat16* const pr = Pw + r * kLdP + 32 * half;
-    for (int i = 0; i < 32; ++i) {
-      const float p = (t <= rb && Sees(t, key0 + i, window)) ? expf(s[i] * scale - m_use) : 0.0f;
-      sum += p;
-      pr[i] = __float2bfloat16(p);
-    }
-    sum += __shfl_xor_sync(kFullMask, sum, 1);
-    l = l * alpha + sum;
-    m = m_new;
-    __syncwarp();  // P written, S read: the fp32 area takes P V
-
-    {
-      FragA pa[kTileFrags];
-      MS_UNROLL
-      for (int kk = 0; kk < kTileFrags; ++kk) wmma::load_matrix_sync(pa[kk], Pw + kk * kF, kLdP);
-      MS_UNROLL
-      for (int n = 0; n < kMaxD / kF; ++n) {
-        if (n * kF >= D) break;
-        FragC pv;
-        wmma::fill_fragment(pv, 0.0f);
-        MS_UNROLL
-        for (int kk = 0; kk < kTileFrags; ++kk) {
-          FragBRow vb;
-          wmma::load_matrix_sync(vb, Vs + kk * kF * ld + n * kF, ld);
-          wmma::mma_sync(pv, pa[kk], vb, pv);
+  ForKeyTiles<kMaxD, S, kAsync>(
+      k, v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
+      [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
+        RowsTimesTileT<kMaxD, false>(Fw, kLdF, qf, nullptr, Ks, ld, D);
+        __syncwarp();
+        // Online softmax of row r over keys k0 + 32 half + i.
+        const float* s = Fw + r * kLdF + 32 * half;
+        const int key0 = k0 + 32 * half;
+        float mx = -INFINITY;
+        for (int i = 0; i < 32; ++i) {
+          if (t <= rb && Sees(t, key0 + i, window)) mx = fmaxf(mx, s[i] * scale);
         }
-        wmma::store_matrix_sync(Fw + n * kF, pv, kLdF, wmma::mem_row_major);
-      }
-    }
-    __syncwarp();
-    const float* pvr = Fw + r * kLdF;
-    MS_UNROLL
-    for (int j = 0; j < kMaxD / 2; ++j) {
-      if (2 * j < D) o[j] = o[j] * alpha + pvr[2 * j + half];
-    }
-    __syncwarp();  // the fp32 area is read before the next tile's scores
-  });
+        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+        const float m_new = fmaxf(m, mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
+        const float alpha = expf(m - m_use);
+        float sum = 0.0f;
+        __nv_bfloat16* const pr = Pw + r * kLdP + 32 * half;
+        for (int i = 0; i < 32; ++i) {
+          const float p = (t <= rb && Sees(t, key0 + i, window)) ? expf(s[i] * scale - m_use) : 0.0f;
+          sum += p;
+          pr[i] = __float2bfloat16(p);
+        }
+        sum += __shfl_xor_sync(kFullMask, sum, 1);
+        l = l * alpha + sum;
+        m = m_new;
+        __syncwarp();  // P written, S read: the fp32 area takes P V
+
+        {
+          FragA pa[kTileFrags];
+          MS_UNROLL
+          for (int kk = 0; kk < kTileFrags; ++kk) wmma::load_matrix_sync(pa[kk], Pw + kk * kF, kLdP);
+          MS_UNROLL
+          for (int n = 0; n < kMaxD / kF; ++n) {
+            if (n * kF >= D) break;
+            FragC pv;
+            wmma::fill_fragment(pv, 0.0f);
+            MS_UNROLL
+            for (int kk = 0; kk < kTileFrags; ++kk) {
+              FragBRow vb;
+              wmma::load_matrix_sync(vb, Vs + kk * kF * ld + n * kF, ld);
+              wmma::mma_sync(pv, pa[kk], vb, pv);
+            }
+            wmma::store_matrix_sync(Fw + n * kF, pv, kLdF, wmma::mem_row_major);
+          }
+        }
+        __syncwarp();
+        const float* pvr = Fw + r * kLdF;
+        MS_UNROLL
+        for (int j = 0; j < kMaxD / 2; ++j) {
+          if (2 * j < D) o[j] = o[j] * alpha + pvr[2 * j + half];
+        }
+        __syncwarp();  // the fp32 area is read before the next tile's scores
+      });
 
   if (rb < ra) return;  // after the last barrier
   const float inv = 1.0f / l;
@@ -612,7 +755,10 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 // tiles the query tile sees. dS = P (dP - drow) scale with P = exp(scale q.k - lse), dP = dout.v;
 // dQ_t = sum_s dS_ts k_s.
 // kRegs: S and dP stay in accumulator fragments (16 keys at a time at D > 64), each lane forms dS of its elements.
-template <int kMaxD, typename S, bool kRegs>
+// kAsync (bf16 qkv and dout, 16-byte aligned): the key tiles double-buffered with asynchronous copies
+// (ForKeyTiles), the query and dout rows staged in the second buffer meanwhile; with kRegs at D <= 64 the second
+// buffer lies in the fp32 area (SecondInSdP), which is then written only after a barrier that ends the loop.
+template <int kMaxD, typename S, bool kRegs, bool kAsync>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                            const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D, int window,
@@ -623,6 +769,10 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* const Vs = Ks + kRows * ld;
   __nv_bfloat16* const Ps = Vs + kRows * ld;
   float* const Fs = reinterpret_cast<float*>(Ps + kWarps * kWarpRows * kLdP);
+  const bool second_in_f = SecondInSdP(kRegs, TilePairBytes(D));  // kAsync
+  __nv_bfloat16* const K1 = reinterpret_cast<__nv_bfloat16*>(second_in_f ? Fs : Fs + kWarps * kWarpRows * kLdSdP);
+  float* const Bs = reinterpret_cast<float*>(Fs + kWarps * kWarpRows * kLdSdP) +
+                    (second_in_f ? 0 : TilePairBytes(D) / sizeof(float));  // kAsync: the k, v bias
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
@@ -646,8 +796,23 @@ __global__ void __launch_bounds__(kThreads)
     drs[s] = ts <= rb ? drow[static_cast<long>(bh) * T + ts] : 0.0f;
   }
 
-  // The warp's query and dout rows as fragments (staged through the K and V areas).
-  LoadTilesBf16<kMaxD, S>({Ks, q, hb.q, row}, {Vs, g, nullptr, orow}, ld, q0, T, D);
+  KvBuffers kv{Ks, Ks, Vs, Vs, nullptr, nullptr};
+  if constexpr (kAsync) {
+    kv.k1 = K1;
+    kv.v1 = K1 + kRows * ld;
+    if (hb.k) {
+      StageBias(Bs, hb.k, D);
+      StageBias(Bs + kMaxD, hb.v, D);
+      kv.bk = Bs;
+      kv.bv = Bs + kMaxD;
+    }
+    StartKeyTilesAsync(k, v, row, T, D, window, q0, kv, ld);
+  }
+
+  // The warp's query and dout rows as fragments (staged through the K and V areas; kAsync: the second ones).
+  __nv_bfloat16* const Qstage = (kAsync ? kv.k1 : kv.k0);
+  __nv_bfloat16* const Gstage = (kAsync ? kv.v1 : kv.v0);
+  LoadTilesBf16<kMaxD, S>({Qstage, q, hb.q, row}, {Gstage, g, nullptr, orow}, ld, q0, T, D);
   __syncthreads();
   FragA qf[kMaxD / kF], gf[kMaxD / kF];
   FragC dq[kMaxD / kF];
@@ -655,48 +820,51 @@ __global__ void __launch_bounds__(kThreads)
   for (int f = 0; f < kMaxD / kF; ++f) {
     wmma::fill_fragment(dq[f], 0.0f);
     if (f * kF >= D) continue;
-    wmma::load_matrix_sync(qf[f], Ks + warp * kWarpRows * ld + f * kF, ld);
-    wmma::load_matrix_sync(gf[f], Vs + warp * kWarpRows * ld + f * kF, ld);
+    wmma::load_matrix_sync(qf[f], Qstage + warp * kWarpRows * ld + f * kF, ld);
+    wmma::load_matrix_sync(gf[f], Gstage + warp * kWarpRows * ld + f * kF, ld);
   }
 
-  ForKeyTiles<kMaxD, S>(k, v, hb, row, T, D, window, q0, q1, ra, rb, Ks, Vs, ld, [&](int k0) {
-    if constexpr (kRegs) {
-      constexpr int kN = kMaxD <= 64 ? 2 : 1;  // S and dP fragments at a time (registers beside q, dout and dQ)
-      MS_UNROLL
-      for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
-        FragC sc[kN], dpc[kN];
-        RowsTimesTileTFrags<kMaxD, false>(sc, n0, qf, nullptr, Ks, ld, D);
-        RowsTimesTileTFrags<kMaxD, false>(dpc, n0, gf, nullptr, Vs, ld, D);
-        MS_UNROLL
-        for (int j = 0; j < kN; ++j) {
+  ForKeyTiles<kMaxD, S, kAsync>(
+      k, v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
+      [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
+        if constexpr (kRegs) {
+          constexpr int kN = kMaxD <= 64 ? 2 : 1;  // S and dP fragments at a time (registers beside q, dout and dQ)
           MS_UNROLL
-          for (int i = 0; i < kAccElems; ++i) {
-            const int tr = ra + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i);
-            const bool seen = tr <= rb && Sees(tr, k0 + c, window);
-            const float p = seen ? expf(sc[j].x[i] * scale - lrs[AccSlot(i)]) : 0.0f;
-            Pw[AccRow(lane, i) * kLdP + c] =
-                __float2bfloat16(seen ? p * (dpc[j].x[i] - drs[AccSlot(i)]) * scale : 0.0f);
+          for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
+            FragC sc[kN], dpc[kN];
+            RowsTimesTileTFrags<kMaxD, false>(sc, n0, qf, nullptr, Ks, ld, D);
+            RowsTimesTileTFrags<kMaxD, false>(dpc, n0, gf, nullptr, Vs, ld, D);
+            MS_UNROLL
+            for (int j = 0; j < kN; ++j) {
+              MS_UNROLL
+              for (int i = 0; i < kAccElems; ++i) {
+                const int tr = ra + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i);
+                const bool seen = tr <= rb && Sees(tr, k0 + c, window);
+                const float p = seen ? expf(sc[j].x[i] * scale - lrs[AccSlot(i)]) : 0.0f;
+                Pw[AccRow(lane, i) * kLdP + c] =
+                    __float2bfloat16(seen ? p * (dpc[j].x[i] - drs[AccSlot(i)]) * scale : 0.0f);
+              }
+            }
+          }
+        } else {
+          RowsTimesTileT<kMaxD, false>(Fw, kLdSdP, qf, nullptr, Ks, ld, D);          // S
+          RowsTimesTileT<kMaxD, false>(Fw + kRows, kLdSdP, gf, nullptr, Vs, ld, D);  // dP
+          __syncwarp();
+          const float* s = Fw + r * kLdSdP + 32 * half;
+          const float* dp = s + kRows;
+          const int key0 = k0 + 32 * half;
+          __nv_bfloat16* const dsr = Pw + r * kLdP + 32 * half;
+          for (int i = 0; i < 32; ++i) {
+            const bool seen = t <= rb && Sees(t, key0 + i, window);
+            const float p = seen ? expf(s[i] * scale - lr) : 0.0f;
+            dsr[i] = __float2bfloat16(seen ? p * (dp[i] - dr) * scale : 0.0f);
           }
         }
-      }
-    } else {
-      RowsTimesTileT<kMaxD, false>(Fw, kLdSdP, qf, nullptr, Ks, ld, D);          // S
-      RowsTimesTileT<kMaxD, false>(Fw + kRows, kLdSdP, gf, nullptr, Vs, ld, D);  // dP
-      __syncwarp();
-      const float* s = Fw + r * kLdSdP + 32 * half;
-      const float* dp = s + kRows;
-      const int key0 = k0 + 32 * half;
-      __nv_bfloat16* const dsr = Pw + r * kLdP + 32 * half;
-      for (int i = 0; i < 32; ++i) {
-        const bool seen = t <= rb && Sees(t, key0 + i, window);
-        const float p = seen ? expf(s[i] * scale - lr) : 0.0f;
-        dsr[i] = __float2bfloat16(seen ? p * (dp[i] - dr) * scale : 0.0f);
-      }
-    }
-    __syncwarp();
-    PTimesTile<kMaxD>(dq, Pw, Ks, ld, D);
-    __syncwarp();  // dS is read before the next tile's
-  });
+        __syncwarp();
+        PTimesTile<kMaxD>(dq, Pw, Ks, ld, D);
+        __syncwarp();  // dS is read before the next tile's
+      });
+  if (kAsync && second_in_f) __syncthreads();  // the last tile may lie in the fp32 area, written next
 
   if (rb < ra) return;
   const long qbase = static_cast<long>(b) * T * row + static_cast<long>(h) * D;
@@ -708,7 +876,10 @@ __global__ void __launch_bounds__(kThreads)
 // see the key tile; a warp owns 16 keys and forms the transposed scores S^T = K_w Q^T and dP^T = V_w dout^T.
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
 // kRegs: S^T and dP^T stay in accumulator fragments (32 queries at a time), each lane forms P and dS of its elements.
-template <int kMaxD, typename S, bool kRegs>
+// kAsync (bf16 qkv and dout, 16-byte aligned): the query tiles (Q, dout, lse, drow) double-buffered with asynchronous
+// copies, as ForKeyTiles does for the key tiles; the second buffers lie in the fp32 area where they fit (kRegs,
+// D <= 64: SecondInSdP), and the key and value rows are staged in them while the first query tile's copies fly.
+template <int kMaxD, typename S, bool kRegs, bool kAsync>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
@@ -725,6 +896,18 @@ __global__ void __launch_bounds__(kThreads)
   float* const Fs = Rs + kRows;
   // kOperandsShared: the K and V tiles stay here (else they are staged through Q, dout and kept in registers).
   __nv_bfloat16* const KVs = reinterpret_cast<__nv_bfloat16*>(Fs + kWarps * kWarpRows * kLdSdP);
+  // kAsync: the second Q, dout, lse and drow (in the fp32 area, or after KVs) and the q bias.
+  const bool second_in_f = SecondInSdP(kRegs, DkDvSecondBytes(D));
+  __nv_bfloat16* const Q1 =
+      second_in_f ? reinterpret_cast<__nv_bfloat16*>(Fs) : KVs + (kOperandsShared ? 2 * kRows * ld : 0);
+  float* const L1 = reinterpret_cast<float*>(Q1 + 2 * kRows * ld);
+  float* const Bs =
+      second_in_f ? reinterpret_cast<float*>(KVs + (kOperandsShared ? 2 * kRows * ld : 0)) : L1 + 2 * kRows;
+  // Buffer b of each (selected by a condition: an array indexed at run time would live in local memory).
+  auto Qb = [&](int b) { return kAsync && b ? Q1 : Qs; };
+  auto Gb = [&](int b) { return kAsync && b ? Q1 + kRows * ld : Gs; };
+  auto Lb = [&](int b) { return kAsync && b ? L1 : Ls; };
+  auto Rb = [&](int b) { return kAsync && b ? L1 + kRows : Rs; };
 
   const int bh = blockIdx.x / ntiles, kt = blockIdx.x % ntiles;
   const int b = bh / H, h = bh % H;
@@ -742,10 +925,36 @@ __global__ void __launch_bounds__(kThreads)
   float* const Fw = Fs + warp * kWarpRows * kLdSdP;
   const int r = lane / 2, half = lane % 2, s_key = ja + r;  // the lane's key
 
+  // Queries that see a key of [k0, k1): t in [k0, k1 - 1 + window - 1] (window > 0), else [k0, T).
+  const int t_hi = window > 0 ? min(T - 1, k1 - 2 + window) : T - 1;
+  const int it_lo = k0 / kRows, it_hi = t_hi / kRows;
+  // kAsync: this thread's copies of query tile `it` (Q, dout, lse, drow) into buffer `buf`; rows past T zeroed.
+  auto issue = [&](int it, int buf) {
+    if constexpr (kAsync) {
+      const int i0 = it * kRows;
+      IssueTileAsync(Qb(buf), ld, q, row, i0, T, D);
+      IssueTileAsync(Gb(buf), ld, g, orow, i0, T, D);
+      for (int i = threadIdx.x; i < kRows; i += kThreads) {
+        if (i0 + i < T) {
+          __pipeline_memcpy_async(Lb(buf) + i, lse_bh + i0 + i, sizeof(float));
+          __pipeline_memcpy_async(Rb(buf) + i, drow_bh + i0 + i, sizeof(float));
+        } else {
+          Lb(buf)[i] = 0.0f;
+          Rb(buf)[i] = 0.0f;
+        }
+      }
+    }
+  };
+  if constexpr (kAsync) {
+    StageBias(Bs, hb.q, D);
+    issue(it_lo, 0);
+    __pipeline_commit();
+  }
+
   // The warp's key and value rows: resident in shared memory (kOperandsShared), or as fragments staged
-  // through the Q and dout areas.
-  __nv_bfloat16* const Kt = kOperandsShared ? KVs : Qs;
-  __nv_bfloat16* const Vt = kOperandsShared ? KVs + kRows * ld : Gs;
+  // through the Q and dout areas (kAsync: the second ones).
+  __nv_bfloat16* const Kt = kOperandsShared ? KVs : Qb(kAsync ? 1 : 0);
+  __nv_bfloat16* const Vt = kOperandsShared ? KVs + kRows * ld : Gb(kAsync ? 1 : 0);
   const __nv_bfloat16* const Kw = Kt + warp * kWarpRows * ld;
   const __nv_bfloat16* const Vw = Vt + warp * kWarpRows * ld;
   LoadTilesBf16<kMaxD, S>({Kt, k, hb.k, row}, {Vt, v, hb.v, row}, ld, k0, T, D);
@@ -763,42 +972,53 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Queries that see a key of [k0, k1): t in [k0, k1 - 1 + window - 1] (window > 0), else [k0, T).
-  const int t_hi = window > 0 ? min(T - 1, k1 - 2 + window) : T - 1;
-  for (int it = k0 / kRows; it <= t_hi / kRows; ++it) {
+  for (int it = it_lo; it <= it_hi; ++it) {
     const int i0 = it * kRows;
+    int cur = 0;
     __syncthreads();  // the staging and the previous Q, dout, lse, drow are no longer read
-    LoadTilesBf16<kMaxD, S>({Qs, q, hb.q, row}, {Gs, g, nullptr, orow}, ld, i0, T, D);
-    for (int i = threadIdx.x; i < kRows; i += kThreads) {
-      Ls[i] = i0 + i < T ? lse_bh[i0 + i] : 0.0f;
-      Rs[i] = i0 + i < T ? drow_bh[i0 + i] : 0.0f;
+    if constexpr (kAsync) {
+      cur = (it - it_lo) & 1;
+      if (it < it_hi) issue(it + 1, cur ^ 1);
+      __pipeline_commit();
+      __pipeline_wait_prior(1);  // this thread's copies of query tile `it` have landed
+      AddBiasOwnChunks(Qb(cur), ld, hb.q ? Bs : nullptr, i0, T, D);
+    } else {
+      LoadTilesBf16<kMaxD, S>({Qs, q, hb.q, row}, {Gs, g, nullptr, orow}, ld, i0, T, D);
+      for (int i = threadIdx.x; i < kRows; i += kThreads) {
+        Ls[i] = i0 + i < T ? lse_bh[i0 + i] : 0.0f;
+        Rs[i] = i0 + i < T ? drow_bh[i0 + i] : 0.0f;
+      }
     }
     __syncthreads();
     if (jb < ja || !Meets(i0, i0 + kRows - 1, ja, jb, window)) continue;  // warp-uniform
+    const __nv_bfloat16* const Qc = Qb(cur);
+    const __nv_bfloat16* const Gc = Gb(cur);
+    const float* const Lc = Lb(cur);
+    const float* const Rc = Rb(cur);
 
     if constexpr (kRegs) {
       constexpr int kN = 2;
       MS_UNROLL
       for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
         FragC sc[kN], dpc[kN];
-        RowsTimesTileTFrags<kMaxD, kOperandsShared>(sc, n0, kf, Kw, Qs, ld, D);   // S^T
-        RowsTimesTileTFrags<kMaxD, kOperandsShared>(dpc, n0, vf, Vw, Gs, ld, D);  // dP^T
+        RowsTimesTileTFrags<kMaxD, kOperandsShared>(sc, n0, kf, Kw, Qc, ld, D);   // S^T
+        RowsTimesTileTFrags<kMaxD, kOperandsShared>(dpc, n0, vf, Vw, Gc, ld, D);  // dP^T
         MS_UNROLL
         for (int j = 0; j < kN; ++j) {
           MS_UNROLL
           for (int i = 0; i < kAccElems; ++i) {
             const int sk = ja + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i), t = i0 + c;
             const bool seen = t < T && sk <= jb && Sees(t, sk, window);
-            const float p = seen ? expf(sc[j].x[i] * scale - Ls[c]) : 0.0f;
+            const float p = seen ? expf(sc[j].x[i] * scale - Lc[c]) : 0.0f;
             const int at = AccRow(lane, i) * kLdP + c;
             Pw[at] = __float2bfloat16(p);
-            Dw[at] = __float2bfloat16(seen ? p * (dpc[j].x[i] - Rs[c]) * scale : 0.0f);
+            Dw[at] = __float2bfloat16(seen ? p * (dpc[j].x[i] - Rc[c]) * scale : 0.0f);
           }
         }
       }
     } else {
-      RowsTimesTileT<kMaxD, kOperandsShared>(Fw, kLdSdP, kf, Kw, Qs, ld, D);          // S^T
-      RowsTimesTileT<kMaxD, kOperandsShared>(Fw + kRows, kLdSdP, vf, Vw, Gs, ld, D);  // dP^T
+      RowsTimesTileT<kMaxD, kOperandsShared>(Fw, kLdSdP, kf, Kw, Qc, ld, D);          // S^T
+      RowsTimesTileT<kMaxD, kOperandsShared>(Fw + kRows, kLdSdP, vf, Vw, Gc, ld, D);  // dP^T
       __syncwarp();
       const float* s = Fw + r * kLdSdP + 32 * half;
       const float* dp = s + kRows;
@@ -807,16 +1027,17 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < 32; ++i) {
         const int c = 32 * half + i, t = i0 + c;
         const bool seen = t < T && s_key <= jb && Sees(t, s_key, window);
-        const float p = seen ? expf(s[i] * scale - Ls[c]) : 0.0f;
+        const float p = seen ? expf(s[i] * scale - Lc[c]) : 0.0f;
         pr[i] = __float2bfloat16(p);
-        dsr[i] = __float2bfloat16(seen ? p * (dp[i] - Rs[c]) * scale : 0.0f);
+        dsr[i] = __float2bfloat16(seen ? p * (dp[i] - Rc[c]) * scale : 0.0f);
       }
     }
     __syncwarp();
-    PTimesTile<kMaxD>(dv, Pw, Gs, ld, D);
-    PTimesTile<kMaxD>(dk, Dw, Qs, ld, D);
+    PTimesTile<kMaxD>(dv, Pw, Gc, ld, D);
+    PTimesTile<kMaxD>(dk, Dw, Qc, ld, D);
     __syncwarp();  // P and dS are read before the next tile's
   }
+  if (kAsync && second_in_f) __syncthreads();  // the last tile may lie in the fp32 area, written next
 
   if (jb < ja) return;
   const long kbase = static_cast<long>(b) * T * row + static_cast<long>(H + h) * D,
@@ -896,36 +1117,73 @@ cudaError_t UseRegisters(cudaStream_t stream, bool backward_wide, bool* regs) {
   return cudaSuccess;
 }
 
-template <int kMaxD, typename S, bool kRegs>
+template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
-  const size_t smem = ForwardTcSharedBytes<kMaxD>(s.D);
-  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S, kRegs>, smem);
+  const size_t smem = ForwardTcSharedBytes<kMaxD, kAsync>(s.D);
+  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync>, smem);
   if (err != cudaSuccess) return err;
-  MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S, kRegs>), s.blocks, kThreads, smem, stream, out, out16, lse, qkv,
-            qkv_bias, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, smem, stream, out, out16, lse,
+            qkv, qkv_bias, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
 }
 
-template <int kMaxD, typename S, bool kRegs>
+template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
                            const S* qkv, const float* qkv_bias, const float* lse,
                            const attention_detail::AttentionShape& s, cudaStream_t stream) {
-  const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD>(s.D), dq_smem = DqTcSharedBytes(s.D);
-  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs>, dkdv_smem);
+  const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD, kRegs, kAsync>(s.D),
+               dq_smem = DqTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
+  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>, dkdv_smem);
   if (err != cudaSuccess) return err;
-  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S, kRegs>, dq_smem)) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16,
+  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S, kRegs, kAsync>, dq_smem)) != cudaSuccess) return err;
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16,
             dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  MS_LAUNCH((attention_dq_tc_kernel<kMaxD, S, kRegs>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16, dbias_part,
-            dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  MS_LAUNCH((attention_dq_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16,
+            dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
+}
+
+std::atomic<bool> g_async_loads{true};
+
+// The kAsync kernels run for bf16 operands whose rows are 16-byte aligned (every copy then is), unless turned off
+// (SetAttentionTcAsyncLoads).
+template <typename S>
+bool UseAsync(const void* a, const void* b) {
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    return g_async_loads.load() && reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
+  } else {
+    return false;
+  }
+}
+
+// The template arguments of one kernel instance (nvcc compiles these sources as C++17: no template lambdas).
+template <int kMaxDArg, bool kRegsArg, bool kAsyncArg>
+struct Instance {
+  static constexpr int kMaxD = kMaxDArg;
+  static constexpr bool kRegs = kRegsArg;
+  static constexpr bool kAsync = kAsyncArg;
+};
+
+// f(Instance<kMaxD, kRegs, kAsync>{}) for the instance the head dimension and the modes choose; kAsync only for bf16
+// operands (S).
+template <typename S, typename F>
+cudaError_t Dispatch(int D, bool regs, bool async, F&& f) {
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    if (async && regs) return D <= 64 ? f(Instance<64, true, true>{}) : f(Instance<128, true, true>{});
+    if (async) return D <= 64 ? f(Instance<64, false, true>{}) : f(Instance<128, false, true>{});
+  }
+  if (regs) return D <= 64 ? f(Instance<64, true, false>{}) : f(Instance<128, true, false>{});
+  return D <= 64 ? f(Instance<64, false, false>{}) : f(Instance<128, false, false>{});
 }
 }  // namespace
 
 void SetAttentionTcSoftmax(AttentionTcSoftmax mode) {
   g_softmax.store(static_cast<int>(mode));
+}
+void SetAttentionTcAsyncLoads(bool on) {
+  g_async_loads.store(on);
 }
 
 namespace {
@@ -938,12 +1196,10 @@ cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T
   if (err != cudaSuccess || empty) return err;
   bool regs = false;
   if ((err = UseRegisters(stream, /*backward_wide=*/false, &regs)) != cudaSuccess) return err;
-  if (regs) {
-    return s.D <= 64 ? LaunchForward<64, S, true>(out, out16, lse, qkv, qkv_bias, s, stream)
-                     : LaunchForward<128, S, true>(out, out16, lse, qkv, qkv_bias, s, stream);
-  }
-  return s.D <= 64 ? LaunchForward<64, S, false>(out, out16, lse, qkv, qkv_bias, s, stream)
-                   : LaunchForward<128, S, false>(out, out16, lse, qkv, qkv_bias, s, stream);
+  return Dispatch<S>(s.D, regs, UseAsync<S>(qkv, qkv), [&](auto inst) {
+    using I = decltype(inst);
+    return LaunchForward<I::kMaxD, S, I::kRegs, I::kAsync>(out, out16, lse, qkv, qkv_bias, s, stream);
+  });
 }
 }  // namespace
 
@@ -993,13 +1249,11 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
   if (err != cudaSuccess) return err;
   bool regs = false;
   if ((err = UseRegisters(stream, /*backward_wide=*/s.D > 64, &regs)) != cudaSuccess) return err;
-  if (regs) {
-    err = s.D <= 64 ? LaunchBackward<64, S, true>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream)
-                    : LaunchBackward<128, S, true>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream);
-  } else {
-    err = s.D <= 64 ? LaunchBackward<64, S, false>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream)
-                    : LaunchBackward<128, S, false>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s, stream);
-  }
+  err = Dispatch<S>(s.D, regs, UseAsync<S>(qkv, dout), [&](auto inst) {
+    using I = decltype(inst);
+    return LaunchBackward<I::kMaxD, S, I::kRegs, I::kAsync>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s,
+                                                            stream);
+  });
   if (err != cudaSuccess || dqkv_bias == nullptr) return err;
   // Stage 2: the chunks' column sums added up in BiasGrad's fixed tree (its scratch follows the partial sums).
   const int64_t chunks = BiasChunks(B, T), cols = 3 * H * D;

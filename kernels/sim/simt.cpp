@@ -1005,6 +1005,10 @@ void AsyncCopy(Site site, void* dst, const void* src, size_t size_and_align, siz
     Fault(site, "__pipeline_memcpy_async: destination %p (%zu bytes) is not in the block's shared memory", dst,
           size_and_align);
   }
+  // The copy may land at any time until its group is waited for: the destination holds the poison from now (seen by
+  // a read before the wait, and by TSan as this thread's write, racing with another thread's read that no barrier
+  // orders before the issue), the data from the wait on.
+  std::memset(dst, internal::kPoisonByte, size_and_align);
   t.copies.push_back(Thread::PendingCopy{dst, src, size_and_align - zfill, zfill, t.committed});
 }
 

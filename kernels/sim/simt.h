@@ -55,10 +55,12 @@
 // scheduler from all 32 lanes' fragments while the warp waits.
 //
 // Asynchronous copies (cp.async through the primitives of <cuda_pipeline_primitives.h>: __pipeline_memcpy_async,
-// __pipeline_commit, __pipeline_wait_prior) are deferred as late as CUDA allows: a copy lands in shared memory only
-// when its thread waits for its group (__pipeline_wait_prior), written then by that thread (so TSan sees the write as
-// the waiter's, ordered for the others only by a later barrier); a barrier alone completes nothing, and copies never
-// waited for are dropped. Reading the destination too early thus reads the poison (NaN) or the previous contents.
+// __pipeline_commit, __pipeline_wait_prior) may land at any time from their issue until their thread waits for their
+// group, and the sim takes both ends: the issue fills the destination with the poison (NaN; TSan sees it as the
+// issuing thread's write, so a buffer refilled while another thread may still read it is a race) and the data lands
+// only at __pipeline_wait_prior, written then by the waiting thread (ordered for the others only by a later barrier);
+// a barrier alone completes nothing, and copies never waited for are dropped. Reading the destination too early
+// thus reads the poison.
 // A size other than 4, 8 or 16, zfill above it, a misaligned source or destination, or a destination outside the
 // block's shared memory fails the launch.
 //
