@@ -63,6 +63,13 @@ constexpr int kPadF = 4;                   // fp32 row padding (16 bytes)
 constexpr int kLdP = kRows + kPadH;        // P / dS areas: [16][72] bf16
 constexpr int kLdSdP = 2 * kRows + kPadF;  // backward fp32 area: S in columns 0..63, dP in 64..127
 static_assert(kWarpRows == kF, "each warp owns one fragment row");
+// The softmax runs in base 2, as FlashAttention does: exp(scale s - m) = exp2(scale log2(e) s - m log2(e)), so each
+// probability is one multiply-add and exp2f (ex2 with its range handling) where expf adds its own reduction to base 2;
+// the row maxima are kept in base-2 units and the lse written (and read back) in natural units, m ln 2 + ln l. The
+// forward and dQ kernels; the dK/dV kernel keeps expf: at D = 128 it holds 255 registers, and the base-2 form (its lse
+// rows staged times log2(e)) made ptxas spill there.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 using FragA = wmma::fragment<wmma::matrix_a, kF, kF, kF, __nv_bfloat16, wmma::row_major>;
 using FragBRow = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma::row_major>;
@@ -525,7 +532,7 @@ size_t DkDvTcSharedBytes(int D) {
 // warp's query fragments.
 template <int kMaxD, typename S, bool kAsync>
 __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, float* lse, const S* k, const S* v,
-                                            const HeadBias& hb, long row, int T, int H, int D, int window, float scale,
+                                            const HeadBias& hb, long row, int T, int H, int D, int window, float scale2,
                                             int b, int h, int bh, int q0, int q1, int ra, int rb,
                                             const FragA (&qf)[kMaxD / kF], const KvBuffers& kv, __nv_bfloat16* Pw,
                                             float* Fw, int ldf, int ld) {
@@ -550,7 +557,7 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
                                     MS_UNROLL
                                     for (int i = 0; i < kAccElems; ++i) {
                                       const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
-                                      const float x = t <= rb && Sees(t, key, window) ? sc[n].x[i] * scale : -INFINITY;
+                                      const float x = t <= rb && Sees(t, key, window) ? sc[n].x[i] * scale2 : -INFINITY;
                                       sc[n].x[i] = x;
                                       mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
                                     }
@@ -560,7 +567,7 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
                                   for (int s = 0; s < kAccSlots; ++s) {
                                     const float m_new = fmaxf(m[s], AccRowMax(mx[s]));
                                     m_use[s] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
-                                    alpha[s] = expf(m[s] - m_use[s]);
+                                    alpha[s] = exp2f(m[s] - m_use[s]);
                                     m[s] = m_new;
                                     sum[s] = 0.0f;
                                   }
@@ -569,7 +576,7 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
                                   for (int n = 0; n < kTileFrags; ++n) {
                                     MS_UNROLL
                                     for (int i = 0; i < kAccElems; ++i) {
-                                      const float p = expf(sc[n].x[i] - m_use[AccSlot(i)]);
+                                      const float p = exp2f(sc[n].x[i] - m_use[AccSlot(i)]);
                                       sum[AccSlot(i)] += p;
                                       Pw[AccRow(lane, i) * kLdP + n * kF + AccCol(lane, i)] = __float2bfloat16(p);
                                     }
@@ -601,7 +608,7 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
     MS_UNROLL
     for (int s = 0; s < kAccSlots; ++s) {
       const int t = ra + AccSlotRow(lane, s);
-      if (t <= rb) lse[static_cast<long>(bh) * T + t] = m[s] + logf(l[s]);
+      if (t <= rb) lse[static_cast<long>(bh) * T + t] = (m[s] + log2f(l[s])) * kLn2;
     }
   }
   __syncwarp();
@@ -630,6 +637,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
     attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                                 int T, int H, int D, int window, int ntiles, float scale) {
   constexpr int kLdF = LdForward(kMaxD);
+  const float scale2 = scale * kLog2e;  // the base-2 softmax
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
   __nv_bfloat16* const Ks = smem;
@@ -675,7 +683,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   }
 
   if constexpr (kRegs) {
-    ForwardRegs<kMaxD, S, kAsync>(out, out16, lse, k, v, hb, row, T, H, D, window, scale, b, h, bh, q0, q1, ra, rb, qf,
+    ForwardRegs<kMaxD, S, kAsync>(out, out16, lse, k, v, hb, row, T, H, D, window, scale2, b, h, bh, q0, q1, ra, rb, qf,
                                   kv, Pw, Fw, kLdF, ld);
     return;
   }
@@ -693,16 +701,16 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
         const int key0 = k0 + 32 * half;
         float mx = -INFINITY;
         for (int i = 0; i < 32; ++i) {
-          if (t <= rb && Sees(t, key0 + i, window)) mx = fmaxf(mx, s[i] * scale);
+          if (t <= rb && Sees(t, key0 + i, window)) mx = fmaxf(mx, s[i] * scale2);
         }
         mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
         const float m_new = fmaxf(m, mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
-        const float alpha = expf(m - m_use);
+        const float alpha = exp2f(m - m_use);
         float sum = 0.0f;
         __nv_bfloat16* const pr = Pw + r * kLdP + 32 * half;
         for (int i = 0; i < 32; ++i) {
-          const float p = (t <= rb && Sees(t, key0 + i, window)) ? expf(s[i] * scale - m_use) : 0.0f;
+          const float p = (t <= rb && Sees(t, key0 + i, window)) ? exp2f(s[i] * scale2 - m_use) : 0.0f;
           sum += p;
           pr[i] = __float2bfloat16(p);
         }
@@ -745,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   for (int j = 0; j < kMaxD / 2; ++j) {
     if (2 * j < D) orow[2 * j + half] = o[j] * inv;
   }
-  if (half == 0 && t <= rb) lse[static_cast<long>(bh) * T + t] = m + logf(l);
+  if (half == 0 && t <= rb) lse[static_cast<long>(bh) * T + t] = (m + log2f(l)) * kLn2;
   __syncwarp();
   const long obase = (static_cast<long>(b) * T * H + h) * D;
   StoreRows(out ? out + obase : nullptr, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, kLdF, ra, T, D);
@@ -786,13 +794,14 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* const Pw = Ps + warp * kWarpRows * kLdP;
   float* const Fw = Fs + warp * kWarpRows * kLdSdP;
   const int r = lane / 2, half = lane % 2, t = ra + r;
-  const float lr = t <= rb ? lse[static_cast<long>(bh) * T + t] : 0.0f;
+  const float scale2 = scale * kLog2e;  // the base-2 softmax: lse read back in base-2 units too
+  const float lr = t <= rb ? lse[static_cast<long>(bh) * T + t] * kLog2e : 0.0f;
   const float dr = t <= rb ? drow[static_cast<long>(bh) * T + t] : 0.0f;
   float lrs[kAccSlots], drs[kAccSlots];  // kRegs: the same for the rows of the lane's slots
   MS_UNROLL
   for (int s = 0; s < kAccSlots; ++s) {
     const int ts = ra + AccSlotRow(lane, s);
-    lrs[s] = ts <= rb ? lse[static_cast<long>(bh) * T + ts] : 0.0f;
+    lrs[s] = ts <= rb ? lse[static_cast<long>(bh) * T + ts] * kLog2e : 0.0f;
     drs[s] = ts <= rb ? drow[static_cast<long>(bh) * T + ts] : 0.0f;
   }
 
@@ -840,7 +849,7 @@ __global__ void __launch_bounds__(kThreads)
               for (int i = 0; i < kAccElems; ++i) {
                 const int tr = ra + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i);
                 const bool seen = tr <= rb && Sees(tr, k0 + c, window);
-                const float p = seen ? expf(sc[j].x[i] * scale - lrs[AccSlot(i)]) : 0.0f;
+                const float p = seen ? exp2f(sc[j].x[i] * scale2 - lrs[AccSlot(i)]) : 0.0f;
                 Pw[AccRow(lane, i) * kLdP + c] =
                     __float2bfloat16(seen ? p * (dpc[j].x[i] - drs[AccSlot(i)]) * scale : 0.0f);
               }
@@ -856,7 +865,7 @@ __global__ void __launch_bounds__(kThreads)
           __nv_bfloat16* const dsr = Pw + r * kLdP + 32 * half;
           for (int i = 0; i < 32; ++i) {
             const bool seen = t <= rb && Sees(t, key0 + i, window);
-            const float p = seen ? expf(s[i] * scale - lr) : 0.0f;
+            const float p = seen ? exp2f(s[i] * scale2 - lr) : 0.0f;
             dsr[i] = __float2bfloat16(seen ? p * (dp[i] - dr) * scale : 0.0f);
           }
         }
