@@ -335,6 +335,28 @@ __device__ __forceinline__ void StartKeyTilesAsync(const __nv_bfloat16* k, const
   __pipeline_commit();
 }
 
+// The forward and dQ kernels' K and V buffers: Ks and Vs, and with kAsync the second pair at K1 (K, then V) and the
+// k and v bias staged at Bs (2 x kMaxD floats; none without a bias) — kAsync then also issues the first key tile's
+// copies (StartKeyTilesAsync). All threads of the block call it.
+template <int kMaxD, bool kAsync, typename S>
+__device__ __forceinline__ KvBuffers KeyTileBuffers(__nv_bfloat16* Ks, __nv_bfloat16* Vs, __nv_bfloat16* K1, float* Bs,
+                                                    const HeadBias& hb, const S* k, const S* v, long row, int T, int D,
+                                                    int window, int q0, int ld) {
+  KvBuffers kv{Ks, Ks, Vs, Vs, nullptr, nullptr};
+  if constexpr (kAsync) {
+    kv.k1 = K1;
+    kv.v1 = K1 + kRows * ld;
+    if (hb.k) {
+      StageBias(Bs, hb.k, D);
+      StageBias(Bs + kMaxD, hb.v, D);
+      kv.bk = Bs;
+      kv.bv = Bs + kMaxD;
+    }
+    StartKeyTilesAsync(k, v, row, T, D, window, q0, kv, ld);
+  }
+  return kv;
+}
+
 // The loop of the forward and dQ kernels over the key tiles their query tile [q0, q1) sees; each warp whose rows
 // [ra, rb] meet a tile runs body(k0, K, V) (warp-uniform) on its K and V rows in shared memory. Without kAsync all
 // threads load the tile into buffer 0 between two barriers (the previous tile, or the Q staging, no longer read);
@@ -659,18 +681,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   __nv_bfloat16* const Pw = Ps + warp * kWarpRows * kLdP;
   float* const Fw = Fs + warp * kWarpRows * kLdF;
   const int r = lane / 2, half = lane % 2, t = ra + r;  // the lane's row
-  KvBuffers kv{Ks, Ks, Vs, Vs, nullptr, nullptr};
-  if constexpr (kAsync) {
-    kv.k1 = K1;
-    kv.v1 = K1 + kRows * ld;
-    if (hb.k) {
-      StageBias(Bs, hb.k, D);
-      StageBias(Bs + kMaxD, hb.v, D);
-      kv.bk = Bs;
-      kv.bv = Bs + kMaxD;
-    }
-    StartKeyTilesAsync(k, v, row, T, D, window, q0, kv, ld);
-  }
+  const KvBuffers kv = KeyTileBuffers<kMaxD, kAsync>(Ks, Vs, K1, Bs, hb, k, v, row, T, D, window, q0, ld);
 
   // The warp's query rows as fragments (staged through the K area; kAsync: the second one).
   __nv_bfloat16* const Qstage = (kAsync ? kv.k1 : kv.k0);
@@ -805,18 +816,7 @@ __global__ void __launch_bounds__(kThreads)
     drs[s] = ts <= rb ? drow[static_cast<long>(bh) * T + ts] : 0.0f;
   }
 
-  KvBuffers kv{Ks, Ks, Vs, Vs, nullptr, nullptr};
-  if constexpr (kAsync) {
-    kv.k1 = K1;
-    kv.v1 = K1 + kRows * ld;
-    if (hb.k) {
-      StageBias(Bs, hb.k, D);
-      StageBias(Bs + kMaxD, hb.v, D);
-      kv.bk = Bs;
-      kv.bv = Bs + kMaxD;
-    }
-    StartKeyTilesAsync(k, v, row, T, D, window, q0, kv, ld);
-  }
+  const KvBuffers kv = KeyTileBuffers<kMaxD, kAsync>(Ks, Vs, K1, Bs, hb, k, v, row, T, D, window, q0, ld);
 
   // The warp's query and dout rows as fragments (staged through the K and V areas; kAsync: the second ones).
   __nv_bfloat16* const Qstage = (kAsync ? kv.k1 : kv.k0);
