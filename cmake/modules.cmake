@@ -9,8 +9,8 @@ endfunction()
 # ms_test(NAME SOURCES ... DEPS ... [LABELS ...]): one doctest executable, registered with ctest.
 function(ms_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
-  add_executable(test_${name} ${T_SOURCES} ${PROJECT_SOURCE_DIR}/tests/doctest_main.cpp)
-  target_link_libraries(test_${name} PRIVATE ${T_DEPS} doctest::doctest)
+  add_executable(test_${name} ${T_SOURCES})
+  target_link_libraries(test_${name} PRIVATE ${T_DEPS} ms_doctest_main doctest::doctest)
   target_include_directories(test_${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(test_${name} PRIVATE MS_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                                                   MS_BINARY_DIR="${PROJECT_BINARY_DIR}")
