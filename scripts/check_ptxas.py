@@ -2,10 +2,13 @@
 """check_ptxas.py: register, spill and occupancy check of every CUDA kernel, as ptxas compiles it.
 
     scripts/check_ptxas.py [--nvcc PATH] [--arch 80,90] [--json FILE] [FILE.cu ...]
+    scripts/check_ptxas.py --from-build BUILD/ptxas-report [--arch 80,90] [--json FILE] [kernels/FILE.cu ...]
 
 For each kernel source (default: kernels/*.cu) and each architecture (default sm_80 and sm_90) the source is
-compiled to PTX by nvcc (-ptx, the flags of ms_kernels_cuda) and the PTX assembled by ptxas -v. For every kernel
-entry it checks:
+compiled to PTX by nvcc (-ptx, the flags of ms_kernels_cuda) and the PTX assembled by ptxas -v. With --from-build
+nothing is compiled: the check reads what the build's own compilation of ms_kernels_cuda left (its compiler
+launcher, scripts/nvcc_report.sh, keeps each source's PTX and ptxas -v's report), so it checks the very code
+the build produced; a source without a report is an error. For every kernel entry it checks:
 
   - the kernel declares __launch_bounds__ (PTX .maxntid): the launch configuration its launcher uses is then a
     fact ptxas knows, and a launch above it fails instead of running out of registers at some shapes;
@@ -16,8 +19,9 @@ entry it checks:
 
 It prints one line per kernel and architecture (registers, threads, blocks per SM the registers allow, stack,
 spills, shared memory) and exits 1 naming every kernel that fails a check, 2 when nvcc or ptxas cannot run.
-ctest runs it as `kernels_ptxas` whenever nvcc is found (tests/kernels/CMakeLists.txt); a planted kernel without
-launch bounds and with spills (tests/kernels/ptxas_bad.cu.txt) must fail it (`kernels_ptxas_catches`).
+ctest runs it as `kernels_ptxas` (--from-build) whenever nvcc is found (tests/kernels/CMakeLists.txt); a planted
+kernel without launch bounds and with spills (tests/kernels/ptxas_bad.cu.txt, compiled here) must fail it
+(`kernels_ptxas_catches`).
 """
 
 import argparse
@@ -84,6 +88,18 @@ def max_threads(ptx):
     return bounds
 
 
+def split_by_arch(text):
+    """ptxas -v's report of a compilation for several architectures -> {"80": its lines for sm_80, ...}."""
+    parts, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '[^']+' for 'sm_(\d+a?)'", line)
+        if m:
+            cur = m.group(1)
+        if cur is not None:
+            parts.setdefault(cur, []).append(line)
+    return {a: "\n".join(lines) for a, lines in parts.items()}
+
+
 def ptxas_usage(text):
     """Entry name -> {regs, stack, spill_stores, spill_loads, smem} from ptxas -v output."""
     usage = {}
@@ -114,14 +130,19 @@ def main():
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
     ap.add_argument("--arch", default="80,90", help="comma-separated compute capabilities (default 80,90)")
     ap.add_argument("--json", help="also write the figures as JSON to this file")
+    ap.add_argument("--from-build", metavar="DIR",
+                    help="read the PTX and ptxas reports the build left in DIR (BUILD/ptxas-report) instead of "
+                         "compiling")
     ap.add_argument("sources", nargs="*", help="kernel sources (default: kernels/*.cu)")
     args = ap.parse_args()
 
-    if not os.path.exists(args.nvcc):
-        die(f"nvcc not found at {args.nvcc}: pass --nvcc or put the CUDA toolkit on PATH")
-    ptxas = os.path.join(os.path.dirname(args.nvcc), "ptxas")
-    if not os.path.exists(ptxas):
-        die(f"ptxas not found beside nvcc ({ptxas})")
+    ptxas = None
+    if not args.from_build:
+        if not os.path.exists(args.nvcc):
+            die(f"nvcc not found at {args.nvcc}: pass --nvcc or put the CUDA toolkit on PATH")
+        ptxas = os.path.join(os.path.dirname(args.nvcc), "ptxas")
+        if not os.path.exists(ptxas):
+            die(f"ptxas not found beside nvcc ({ptxas})")
     sources = args.sources or sorted(glob.glob(os.path.join(root, "kernels", "*.cu")))
     if not sources:
         die("no kernel sources")
@@ -142,19 +163,45 @@ def main():
             src, arch = job
             cu = cus[src]
             ptx_file = os.path.join(tmp, f"{os.path.basename(cu)}.{arch}.ptx")
-            run([args.nvcc, "-std=c++17", "-O3", "-ptx", f"-arch=compute_{arch}", "-I", include, "-o", ptx_file, cu])
+            run([args.nvcc, "-std=c++17", "-O3", "-DNDEBUG", "-ptx", f"-arch=compute_{arch}", "-I", include, "-o", ptx_file, cu])
             with open(ptx_file) as f:
                 ptx = f.read()
             return ptx, run([ptxas, "-v", f"-arch=sm_{arch}", ptx_file, "-o", os.devnull])
 
-        # The compilations run in parallel (one per core: most of the check's time), reported in order.
+        def from_build(src):  # source -> {arch: (its PTX, ptxas -v's report)} as the build left them
+            stem = os.path.basename(src)
+            report_file = os.path.join(args.from_build, f"{stem}.ptxas.txt")
+            if not os.path.exists(report_file):
+                die(f"{report_file} not found: build ms_kernels_cuda first (its launcher, scripts/nvcc_report.sh, "
+                    f"writes it), and list {os.path.relpath(src, root)} in kernels/CMakeLists.txt")
+            if os.path.getmtime(report_file) < os.path.getmtime(src):
+                die(f"{report_file} is older than {os.path.relpath(src, root)}: rebuild ms_kernels_cuda first")
+            with open(report_file) as f:
+                reports = split_by_arch(f.read())
+            out = {}
+            for arch in archs:
+                ptx_file = os.path.join(args.from_build, f"{stem}.compute_{arch}.ptx")
+                if not os.path.exists(ptx_file):
+                    die(f"{ptx_file} not found: the build did not compile {stem} for sm_{arch} "
+                        f"(CUDA_ARCHITECTURES of ms_kernels_cuda)")
+                with open(ptx_file) as f:
+                    out[arch] = (f.read(), reports.get(arch, ""))
+            return out
+
         jobs = [(src, arch) for src in sources for arch in archs]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            futures = [pool.submit(compile_one, job) for job in jobs]
-            try:
-                compiled = dict(zip(jobs, [f.result() for f in futures]))
-            except CommandFailed as e:
-                die(str(e))
+        if args.from_build:
+            compiled = {}
+            for src in sources:
+                for arch, got in from_build(src).items():
+                    compiled[(src, arch)] = got
+        else:
+            # The compilations run in parallel (one per core: most of the check's time), reported in order.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                futures = [pool.submit(compile_one, job) for job in jobs]
+                try:
+                    compiled = dict(zip(jobs, [f.result() for f in futures]))
+                except CommandFailed as e:
+                    die(str(e))
         for src in sources:
             for arch in archs:
                 ptx, report = compiled[(src, arch)]
