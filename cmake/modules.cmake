@@ -20,3 +20,17 @@ function(ms_test name)
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS};cpu")
 endfunction()
+
+# ms_test_cost(NAME SECONDS [NAME SECONDS ...]): the longest tests first. A fresh clone has no ctest timing history,
+# and in declaration order the Slurm test (~2 minutes on CI's 2 cores) started among the last, alone at the end of
+# the run; COST (about a test's seconds there) makes ctest start the long ones first. Call it in the directory
+# that adds the tests (set_tests_properties sees only those); a name not defined in this build is skipped.
+function(ms_test_cost)
+  set(args ${ARGN})
+  while(args)
+    list(POP_FRONT args name cost)
+    if(TEST ${name})
+      set_tests_properties(${name} PROPERTIES COST ${cost})
+    endif()
+  endwhile()
+endfunction()
