@@ -7,7 +7,9 @@
 
 namespace ms::kernels {
 
-constexpr int kLnForwardMaxThreads = 256;  // forward: BlockThreadsFor(C, kLnForwardMaxThreads), one block per row
+// Forward: a warp per row (no block barrier, no shared memory), kLnForwardThreads / 32 rows per block.
+constexpr int kLnForwardThreads = 256;
+constexpr int kLnForwardRows = kLnForwardThreads / 32;
 // Backward: a block of kLnBackwardThreads (8 warps) per chunk of kLnBackwardRows rows: G = ceil(N / 16) blocks,
 // fixed by N only (never by the GPU), so the reduction order is too. N = 16K rows give 1024 blocks (7.75 per SM
 // of an H100); the partials are 3 * G * C floats (3 N C / 16): dw, db and the column sums of dx.
@@ -21,78 +23,127 @@ constexpr int kLnParamThreads = kLnParamCols * kLnParamLanes;
 
 // ---- kernels ----
 
-// Row `row` of a LayerNorm forward, from `sum`, this thread's sum of xr[c] for c = threadIdx.x, + blockDim.x, ... in
-// that order: mean and variance by two block reductions (warp shuffles, then shared memory across warps), then the
-// normalized row (also rounded to bf16 into out16 unless null). Each thread reads back only its own columns of xr.
-__device__ __forceinline__ void LayerNormRow(float* scratch, float sum, const float* xr, float* out,
-                                             __nv_bfloat16* out16, float* mean, float* rstd, const float* w,
-                                             const float* b, int C, float eps, long row) {
-  const float m = BlockSum(sum, scratch) / C;
+// The forward kernels give lane l of a row's warp the column quads q = l, l + 32, ... (columns 4q .. 4q + 3 below C),
+// and it visits its columns in that order in every pass. kVec: C % 4 == 0 and every pointer aligned for 4 elements
+// (16 bytes in fp32, 8 in bf16): a quad is one load or store; otherwise the same columns one element at a time, in
+// the same order: the same bits, aligned or not.
+
+// One element of the normalized row: the same expression in both paths (and so the same contraction into FMAs).
+__device__ __forceinline__ float LnNormalize(float x, float m, float s, float w, float b) {
+  return (x - m) * s * w + b;
+}
+__device__ __forceinline__ float LnSquare(float acc, float x, float m) {
+  const float d = x - m;
+  return acc + d * d;
+}
+
+// Row `row` of a LayerNorm forward, by its warp, from `sum`, this lane's sum of its columns of xr (in its order):
+// mean and variance by warp butterflies (every lane the same bits), then the normalized row into out (unless null)
+// and its bf16 rounding into out16 (unless null). Each lane reads back only its own columns of xr.
+template <bool kVec>
+__device__ __forceinline__ void LayerNormWarpRow(float sum, const float* xr, float* out, __nv_bfloat16* out16,
+                                                 float* mean, float* rstd, const float* w, const float* b, int C,
+                                                 float eps, long row, int lane) {
+  const float m = WarpSum(sum) / C;
   float var = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float d = xr[c] - m;
-    var += d * d;
-  }
-  const float s = rsqrtf(BlockSum(var, scratch) / C + eps);
-  float* o = out ? out + row * C : nullptr;
-  if (out16) {
-    __nv_bfloat16* o16 = out16 + row * C;
-    if (out) {
-      for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        const float v = (xr[c] - m) * s * w[c] + b[c];
-        o[c] = v;
-        o16[c] = __float2bfloat16_rn(v);
-      }
-    } else {  // only the rounding: the fp32 output feeds nothing but the bf16 GEMMs
-      for (int c = threadIdx.x; c < C; c += blockDim.x) o16[c] = __float2bfloat16_rn((xr[c] - m) * s * w[c] + b[c]);
+  for (int q = lane; 4 * q < C; q += 32) {
+    if constexpr (kVec) {
+      const float4 v = LoadQuad(xr + 4 * q);
+      var = LnSquare(LnSquare(LnSquare(LnSquare(var, v.x, m), v.y, m), v.z, m), v.w, m);
+    } else {
+      for (int c = 4 * q; c < 4 * q + 4 && c < C; ++c) var = LnSquare(var, xr[c], m);
     }
-  } else {
-    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (xr[c] - m) * s * w[c] + b[c];
   }
-  if (threadIdx.x == 0) {
+  const float s = rsqrtf(WarpSum(var) / C + eps);
+  float* o = out ? out + row * C : nullptr;
+  __nv_bfloat16* o16 = out16 ? out16 + row * C : nullptr;
+  for (int q = lane; 4 * q < C; q += 32) {
+    if constexpr (kVec) {
+      const float4 v = LoadQuad(xr + 4 * q), wv = LoadQuad(w + 4 * q), bv = LoadQuad(b + 4 * q);
+      const float4 y = make_float4(LnNormalize(v.x, m, s, wv.x, bv.x), LnNormalize(v.y, m, s, wv.y, bv.y),
+                                   LnNormalize(v.z, m, s, wv.z, bv.z), LnNormalize(v.w, m, s, wv.w, bv.w));
+      if (o) *reinterpret_cast<float4*>(o + 4 * q) = y;
+      if (o16) StoreQuadBf16(o16 + 4 * q, y);
+    } else {
+      for (int c = 4 * q; c < 4 * q + 4 && c < C; ++c) {
+        const float y = LnNormalize(xr[c], m, s, w[c], b[c]);
+        if (o) o[c] = y;
+        if (o16) o16[c] = __float2bfloat16_rn(y);
+      }
+    }
+  }
+  if (lane == 0) {
     mean[row] = m;
     rstd[row] = s;
   }
 }
 
-// One block per row (blockDim.x a multiple of 32), LayerNormRow. out, x: (N, C); w, b: (C); mean, rstd: (N); out16:
-// (N, C) or null; out may be null when out16 is not.
-__global__ void __launch_bounds__(kLnForwardMaxThreads)
+// A warp per row (row = blockIdx.x * kLnForwardRows + warp), LayerNormWarpRow. out, x: (N, C); w, b: (C); mean,
+// rstd: (N); out16: (N, C) or null; out may be null when out16 is not.
+template <bool kVec>
+__global__ void __launch_bounds__(kLnForwardThreads)
     layernorm_forward_kernel(float* out, __nv_bfloat16* out16, float* mean, float* rstd, const float* x, const float* w,
-                             const float* b, int C, float eps) {
-  MS_SHARED_ARRAY(float, scratch, 32);
-  const long row = blockIdx.x;
+                             const float* b, long N, int C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const long row = static_cast<long>(blockIdx.x) * kLnForwardRows + threadIdx.x / 32;
+  if (row >= N) return;  // the whole warp: nothing below waits for another warp
   const float* xr = x + row * C;
   float sum = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) sum += xr[c];
-  LayerNormRow(scratch, sum, xr, out, out16, mean, rstd, w, b, C, eps, row);
+  for (int q = lane; 4 * q < C; q += 32) {
+    if constexpr (kVec) {
+      const float4 v = LoadQuad(xr + 4 * q);
+      sum = (((sum + v.x) + v.y) + v.z) + v.w;
+    } else {
+      for (int c = 4 * q; c < 4 * q + 4 && c < C; ++c) sum += xr[c];
+    }
+  }
+  LayerNormWarpRow<kVec>(sum, xr, out, out16, mean, rstd, w, b, C, eps, row, lane);
+}
+
+// One element of the residual stream: x + part (+ rbias) (+ rbias2), as ew_residual_add_kernel computes it.
+__device__ __forceinline__ float LnResidual(float x, float part, const float* rbias, const float* rbias2, int c) {
+  float v = x + part;
+  if (rbias != nullptr) v += rbias[c];
+  if (rbias2 != nullptr) v += rbias2[c];
+  return v;
 }
 
 // The residual add fused into the LayerNorm that reads its result: res = x + part (+ rbias) (+ rbias2), as
-// ew_residual_add_kernel computes it, stored and summed in one pass, then LayerNormRow over the row just stored
-// (each thread reads back its own columns: no barrier, and no read of res from memory by another pass). The bits
+// ew_residual_add_kernel computes it, stored and summed in one pass, then LayerNormWarpRow over the row just stored
+// (each lane reads back its own columns: no barrier, and no read of res from memory by another pass). The bits
 // of ResidualAdd then LayerNormForward. res: (N, C) (may equal x); part: (N, C); rbias, rbias2: (C) or null. P:
 // part's type, float or __nv_bfloat16 (runtime.activations: bf16, the projection GEMM's output kept in bf16: widened
 // exactly, the bits of the fp32 kernel on the widened values).
-template <typename P>
-__global__ void __launch_bounds__(kLnForwardMaxThreads)
+template <typename P, bool kVec>
+__global__ void __launch_bounds__(kLnForwardThreads)
     residual_layernorm_forward_kernel(float* res, float* out, __nv_bfloat16* out16, float* mean, float* rstd,
                                       const float* x, const P* part, const float* rbias, const float* rbias2,
-                                      const float* w, const float* b, int C, float eps) {
-  MS_SHARED_ARRAY(float, scratch, 32);
-  const long row = blockIdx.x;
+                                      const float* w, const float* b, long N, int C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const long row = static_cast<long>(blockIdx.x) * kLnForwardRows + threadIdx.x / 32;
+  if (row >= N) return;
   const float* xr = x + row * C;
   const P* pr = part + row * C;
   float* rr = res + row * C;
   float sum = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float v = xr[c] + Widen(pr[c]);
-    if (rbias != nullptr) v += rbias[c];
-    if (rbias2 != nullptr) v += rbias2[c];
-    rr[c] = v;
-    sum += v;
+  for (int q = lane; 4 * q < C; q += 32) {
+    if constexpr (kVec) {
+      const int c = 4 * q;
+      const float4 xv = LoadQuad(xr + c), pv = LoadQuad(pr + c);
+      const float4 v =
+          make_float4(LnResidual(xv.x, pv.x, rbias, rbias2, c), LnResidual(xv.y, pv.y, rbias, rbias2, c + 1),
+                      LnResidual(xv.z, pv.z, rbias, rbias2, c + 2), LnResidual(xv.w, pv.w, rbias, rbias2, c + 3));
+      *reinterpret_cast<float4*>(rr + c) = v;
+      sum = (((sum + v.x) + v.y) + v.z) + v.w;
+    } else {
+      for (int c = 4 * q; c < 4 * q + 4 && c < C; ++c) {
+        const float v = LnResidual(xr[c], Widen(pr[c]), rbias, rbias2, c);
+        rr[c] = v;
+        sum += v;
+      }
+    }
   }
-  LayerNormRow(scratch, sum, rr, out, out16, mean, rstd, w, b, C, eps, row);
+  LayerNormWarpRow<kVec>(sum, rr, out, out16, mean, rstd, w, b, C, eps, row, lane);
 }
 
 // Block g handles rows [16 g, 16 g + 16) of the N: (1) warp w computes dx of rows 16 g + w, 16 g + w + 8 (lane l
@@ -213,15 +264,27 @@ namespace {
 int64_t BackwardBlocks(int64_t N) {  // G
   return (N + kLnBackwardRows - 1) / kLnBackwardRows;
 }
+unsigned ForwardBlocks(int64_t N) {
+  return static_cast<unsigned>((N + kLnForwardRows - 1) / kLnForwardRows);
+}
+// A null pointer counts as aligned (it is never dereferenced).
+bool Aligned(const void* p, unsigned bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 }  // namespace
 
 cudaError_t LayerNormForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
                              int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16) {
   if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
   if (N <= 0 || C <= 0) return cudaSuccess;
-  const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
-  MS_LAUNCH(layernorm_forward_kernel, static_cast<unsigned>(N), block, 0, stream, out, out16, mean, rstd, x, w, b,
-            static_cast<int>(C), eps);
+  const unsigned grid = ForwardBlocks(N);
+  if (C % 4 == 0 && Aligned(x, 16) && Aligned(w, 16) && Aligned(b, 16) && Aligned(out, 16) && Aligned(out16, 8)) {
+    MS_LAUNCH(layernorm_forward_kernel<true>, grid, kLnForwardThreads, 0, stream, out, out16, mean, rstd, x, w, b,
+              static_cast<long>(N), static_cast<int>(C), eps);
+  } else {
+    MS_LAUNCH(layernorm_forward_kernel<false>, grid, kLnForwardThreads, 0, stream, out, out16, mean, rstd, x, w, b,
+              static_cast<long>(N), static_cast<int>(C), eps);
+  }
   return cudaGetLastError();
 }
 
@@ -232,9 +295,15 @@ cudaError_t ResidualLayerNormForwardT(float* res, float* out, float* mean, float
                                       int64_t N, int64_t C, float eps, cudaStream_t stream, __nv_bfloat16* out16) {
   if (out == nullptr && out16 == nullptr) return cudaErrorInvalidValue;  // the output would be written nowhere
   if (N <= 0 || C <= 0) return cudaSuccess;
-  const int block = BlockThreadsFor(C, kLnForwardMaxThreads);
-  MS_LAUNCH(residual_layernorm_forward_kernel<P>, static_cast<unsigned>(N), block, 0, stream, res, out, out16, mean,
-            rstd, x, part, rbias, rbias2, w, b, static_cast<int>(C), eps);
+  const unsigned grid = ForwardBlocks(N);
+  if (C % 4 == 0 && Aligned(res, 16) && Aligned(x, 16) && Aligned(part, 4 * sizeof(P)) && Aligned(rbias, 16) &&
+      Aligned(rbias2, 16) && Aligned(w, 16) && Aligned(b, 16) && Aligned(out, 16) && Aligned(out16, 8)) {
+    MS_LAUNCH((residual_layernorm_forward_kernel<P, true>), grid, kLnForwardThreads, 0, stream, res, out, out16, mean,
+              rstd, x, part, rbias, rbias2, w, b, static_cast<long>(N), static_cast<int>(C), eps);
+  } else {
+    MS_LAUNCH((residual_layernorm_forward_kernel<P, false>), grid, kLnForwardThreads, 0, stream, res, out, out16, mean,
+              rstd, x, part, rbias, rbias2, w, b, static_cast<long>(N), static_cast<int>(C), eps);
+  }
   return cudaGetLastError();
 }
 }  // namespace
@@ -268,9 +337,8 @@ cudaError_t LayerNormBackwardT(float* dx, float* dw, float* db, float* scratch, 
   const int64_t G = BackwardBlocks(N);
   const bool sum_dx = dsum != nullptr;
   // The vector path: C a multiple of 4 and every row 16-byte aligned (dout and dx16 8-byte where bf16).
-  const auto aligned = [](const void* p, unsigned bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  if (C % 4 == 0 && aligned(dx, 16) && aligned(x, 16) && aligned(w, 16) && aligned(dout, 4 * sizeof(T)) &&
-      aligned(dx16, 8)) {
+  if (C % 4 == 0 && Aligned(dx, 16) && Aligned(x, 16) && Aligned(w, 16) && Aligned(dout, 4 * sizeof(T)) &&
+      Aligned(dx16, 8)) {
     MS_LAUNCH((layernorm_backward_kernel<T, true>), static_cast<unsigned>(G), kLnBackwardThreads, 0, stream, dx, dx16,
               scratch, dout, x, w, mean, rstd, N, C, sum_dx);
   } else {

@@ -185,19 +185,26 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
   // N: one row, fewer rows than one backward block (16), many blocks with a partial last one (1001 = 62 * 16 + 9,
   // 45 = 2 * 16 + 13); C: a single element, a warp plus one, several passes of a warp and of a 256-thread block
   // (770; with 45 rows rather than 1001 to keep the emulated test fast). The accumulating outputs (dx, dw, db)
-  // start nonzero. Under ThreadSanitizer (kernels_tsan: every fiber's accesses tracked) 161 rows (10 blocks and a
-  // partial one) stand for 1001: the forward's block per row made this test most of that run's 10-minute limit.
+  // start nonzero. Under ThreadSanitizer (kernels_tsan), whose cost grows with the square of a block's threads at
+  // every barrier, the shapes are narrower: 161 rows (10 blocks and a partial one) stand for 1001, no C = 770 and
+  // C = 132 for 516 (the parameter gradients' 1024-thread blocks, one per 32 columns whatever N, were 50 s of that
+  // run's 100 s); the same code paths, barriers and partial blocks.
 #if defined(__SANITIZE_THREAD__)
   constexpr int64_t kManyRows = 161;
+  const std::vector<int64_t> widths = {1, 33};
+  constexpr int64_t kVecWidth = 132;
 #else
   constexpr int64_t kManyRows = 1001;
+  const std::vector<int64_t> widths = {1, 33, 770};
+  constexpr int64_t kVecWidth = 516;
 #endif
   std::vector<Shape> shapes;
   for (int64_t N : {int64_t{1}, int64_t{7}, kManyRows}) {
-    for (int64_t C : {1, 33, 770}) shapes.push_back({N == kManyRows && C == 770 ? 45 : N, C});
+    for (int64_t C : widths) shapes.push_back({N == kManyRows && C == 770 ? 45 : N, C});
   }
   shapes.push_back({130, 20});
-  shapes.push_back({45, 516});  // C % 4 == 0: the backward's vector path, 4 columns a lane, 128-column steps and a tail
+  // C % 4 == 0: the backward's vector path, 4 columns a lane, 128-column steps and a tail.
+  shapes.push_back({45, kVecWidth});
   for (Shape s : shapes) {
     CAPTURE(s.N);
     CAPTURE(s.C);
@@ -347,6 +354,51 @@ TEST_CASE("kernels: LayerNorm forward/backward match the reference (out rtol 1e-
 // under the emulator's TSan build). Fails when the fused pass sums the row in another order, or normalizes other
 // values.
 // With part in bf16 (runtime.activations: bf16) both launchers give the bits of the fp32 ones on part widened.
+// The forwards take 4 columns a lane with 16-byte accesses where C % 4 == 0 and every row is aligned, and the same
+// columns one at a time, in the same order, otherwise: an input one element off the alignment gives the same bits.
+TEST_CASE("kernels: LayerNorm forwards, unaligned rows (element by element) give the bits of the 16-byte path") {
+  // N: one row, a block of 8 warps and a partial one (8 rows a block); C: one quad, quads a lane plus a partial pass.
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 4}, {17, 20}, {9, 516}}) {
+    CAPTURE(N);
+    CAPTURE(C);
+    const int64_t n = N * C;
+    const float eps = 1e-5f;
+    // Element 0 of each buffer is padding: from element 1 on, the rows are 4 bytes off the 16-byte alignment.
+    const auto x = Random(n + 1, 30, -2.0f, 3.0f), part = Random(n + 1, 31), w = Random(C + 1, 32),
+               b = Random(C + 1, 33), rb = Random(C + 1, 34);
+    Dev<float> d_x(x), d_part(part), d_w(w), d_b(b), d_rb(rb);
+    // Aligned copies of the same values.
+    Dev<float> a_x(std::vector<float>(x.begin() + 1, x.end())),
+        a_part(std::vector<float>(part.begin() + 1, part.end())), a_w(std::vector<float>(w.begin() + 1, w.end())),
+        a_b(std::vector<float>(b.begin() + 1, b.end())), a_rb(std::vector<float>(rb.begin() + 1, rb.end()));
+    const auto tail = [](const std::vector<float>& v) { return std::vector<float>(v.begin() + 1, v.end()); };
+
+    Dev<float> want_out(n), want_mean(N), want_rstd(N), got_out(n + 1), got_mean(N), got_rstd(N);
+    Dev<__nv_bfloat16> want16(n), got16(n + 1);
+    REQUIRE(LayerNormForward(want_out.get(), want_mean.get(), want_rstd.get(), a_x.get(), a_w.get(), a_b.get(), N, C,
+                             eps, nullptr, want16.get()) == cudaSuccess);
+    REQUIRE(LayerNormForward(got_out.get() + 1, got_mean.get(), got_rstd.get(), d_x.get() + 1, d_w.get() + 1,
+                             d_b.get() + 1, N, C, eps, nullptr, got16.get() + 1) == cudaSuccess);
+    CHECK(tail(got_out.Get()) == want_out.Get());
+    CHECK(got_mean.Get() == want_mean.Get());
+    CHECK(got_rstd.Get() == want_rstd.Get());
+    const auto g16 = got16.Get(), w16 = want16.Get();
+    CHECK(std::memcmp(g16.data() + 1, w16.data(), sizeof(__nv_bfloat16) * n) == 0);
+
+    Dev<float> want_res(n), got_res(n + 1);
+    REQUIRE(ResidualLayerNormForward(want_res.get(), want_out.get(), want_mean.get(), want_rstd.get(), a_x.get(),
+                                     a_part.get(), a_rb.get(), nullptr, a_w.get(), a_b.get(), N, C, eps,
+                                     nullptr) == cudaSuccess);
+    REQUIRE(ResidualLayerNormForward(got_res.get() + 1, got_out.get() + 1, got_mean.get(), got_rstd.get(),
+                                     d_x.get() + 1, d_part.get() + 1, d_rb.get() + 1, nullptr, d_w.get() + 1,
+                                     d_b.get() + 1, N, C, eps, nullptr) == cudaSuccess);
+    CHECK(tail(got_res.Get()) == want_res.Get());
+    CHECK(tail(got_out.Get()) == want_out.Get());
+    CHECK(got_mean.Get() == want_mean.Get());
+    CHECK(got_rstd.Get() == want_rstd.Get());
+  }
+}
+
 TEST_CASE("kernels: ResidualLayerNormForward gives the bits of ResidualAdd then LayerNormForward") {
   for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {3, 770}, {67, 20}}) {
     CAPTURE(N);
