@@ -163,7 +163,8 @@ def main():
             src, arch = job
             cu = cus[src]
             ptx_file = os.path.join(tmp, f"{os.path.basename(cu)}.{arch}.ptx")
-            run([args.nvcc, "-std=c++17", "-O3", "-DNDEBUG", "-ptx", f"-arch=compute_{arch}", "-I", include, "-o", ptx_file, cu])
+            run([args.nvcc, "-std=c++17", "-O3", "-DNDEBUG", "-ptx", f"-arch=compute_{arch}", "-I", include,
+                 "-o", ptx_file, cu])
             with open(ptx_file) as f:
                 ptx = f.read()
             return ptx, run([ptxas, "-v", f"-arch=sm_{arch}", ptx_file, "-o", os.devnull])
@@ -188,14 +189,11 @@ def main():
                     out[arch] = (f.read(), reports.get(arch, ""))
             return out
 
-        jobs = [(src, arch) for src in sources for arch in archs]
         if args.from_build:
-            compiled = {}
-            for src in sources:
-                for arch, got in from_build(src).items():
-                    compiled[(src, arch)] = got
+            compiled = {(src, arch): got for src in sources for arch, got in from_build(src).items()}
         else:
             # The compilations run in parallel (one per core: most of the check's time), reported in order.
+            jobs = [(src, arch) for src in sources for arch in archs]
             with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
                 futures = [pool.submit(compile_one, job) for job in jobs]
                 try:

@@ -28,7 +28,8 @@ fi
 stem=$(basename "$obj" .o)
 
 mkdir -p "$report_dir" || exit 1
-keep=$(mktemp -d "$report_dir/.keep.$stem.XXXXXX") || exit 1
+# nvcc's intermediate files go to a directory of this compilation's own (mktemp's random suffix), removed on exit.
+keep=$(mktemp -d -p "$report_dir" ".keep.$stem.tmp.XXXXXXXX") || exit 1
 trap 'rm -rf "$keep"' EXIT
 "$@" -Xptxas=-v --keep "--keep-dir=$keep" 2>"$keep/stderr"
 rc=$?
