@@ -91,7 +91,10 @@ def passes():
 def slow_gemm():
     rc, out, err = run("self-check", spec("slow_gemm"), env={"MEGASCALE_FAULT": "slow_gemm:rank=2:factor=4"})
     lines = flagged(out)
-    assert rc == 1 and lines and all(l.startswith("rank 2 on ") and "GEMM" in l for l in lines), f"{out}\n{err[-800:]}"
+    # Only rank 2 is flagged, its GEMM among its lines. On a loaded 2-core machine the rank whose GEMM burns 4x the
+    # CPU may also show a link latency above the tolerance (seen in CI: 36 us against a median of 18): still rank 2.
+    assert rc == 1 and lines and all(l.startswith("rank 2 on ") for l in lines) and \
+        any("GEMM" in l for l in lines), f"{out}\n{err[-800:]}"
 
 
 @case
