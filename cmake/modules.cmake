@@ -8,7 +8,7 @@ endfunction()
 
 # ms_test_code(TARGET ...): compiles the targets' own C++ sources (test code: doctest cases, test helpers) at -O1 in
 # optimized builds. The code under test is in the libraries they link (lib/, kernels/), which keep the build type's
-# flags; test sources at -O3 took ~40 % longer to compile (about 150 s of CPU per Release build, 2.5 minutes of a
+# flags; test sources at -O3 took ~45 % longer to compile (384 against 263 s of CPU per Release build, a minute of a
 # 2-core CI run) and ran no faster. Debug (the sanitizer build) is left at -O0. Benchmarks (bench/) are not test code.
 function(ms_test_code)
   foreach(target ${ARGN})

@@ -32,7 +32,7 @@ with the reason printed). MS_TEST_CASES=a,b runs only those cases.
 other cases is recovery logic of the driver and the ranks (a checkpoint on SIGTERM and its resume; NaN
 rollback; a lost heartbeat; the store restarted) that the sanitizer build runs in the local tests
 (tests/runner: fault_test.py, reliability_test.py, resume_test.py); the Slurm launch, a restart as a new job
-step, exclusion of a node and the step signals stay in. About 60 of the case's 150 s there.
+step, exclusion of a node and the step signals stay in (there the test took 153 s, 72-84 s with --quick).
 
 Usage: slurm_test.py MEGASCALE_BINARY SOURCE_DIR WORK_DIR [--quick]
 """
