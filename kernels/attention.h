@@ -48,9 +48,11 @@ cudaError_t AttentionBackward(float* dqkv, float* scratch, const float* dout, co
 // bf16 as operands, sums and softmax statistics (max, sum, lse) stay fp32, outputs are fp32. Tiles are 64
 // rows/keys wide (4 warps of 16). Extra limit: D a multiple of 16 (else cudaErrorInvalidValue). Unlike the
 // fp32 kernels, a NaN or Inf in a token that shares a 64-row tile with a query's window reaches that query
-// (0 * NaN in the product); finite inputs give the same masking. Dynamic shared memory per block: at
-// D = 64, 44 KiB (forward), 60 KiB (dQ), 70 KiB (dK/dV); at D = 128, 76, 76 and 120 KiB (the dK/dV kernel
-// keeps its K and V operands in shared memory there). out16 (B, T, H, D) / dqkv16 (B, T, 3, H, D) bf16, unless
+// (0 * NaN in the product); finite inputs give the same masking. Dynamic shared memory per block, with the
+// softmax through shared memory (kShared below) and without the asynchronous copies' second buffers: at D = 64,
+// 44 KiB (forward), 60 KiB (dQ), 70 KiB (dK/dV); at D = 128, 76, 76 and 120 KiB (the dK/dV kernel keeps its K and V
+// operands in shared memory there); with the softmax in registers, which needs no P or dS areas, 9 KiB less (18 KiB
+// less in the dK/dV kernel). out16 (B, T, H, D) / dqkv16 (B, T, 3, H, D) bf16, unless
 // null: the outputs also rounded to bf16 (nearest even, as CastFloatToBf16) — the GEMMs' operands that read them
 // (attn.proj's input, qkv's output gradient) without a cast kernel. qkv_bias (3, H, D), unless null: the qkv
 // GEMM's bias, added to q, k and v as they are loaded (the fp32 add of a separate bias kernel, so the same bits as
@@ -60,10 +62,12 @@ cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64
                                  const float* qkv_bias = nullptr);
 //
 // Where the tensor-core kernels run their softmax. kAuto (the default): in registers — the scores (and dP) stay in
-// the wmma accumulator fragments, each lane masks, scales and exponentiates its own elements and the lanes of a row
-// reduce its max and sum by shuffles, and the forward's output accumulates in fragments — where a probe kernel, run
-// once per process at the first call (synchronizing its stream), finds the fragment layout the code assumes (sm_80
-// and sm_90's, and the emulator's); else through shared memory (the scores stored as fp32, two lanes per row). The
+// the wmma accumulator fragments, each lane masks (only on tiles that are not inside every row's band), scales and
+// exponentiates its own elements and the lanes of a row reduce its max and sum by shuffles, P and dS are rounded to
+// bf16 straight into the matrix_a fragments of the next product, and the forward's output accumulates in fragments —
+// where a probe kernel, run once per process at the first call (synchronizing its stream), finds the fragment layouts
+// the code assumes (accumulator and bf16 matrix_a fragments holding the same elements in each lane: sm_80 and sm_90's
+// mma.sync m16n8k16 operand layouts, and the emulator's); else through shared memory (the scores stored as fp32, two lanes per row). The
 // two give the same results within fp32 rounding (sums in other orders). kAuto's backward at D > 64 runs through
 // shared memory: faster there on an H200 with bf16 inputs (docs/PERFORMANCE.md). kRegisters and kShared force one
 // (tests, kernels_bench); kRegisters where the layout differs: cudaErrorNotSupported. Process-wide.

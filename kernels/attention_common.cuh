@@ -1,8 +1,8 @@
 // kernels/attention_common.cuh: what the fp32 attention kernels (attention.cu) and the bf16 tensor-core ones
 // (attention_tc.cu) share: the causal-window predicates, the shape checks of attention.h, the opt-in to more
 // than 48 KiB of dynamic shared memory, and the row terms of the backward.
-// defines: Sees, Meets, HeadRows, AttentionShape, CheckAttentionShape, AllowSharedBytes; declares AttentionRowTerms
-// (defined in attention.cu).
+// defines: Sees, Meets, SeesAll, HeadRows, AttentionShape, CheckAttentionShape, AllowSharedBytes; declares
+// AttentionRowTerms (defined in attention.cu).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,12 @@ __device__ __forceinline__ bool Sees(int t, int s, int window) {
 // Some query in [ra, rb] sees some key in [ka, kb] (inclusive ranges, ra <= rb, ka <= kb).
 __device__ __forceinline__ bool Meets(int ra, int rb, int ka, int kb, int window) {
   return ka <= rb && (window == 0 || kb > ra - window);
+}
+
+// Every query in [ra, rb] sees every key in [ka, kb] (inclusive ranges, ra <= rb, ka <= kb): a tile inside the band
+// needs no mask.
+__device__ __forceinline__ bool SeesAll(int ra, int rb, int ka, int kb, int window) {
+  return kb <= ra && (window == 0 || ka > rb - window);
 }
 
 // Where the rows of one (b, h) start: q, k, v of token 0 in qkv (B, T, 3, H, D) of element type S (float, or bf16

@@ -12,13 +12,16 @@
 // each thread's loads issued in batches; with bf16 rows 16-byte aligned, the kAsync instances double-buffer the
 // loop's tiles with asynchronous copies instead: see "kAsync" below); the warp's own 16 x D operand rows stay in
 // wmma fragments for the whole loop. Per tile a warp forms its 16 x 64 scores (and dP) with mma_sync. With the
-// register-resident softmax (kRegs: where the accumulator layout probe holds, AttentionTcSoftmax) they stay in the
-// accumulator fragments: each lane masks, scales and exponentiates its own elements (AccRow, AccCol), the lanes of a
-// row reduce its max and sum by shuffles, and the forward's output accumulates in fragments, rescaled by exp(m_old -
-// m_new) as the row max grows. Otherwise they go through a per-warp fp32 area where two lanes per row apply the mask
-// and the softmax terms, and the forward's P V product goes through it too, added by the lanes to their running outputs
-// (two lanes per row, d = 2 j + lane % 2). Either way the probabilities (or dS) are rounded to bf16 into a per-warp
-// area and mma_sync'd against the V, dout, K or Q tile. Backward (the dK/dV and dQ kernels, as in attention.cu; no
+// register-resident softmax (kRegs: where the fragment layout probe holds, AttentionTcSoftmax) they stay in the
+// accumulator fragments: each lane masks (not at all on a tile inside every row's band: InsideBand), scales and
+// exponentiates its own elements (AccRow, AccCol), the lanes of a row reduce its max and sum by shuffles, the
+// probabilities (or dS) are rounded to bf16 straight into matrix_a fragments — which hold the same elements in the same
+// lanes and registers as the accumulators, as in FlashAttention-2 — and mma_sync'd against the V, dout, K or Q tile,
+// and the forward's output accumulates in fragments, rescaled by exp(m_old - m_new) as the row max grows. Otherwise
+// they go through a per-warp fp32 area where two lanes per row apply the mask and the softmax terms, P (or dS) is
+// rounded to bf16 into a per-warp area and loaded back as matrix_a fragments, and the forward's P V product goes
+// through the fp32 area too, added by the lanes to their running outputs (two lanes per row, d = 2 j + lane % 2).
+// Backward (the dK/dV and dQ kernels, as in attention.cu; no
 // atomics, so the scores and dP are formed in both: 7 products instead of FlashAttention-2's 5): dK, dV and dQ
 // accumulate in fragments. Outputs are staged through the fp32 area and written row by row (coalesced).
 //
@@ -29,9 +32,10 @@
 //
 // Layout of dynamic shared memory (bf16 rows padded by 8 elements, fp32 rows by 4: every fragment pointer
 // stays 32-byte aligned and ldm a multiple of 16 bytes):
-//   forward: K [64][D+8], V [64][D+8] (bf16), then per warp S/PV [16][kMaxD|64 + 4] fp32 and P [16][72] bf16;
-//   dQ:      K, V as above, per warp S|dP [16][132] fp32 and dS [16][72] bf16;
-//   dK/dV:   Q, dout as above, lse [64], drow [64] fp32, per warp S|dP [16][132] fp32, P and dS [16][72] bf16.
+//   forward: K [64][D+8], V [64][D+8] (bf16), then per warp P [16][72] bf16 and S/PV [16][kMaxD|64 + 4] fp32;
+//   dQ:      K, V as above, per warp dS [16][72] bf16 and S|dP [16][132] fp32;
+//   dK/dV:   Q, dout as above, per warp P and dS [16][72] bf16, lse [64], drow [64] fp32, per warp S|dP [16][132] fp32.
+//   The kRegs instances have no P or dS areas (PAreaElems); their fp32 areas stage the outputs at the end.
 //   kAsync adds a second K, V (Q, dout, lse, drow) after all that — or, in the backward kernels with the register
 //   softmax where it fits (D <= 64), inside the per-warp fp32 areas, used then only after the loop — and the qkv bias
 //   staged for the in-place add (2 x kMaxD fp32).
@@ -50,6 +54,7 @@ using attention_detail::HeadRowsOf;
 using attention_detail::HeadRowsT;
 using attention_detail::Meets;
 using attention_detail::Sees;
+using attention_detail::SeesAll;
 
 namespace {
 constexpr int kRows = 64;                  // rows (or keys) a block owns, and the width of the tiles it loops over
@@ -81,7 +86,8 @@ using FragC = wmma::fragment<wmma::accumulator, kF, kF, kF, float>;
 // operand of two mma.sync m16n8k16, so lane 4 g + c holds x[i] = element (g + 8 ((i / 2) % 2), 8 (i / 4) + 2 c + i %
 // 2): two rows (slots) per lane, each row spread over 4 consecutive lanes; the emulator's is (lane / 2, 8 (lane % 2) +
 // i) (kernels/sim/simt.h): one row per lane, over 2 lanes. The kRegs kernels run only where the probe kernel below has
-// found this mapping on the device (once per process: AccLayoutHolds).
+// found this mapping on the device, and the same one in the bf16 matrix_a fragments (once per process:
+// FragLayoutsHold).
 constexpr int kAccElems = 8;  // FragC::num_elements
 #if MS_SIM_EMULATION
 constexpr int kAccSlots = 1;     // rows per lane
@@ -325,6 +331,12 @@ __device__ __forceinline__ int FirstKeyTile(int q0, int window) {
   return (window > 0 ? max(0, q0 - window + 1) : 0) / kRows;
 }
 
+// The register softmax's unmasked tiles: the warp's 16 rows [ra, rb] all exist (rb = ra + 15, not cut by T) and each
+// sees every key of the 64-key tile at k0 (all of which then exist too). Warp-uniform.
+__device__ __forceinline__ bool InsideBand(int ra, int rb, int k0, int window) {
+  return rb == ra + kWarpRows - 1 && SeesAll(ra, rb, k0, k0 + kRows - 1, window);
+}
+
 // kAsync: issues the copies of the first key tile (FirstKeyTile) into buffer 0 and commits them; the caller calls it
 // before staging its own rows in buffer 1.
 __device__ __forceinline__ void StartKeyTilesAsync(const __nv_bfloat16* k, const __nv_bfloat16* v, long row, int T,
@@ -449,6 +461,22 @@ __device__ __forceinline__ void PTimesTile(FragC (&acc)[kMaxD / kF], const __nv_
   }
 }
 
+// acc[n] += a (16 x 16, columns kb * 16 .. + 15 of a 16 x 64 left operand) times rows kb * 16 .. + 15 of the tile
+// (64 x D bf16, leading dimension ld), for the D / 16 column fragments n: the register-resident softmax's form of
+// PTimesTile, whose left operand it builds in matrix_a fragments (FragLayoutsHold) rather than in shared memory.
+// Called for kb = 0, 1, 2, 3 in turn it makes PTimesTile's products in PTimesTile's order: the same sums.
+template <int kMaxD>
+__device__ __forceinline__ void AddATimesTileRows(FragC (&acc)[kMaxD / kF], const FragA& a, const __nv_bfloat16* tile,
+                                                  int kb, int ld, int D) {
+  MS_UNROLL
+  for (int n = 0; n < kMaxD / kF; ++n) {
+    if (n * kF >= D) break;
+    FragBRow b;
+    wmma::load_matrix_sync(b, tile + kb * kF * ld + n * kF, ld);
+    wmma::mma_sync(acc[n], a, b, acc[n]);
+  }
+}
+
 // Writes the warp's 16 x D fp32 rows (at c, leading dimension ldc) to dst row r at dst + (t0 + r) * stride unless
 // dst is null, rows t0 + r < T only, and their bf16 roundings (nearest even, as CastFloatToBf16) to dst16 at the
 // same element offsets unless dst16 is null; the warp's lanes run along d (coalesced).
@@ -514,14 +542,19 @@ __host__ __device__ constexpr size_t DkDvSecondBytes(int D) {
 __host__ __device__ constexpr bool SecondInSdP(bool regs, size_t bytes) {
   return regs && bytes <= kSdPBytes;
 }
+// bf16 elements of the per-warp P (or dS) areas: none with the register softmax, which rounds P and dS into
+// matrix_a fragments instead (FragLayoutsHold).
+__host__ __device__ constexpr int PAreaElems(bool regs) {
+  return regs ? 0 : kWarps * kWarpRows * kLdP;
+}
 // kAsync: the bias staged in shared memory (two of kMaxD floats), after everything else.
 template <int kMaxD, bool kAsync>
 constexpr size_t kBiasStageBytes = kAsync ? sizeof(float) * 2 * kMaxD : 0;
 
 // Forward: K V [P] [fp32 area], then with kAsync the second K V and the k, v bias.
-template <int kMaxD, bool kAsync>
+template <int kMaxD, bool kRegs, bool kAsync>
 size_t ForwardTcSharedBytes(int D) {
-  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + kWarps * kWarpRows * kLdP) +
+  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + PAreaElems(kRegs)) +
          sizeof(float) * kWarps * kWarpRows * LdForward(kMaxD) + (kAsync ? TilePairBytes(D) : 0) +
          kBiasStageBytes<kMaxD, kAsync>;
 }
@@ -529,7 +562,7 @@ size_t ForwardTcSharedBytes(int D) {
 template <int kMaxD, bool kRegs, bool kAsync>
 size_t DqTcSharedBytes(int D) {
   const bool second = kAsync && !SecondInSdP(kRegs, TilePairBytes(D));
-  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + kWarps * kWarpRows * kLdP) + kSdPBytes +
+  return sizeof(__nv_bfloat16) * (2 * kRows * LdH(D) + PAreaElems(kRegs)) + kSdPBytes +
          (second ? TilePairBytes(D) : 0) + kBiasStageBytes<kMaxD, kAsync>;
 }
 // The dK/dV kernel keeps its K and V operand rows in shared memory rather than registers above D = 64 (with
@@ -542,8 +575,7 @@ __host__ __device__ constexpr bool DkDvOperandsShared(int max_d) {
 template <int kMaxD, bool kRegs, bool kAsync>
 size_t DkDvTcSharedBytes(int D) {
   const bool second = kAsync && !SecondInSdP(kRegs, DkDvSecondBytes(D));
-  return sizeof(__nv_bfloat16) *
-             ((DkDvOperandsShared(kMaxD) ? 4 : 2) * kRows * LdH(D) + 2 * kWarps * kWarpRows * kLdP) +
+  return sizeof(__nv_bfloat16) * ((DkDvOperandsShared(kMaxD) ? 4 : 2) * kRows * LdH(D) + 2 * PAreaElems(kRegs)) +
          sizeof(float) * (2 * kRows + kWarps * kWarpRows * kLdSdP) + (second ? DkDvSecondBytes(D) : 0) +
          kBiasStageBytes<kMaxD, kAsync>;
 }
@@ -556,8 +588,8 @@ template <int kMaxD, typename S, bool kAsync>
 __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, float* lse, const S* k, const S* v,
                                             const HeadBias& hb, long row, int T, int H, int D, int window, float scale2,
                                             int b, int h, int bh, int q0, int q1, int ra, int rb,
-                                            const FragA (&qf)[kMaxD / kF], const KvBuffers& kv, __nv_bfloat16* Pw,
-                                            float* Fw, int ldf, int ld) {
+                                            const FragA (&qf)[kMaxD / kF], const KvBuffers& kv, float* Fw, int ldf,
+                                            int ld) {
   const int lane = threadIdx.x % 32;
   float m[kAccSlots], l[kAccSlots];
   MS_UNROLL
@@ -570,19 +602,28 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
                                 [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
                                   FragC sc[kTileFrags];
                                   RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
-                                  // Scale and mask (-inf) in place, and the row maxima.
+                                  // Scale and mask (-inf) in place, and the row maxima; a tile all of whose keys
+                                  // every row of the warp sees (InsideBand, warp-uniform) is not masked.
                                   float mx[kAccSlots];
                                   MS_UNROLL
                                   for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
-                                  MS_UNROLL
-                                  for (int n = 0; n < kTileFrags; ++n) {
+                                  auto scale_mask = [&](auto masked) {
                                     MS_UNROLL
-                                    for (int i = 0; i < kAccElems; ++i) {
-                                      const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
-                                      const float x = t <= rb && Sees(t, key, window) ? sc[n].x[i] * scale2 : -INFINITY;
-                                      sc[n].x[i] = x;
-                                      mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
+                                    for (int n = 0; n < kTileFrags; ++n) {
+                                      MS_UNROLL
+                                      for (int i = 0; i < kAccElems; ++i) {
+                                        const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
+                                        const bool seen = !decltype(masked)::value || (t <= rb && Sees(t, key, window));
+                                        const float x = seen ? sc[n].x[i] * scale2 : -INFINITY;
+                                        sc[n].x[i] = x;
+                                        mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
+                                      }
                                     }
+                                  };
+                                  if (InsideBand(ra, rb, k0, window)) {
+                                    scale_mask(std::false_type{});
+                                  } else {
+                                    scale_mask(std::true_type{});
                                   }
                                   float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
                                   MS_UNROLL
@@ -593,14 +634,17 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
                                     m[s] = m_new;
                                     sum[s] = 0.0f;
                                   }
-                                  // P = exp(x - m) (masked: exp(-inf) = 0), rounded to bf16 into the warp's P area.
+                                  // P = exp(x - m) (masked: exp(-inf) = 0), rounded to bf16 straight into the
+                                  // matrix_a fragments of the P V product (FragLayoutsHold: x[i] of both kinds hold
+                                  // the same element), without a trip through shared memory.
+                                  FragA pa[kTileFrags];
                                   MS_UNROLL
                                   for (int n = 0; n < kTileFrags; ++n) {
                                     MS_UNROLL
                                     for (int i = 0; i < kAccElems; ++i) {
                                       const float p = exp2f(sc[n].x[i] - m_use[AccSlot(i)]);
                                       sum[AccSlot(i)] += p;
-                                      Pw[AccRow(lane, i) * kLdP + n * kF + AccCol(lane, i)] = __float2bfloat16(p);
+                                      pa[n].x[i] = __float2bfloat16(p);
                                     }
                                   }
                                   MS_UNROLL
@@ -610,9 +654,9 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
                                     MS_UNROLL
                                     for (int i = 0; i < kAccElems; ++i) of[n].x[i] *= alpha[AccSlot(i)];
                                   }
-                                  __syncwarp();  // P written
-                                  PTimesTile<kMaxD>(of, Pw, Vs, ld, D);
-                                  __syncwarp();  // P is read before the next tile's
+                                  MS_UNROLL
+                                  for (int n = 0; n < kTileFrags; ++n)
+                                    AddATimesTileRows<kMaxD>(of, pa[n], Vs, n, ld, D);
                                 });
 
   if (rb < ra) return;  // after the last barrier
@@ -665,7 +709,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   __nv_bfloat16* const Ks = smem;
   __nv_bfloat16* const Vs = Ks + kRows * ld;
   __nv_bfloat16* const Ps = Vs + kRows * ld;
-  float* const Fs = reinterpret_cast<float*>(Ps + kWarps * kWarpRows * kLdP);
+  float* const Fs = reinterpret_cast<float*>(Ps + PAreaElems(kRegs));
   __nv_bfloat16* const K1 = reinterpret_cast<__nv_bfloat16*>(Fs + kWarps * kWarpRows * kLdF);  // kAsync
   float* const Bs = reinterpret_cast<float*>(K1 + 2 * kRows * ld);                             // kAsync: k, v bias
 
@@ -695,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 
   if constexpr (kRegs) {
     ForwardRegs<kMaxD, S, kAsync>(out, out16, lse, k, v, hb, row, T, H, D, window, scale2, b, h, bh, q0, q1, ra, rb, qf,
-                                  kv, Pw, Fw, kLdF, ld);
+                                  kv, Fw, kLdF, ld);
     return;
   }
   float m = -INFINITY, l = 0.0f, o[kMaxD / 2];
@@ -773,7 +817,8 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile). Loops over the key
 // tiles the query tile sees. dS = P (dP - drow) scale with P = exp(scale q.k - lse), dP = dout.v;
 // dQ_t = sum_s dS_ts k_s.
-// kRegs: S and dP stay in accumulator fragments (16 keys at a time at D > 64), each lane forms dS of its elements.
+// kRegs: S and dP stay in accumulator fragments (32 keys at a time at D <= 64 with kAsync, else 16), each lane forms
+// dS of its elements, rounded into the matrix_a fragments of dS K.
 // kAsync (bf16 qkv and dout, 16-byte aligned): the key tiles double-buffered with asynchronous copies
 // (ForKeyTiles), the query and dout rows staged in the second buffer meanwhile; with kRegs at D <= 64 the second
 // buffer lies in the fp32 area (SecondInSdP), which is then written only after a barrier that ends the loop.
@@ -787,7 +832,7 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* const Ks = smem;
   __nv_bfloat16* const Vs = Ks + kRows * ld;
   __nv_bfloat16* const Ps = Vs + kRows * ld;
-  float* const Fs = reinterpret_cast<float*>(Ps + kWarps * kWarpRows * kLdP);
+  float* const Fs = reinterpret_cast<float*>(Ps + PAreaElems(kRegs));
   const bool second_in_f = SecondInSdP(kRegs, TilePairBytes(D));  // kAsync
   __nv_bfloat16* const K1 = reinterpret_cast<__nv_bfloat16*>(second_in_f ? Fs : Fs + kWarps * kWarpRows * kLdSdP);
   float* const Bs = reinterpret_cast<float*>(Fs + kWarps * kWarpRows * kLdSdP) +
@@ -837,23 +882,36 @@ __global__ void __launch_bounds__(kThreads)
       k, v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
       [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
         if constexpr (kRegs) {
-          constexpr int kN = kMaxD <= 64 ? 2 : 1;  // S and dP fragments at a time (registers beside q, dout and dQ)
-          MS_UNROLL
-          for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
-            FragC sc[kN], dpc[kN];
-            RowsTimesTileTFrags<kMaxD, false>(sc, n0, qf, nullptr, Ks, ld, D);
-            RowsTimesTileTFrags<kMaxD, false>(dpc, n0, gf, nullptr, Vs, ld, D);
+          // S and dP fragments at a time, beside q, dout and dQ in registers: 2 only at D <= 64 with kAsync (ptxas
+          // then fits the kernel in 156-164 registers; without kAsync it gave 2 fragments 168 registers and spilled
+          // 80 bytes on sm_80 — 1 fragment: 161, no spill — and 1 fragment with kAsync spilled 24 bytes).
+          constexpr int kN = kMaxD <= 64 && kAsync ? 2 : 1;
+          // masked false: the tile lies inside every row's band (InsideBand, warp-uniform).
+          auto tile = [&](auto masked) {
             MS_UNROLL
-            for (int j = 0; j < kN; ++j) {
+            for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
+              FragC sc[kN], dpc[kN];
+              RowsTimesTileTFrags<kMaxD, false>(sc, n0, qf, nullptr, Ks, ld, D);
+              RowsTimesTileTFrags<kMaxD, false>(dpc, n0, gf, nullptr, Vs, ld, D);
+              FragA ds[kN];  // dS rounded to bf16 in matrix_a fragments (FragLayoutsHold), the left operand of dS K
               MS_UNROLL
-              for (int i = 0; i < kAccElems; ++i) {
-                const int tr = ra + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i);
-                const bool seen = tr <= rb && Sees(tr, k0 + c, window);
-                const float p = seen ? exp2f(sc[j].x[i] * scale2 - lrs[AccSlot(i)]) : 0.0f;
-                Pw[AccRow(lane, i) * kLdP + c] =
-                    __float2bfloat16(seen ? p * (dpc[j].x[i] - drs[AccSlot(i)]) * scale : 0.0f);
+              for (int j = 0; j < kN; ++j) {
+                MS_UNROLL
+                for (int i = 0; i < kAccElems; ++i) {
+                  const int tr = ra + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i);
+                  const bool seen = !decltype(masked)::value || (tr <= rb && Sees(tr, k0 + c, window));
+                  const float p = seen ? exp2f(sc[j].x[i] * scale2 - lrs[AccSlot(i)]) : 0.0f;
+                  ds[j].x[i] = __float2bfloat16(seen ? p * (dpc[j].x[i] - drs[AccSlot(i)]) * scale : 0.0f);
+                }
               }
+              MS_UNROLL
+              for (int j = 0; j < kN; ++j) AddATimesTileRows<kMaxD>(dq, ds[j], Ks, n0 + j, ld, D);
             }
+          };
+          if (InsideBand(ra, rb, k0, window)) {
+            tile(std::false_type{});
+          } else {
+            tile(std::true_type{});
           }
         } else {
           RowsTimesTileT<kMaxD, false>(Fw, kLdSdP, qf, nullptr, Ks, ld, D);          // S
@@ -868,10 +926,10 @@ __global__ void __launch_bounds__(kThreads)
             const float p = seen ? exp2f(s[i] * scale2 - lr) : 0.0f;
             dsr[i] = __float2bfloat16(seen ? p * (dp[i] - dr) * scale : 0.0f);
           }
+          __syncwarp();
+          PTimesTile<kMaxD>(dq, Pw, Ks, ld, D);
+          __syncwarp();  // dS is read before the next tile's
         }
-        __syncwarp();
-        PTimesTile<kMaxD>(dq, Pw, Ks, ld, D);
-        __syncwarp();  // dS is read before the next tile's
       });
   if (kAsync && second_in_f) __syncthreads();  // the last tile may lie in the fp32 area, written next
 
@@ -884,7 +942,8 @@ __global__ void __launch_bounds__(kThreads)
 // One block per (b, h, key tile of 64); blockIdx.x = bh * ntiles + tile. Loops over the query tiles that can
 // see the key tile; a warp owns 16 keys and forms the transposed scores S^T = K_w Q^T and dP^T = V_w dout^T.
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
-// kRegs: S^T and dP^T stay in accumulator fragments (32 queries at a time), each lane forms P and dS of its elements.
+// kRegs: S^T and dP^T stay in accumulator fragments (32 queries at a time at D <= 64, else 16), each lane forms P and
+// dS of its elements, rounded into the matrix_a fragments of P^T dout and dS^T Q.
 // kAsync (bf16 qkv and dout, 16-byte aligned): the query tiles (Q, dout, lse, drow) double-buffered with asynchronous
 // copies, as ForKeyTiles does for the key tiles; the second buffers lie in the fp32 area where they fit (kRegs,
 // D <= 64: SecondInSdP), and the key and value rows are staged in them while the first query tile's copies fly.
@@ -899,8 +958,8 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* const Qs = smem;
   __nv_bfloat16* const Gs = Qs + kRows * ld;
   __nv_bfloat16* const Ps = Gs + kRows * ld;
-  __nv_bfloat16* const Ds = Ps + kWarps * kWarpRows * kLdP;
-  float* const Ls = reinterpret_cast<float*>(Ds + kWarps * kWarpRows * kLdP);
+  __nv_bfloat16* const Ds = Ps + PAreaElems(kRegs);
+  float* const Ls = reinterpret_cast<float*>(Ds + PAreaElems(kRegs));
   float* const Rs = Ls + kRows;
   float* const Fs = Rs + kRows;
   // kOperandsShared: the K and V tiles stay here (else they are staged through Q, dout and kept in registers).
@@ -1006,24 +1065,39 @@ __global__ void __launch_bounds__(kThreads)
     const float* const Rc = Rb(cur);
 
     if constexpr (kRegs) {
-      constexpr int kN = 2;
-      MS_UNROLL
-      for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
-        FragC sc[kN], dpc[kN];
-        RowsTimesTileTFrags<kMaxD, kOperandsShared>(sc, n0, kf, Kw, Qc, ld, D);   // S^T
-        RowsTimesTileTFrags<kMaxD, kOperandsShared>(dpc, n0, vf, Vw, Gc, ld, D);  // dP^T
+      constexpr int kN = kOperandsShared ? 1 : 2;  // S^T and dP^T fragments at a time (D > 64: 1, or sm_90 spills)
+      // masked false: the warp's 16 keys all exist and every query of the tile (all before T) sees each of them
+      // (warp-uniform).
+      auto tile = [&](auto masked) {
         MS_UNROLL
-        for (int j = 0; j < kN; ++j) {
+        for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
+          FragC sc[kN], dpc[kN];
+          RowsTimesTileTFrags<kMaxD, kOperandsShared>(sc, n0, kf, Kw, Qc, ld, D);   // S^T
+          RowsTimesTileTFrags<kMaxD, kOperandsShared>(dpc, n0, vf, Vw, Gc, ld, D);  // dP^T
+          // P^T and dS^T rounded to bf16 in matrix_a fragments (FragLayoutsHold): the left operands of dV and dK.
+          FragA pt[kN], dst[kN];
           MS_UNROLL
-          for (int i = 0; i < kAccElems; ++i) {
-            const int sk = ja + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i), t = i0 + c;
-            const bool seen = t < T && sk <= jb && Sees(t, sk, window);
-            const float p = seen ? expf(sc[j].x[i] * scale - Lc[c]) : 0.0f;
-            const int at = AccRow(lane, i) * kLdP + c;
-            Pw[at] = __float2bfloat16(p);
-            Dw[at] = __float2bfloat16(seen ? p * (dpc[j].x[i] - Rc[c]) * scale : 0.0f);
+          for (int j = 0; j < kN; ++j) {
+            MS_UNROLL
+            for (int i = 0; i < kAccElems; ++i) {
+              const int sk = ja + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i), t = i0 + c;
+              const bool seen = !decltype(masked)::value || (t < T && sk <= jb && Sees(t, sk, window));
+              const float p = seen ? expf(sc[j].x[i] * scale - Lc[c]) : 0.0f;
+              pt[j].x[i] = __float2bfloat16(p);
+              dst[j].x[i] = __float2bfloat16(seen ? p * (dpc[j].x[i] - Rc[c]) * scale : 0.0f);
+            }
+          }
+          MS_UNROLL
+          for (int j = 0; j < kN; ++j) {
+            AddATimesTileRows<kMaxD>(dv, pt[j], Gc, n0 + j, ld, D);
+            AddATimesTileRows<kMaxD>(dk, dst[j], Qc, n0 + j, ld, D);
           }
         }
+      };
+      if (jb == ja + kWarpRows - 1 && i0 + kRows <= T && SeesAll(i0, i0 + kRows - 1, ja, jb, window)) {
+        tile(std::false_type{});
+      } else {
+        tile(std::true_type{});
       }
     } else {
       RowsTimesTileT<kMaxD, kOperandsShared>(Fw, kLdSdP, kf, Kw, Qc, ld, D);          // S^T
@@ -1040,11 +1114,11 @@ __global__ void __launch_bounds__(kThreads)
         pr[i] = __float2bfloat16(p);
         dsr[i] = __float2bfloat16(seen ? p * (dp[i] - Rc[c]) * scale : 0.0f);
       }
+      __syncwarp();
+      PTimesTile<kMaxD>(dv, Pw, Gc, ld, D);
+      PTimesTile<kMaxD>(dk, Dw, Qc, ld, D);
+      __syncwarp();  // P and dS are read before the next tile's
     }
-    __syncwarp();
-    PTimesTile<kMaxD>(dv, Pw, Gc, ld, D);
-    PTimesTile<kMaxD>(dk, Dw, Qc, ld, D);
-    __syncwarp();  // P and dS are read before the next tile's
   }
   if (kAsync && second_in_f) __syncthreads();  // the last tile may lie in the fp32 area, written next
 
@@ -1066,32 +1140,49 @@ cudaError_t CheckShapeTc(int64_t B, int64_t T, int64_t H, int64_t D, int64_t win
   return attention_detail::CheckAttentionShape(B, T, H, D, window, kRows, empty, s);
 }
 
-// The accumulator layout probe: one warp loads the 16 x 16 matrix in[r][c] = 16 r + c into an accumulator fragment
-// and writes its x[i] to out[lane * 8 + i]; AccLayoutHolds compares them with AccRow and AccCol.
-__global__ void __launch_bounds__(32) attention_acc_layout_probe_kernel(float* out, const float* in) {
+// The fragment layout probe: one warp loads the 16 x 16 matrix m[r][c] = 16 r + c into an accumulator fragment (from
+// in, fp32) and into a bf16 matrix_a fragment (from in16; 0 .. 255 are exact in bf16) and writes their x[i] to
+// out[lane * 8 + i] and out[256 + lane * 8 + i]; FragLayoutsHold compares them with AccRow and AccCol.
+__global__ void __launch_bounds__(32)
+    attention_frag_layout_probe_kernel(float* out, const float* in, const __nv_bfloat16* in16) {
   FragC f;
+  FragA a;
   wmma::load_matrix_sync(f, in, kF, wmma::mem_row_major);
+  wmma::load_matrix_sync(a, in16, kF);
   const int lane = threadIdx.x % 32;
-  for (int i = 0; i < kAccElems; ++i) out[lane * kAccElems + i] = i < f.num_elements ? f.x[i] : -1.0f;
+  for (int i = 0; i < kAccElems; ++i) {
+    out[lane * kAccElems + i] = i < f.num_elements ? f.x[i] : -1.0f;
+    out[32 * kAccElems + lane * kAccElems + i] = i < a.num_elements ? __bfloat162float(a.x[i]) : -1.0f;
+  }
 }
 
 std::atomic<int> g_softmax{static_cast<int>(AttentionTcSoftmax::kAuto)};
 std::atomic<int> g_layout_holds{-1};  // -1: not probed yet
 
-// *holds: the accumulator fragments hold their elements where AccRow and AccCol say, on the current device (probed
-// on `stream` once per process; the first call synchronizes it).
-cudaError_t AccLayoutHolds(cudaStream_t stream, bool* holds) {
+// *holds: on the current device, the fp32 accumulator fragments and the bf16 matrix_a fragments hold their elements
+// where AccRow and AccCol say — x[i] of both the same element, so the kRegs kernels round their P and dS into
+// matrix_a fragments lane by lane (probed on `stream` once per process; the first call synchronizes it). On sm_80
+// and sm_90 both are the mma.sync m16n8k16 operand layouts (a 16 x 16 bf16 matrix_a fragment is exactly the A
+// operand of the two m16n8k16 products one wmma m16n16k16 makes), as FlashAttention-2 uses them.
+cudaError_t FragLayoutsHold(cudaStream_t stream, bool* holds) {
   int known = g_layout_holds.load();
   if (known < 0) {
-    constexpr int kN = kF * kF;
-    float host[kN], got[32 * kAccElems];
-    for (int i = 0; i < kN; ++i) host[i] = static_cast<float>(i);
+    constexpr int kN = kF * kF, kGot = 2 * 32 * kAccElems;
+    static_assert(FragA::num_elements == kAccElems, "matrix_a and accumulator fragments hold as many elements");
+    float host[kN], got[kGot];
+    __nv_bfloat16 host16[kN];
+    for (int i = 0; i < kN; ++i) {
+      host[i] = static_cast<float>(i);
+      host16[i] = __float2bfloat16(host[i]);
+    }
     float* dev = nullptr;
-    cudaError_t err = cudaMalloc(&dev, sizeof(float) * (kN + 32 * kAccElems));
+    cudaError_t err = cudaMalloc(&dev, sizeof(float) * (kN + kGot) + sizeof(host16));
     if (err != cudaSuccess) return err;
+    auto* const dev16 = reinterpret_cast<__nv_bfloat16*>(dev + kN + kGot);
     err = cudaMemcpyAsync(dev, host, sizeof(host), cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) err = cudaMemcpyAsync(dev16, host16, sizeof(host16), cudaMemcpyHostToDevice, stream);
     if (err == cudaSuccess) {
-      MS_LAUNCH(attention_acc_layout_probe_kernel, 1, 32, 0, stream, dev + kN, dev);
+      MS_LAUNCH(attention_frag_layout_probe_kernel, 1, 32, 0, stream, dev + kN, dev, dev16);
       err = cudaGetLastError();
     }
     if (err == cudaSuccess) err = cudaMemcpyAsync(got, dev + kN, sizeof(got), cudaMemcpyDeviceToHost, stream);
@@ -1102,7 +1193,8 @@ cudaError_t AccLayoutHolds(cudaStream_t stream, bool* holds) {
     known = 1;
     for (int lane = 0; lane < 32; ++lane) {
       for (int i = 0; i < kAccElems; ++i) {
-        if (got[lane * kAccElems + i] != static_cast<float>(kF * AccRow(lane, i) + AccCol(lane, i))) known = 0;
+        const float want = static_cast<float>(kF * AccRow(lane, i) + AccCol(lane, i));
+        if (got[lane * kAccElems + i] != want || got[32 * kAccElems + lane * kAccElems + i] != want) known = 0;
       }
     }
     g_layout_holds.store(known);
@@ -1113,13 +1205,14 @@ cudaError_t AccLayoutHolds(cudaStream_t stream, bool* holds) {
 
 // *regs: run the kRegs kernels (SetAttentionTcSoftmax; kAuto: where the layout holds, but not for the backward at
 // D > 64, where the shared-memory kernels measured faster on an H200: 5.11 vs 5.50 ms at B 4, T 2048, H 16, D 128 —
-// the register dK/dV kernel forms S and dP 32 keys at a time beside its 128 accumulator registers).
+// the register dK/dV kernel then formed S and dP 32 queries at a time beside its 128 accumulator registers; measured
+// before P and dS went into matrix_a fragments in registers, and it now forms them 16 at a time there).
 cudaError_t UseRegisters(cudaStream_t stream, bool backward_wide, bool* regs) {
   const auto mode = static_cast<AttentionTcSoftmax>(g_softmax.load());
   *regs = false;
   if (mode == AttentionTcSoftmax::kShared || (mode == AttentionTcSoftmax::kAuto && backward_wide)) return cudaSuccess;
   bool holds = false;
-  const cudaError_t err = AccLayoutHolds(stream, &holds);
+  const cudaError_t err = FragLayoutsHold(stream, &holds);
   if (err != cudaSuccess) return err;
   if (!holds && mode == AttentionTcSoftmax::kRegisters) return cudaErrorNotSupported;
   *regs = holds;
@@ -1129,7 +1222,7 @@ cudaError_t UseRegisters(cudaStream_t stream, bool backward_wide, bool* regs) {
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
-  const size_t smem = ForwardTcSharedBytes<kMaxD, kAsync>(s.D);
+  const size_t smem = ForwardTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
   cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync>, smem);
   if (err != cudaSuccess) return err;
   MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, smem, stream, out, out16, lse,

@@ -202,7 +202,9 @@ TEST_CASE("attention: tokens outside a query's window have no influence (NaN the
 // which are far below the O(1) error of a wrong mask, tile edge or lost term. Shapes: T across
 // 64-row tiles (1, 37, 64, 65, 130), D = 16..128 in both instantiations (<= 64, <= 128), windows of 1,
 // inside, equal to and wider than a tile; windows 2 and 66 put the first key of a query tile on the last
-// key of the previous tile, and the last query seeing a key tile on the first row of the next query tile.
+// key of the previous tile, and the last query seeing a key tile on the first row of the next query tile; T = 200
+// with window 150 has tiles that lie inside every row's band (the register softmax skips their mask: InsideBand) next
+// to tiles that do not, with the window (T = 130 and 100, window 0: without one).
 // Both softmax variants (SetAttentionTcSoftmax): in registers (the accumulator fragments' layout, which the probe must
 // confirm here: the emulator's, or sm_80 / sm_90's on a GPU, else kRegisters fails) and through shared memory.
 struct SoftmaxMode {
@@ -226,7 +228,7 @@ TEST_CASE("attention bf16 (tensor cores): forward/backward match the reference o
     const SoftmaxMode use(mode);
     for (Case c : {Case{1, 1, 1, 16, 0}, Case{2, 37, 3, 32, 0}, Case{2, 37, 2, 48, 5}, Case{1, 130, 2, 64, 66},
                    Case{1, 65, 1, 128, 40}, Case{1, 70, 2, 80, 2}, Case{1, 64, 1, 16, 64}, Case{1, 130, 1, 16, 1},
-                   Case{1, 100, 1, 112, 0}}) {
+                   Case{1, 100, 1, 112, 0}, Case{1, 200, 1, 32, 150}}) {
       CheckCase(c, /*bf16=*/true, 1e-2f, 1e-4f, 2e-2f, /*twice=*/c.T == 130 && c.D == 64);
     }
   }
