@@ -71,8 +71,9 @@ static_assert(kWarpRows == kF, "each warp owns one fragment row");
 // The softmax runs in base 2, as FlashAttention does: exp(scale s - m) = exp2(scale log2(e) s - m log2(e)), so each
 // probability is one multiply-add and exp2f (ex2 with its range handling) where expf adds its own reduction to base 2;
 // the row maxima are kept in base-2 units and the lse written (and read back) in natural units, m ln 2 + ln l. The
-// forward and dQ kernels; the dK/dV kernel keeps expf: at D = 128 it holds 255 registers, and the base-2 form (its lse
-// rows staged times log2(e)) made ptxas spill there.
+// forward and dQ kernels, and the dK/dV kernel with the register softmax (the lse of a column times log2(e) as it is
+// used); the dK/dV kernel with the softmax through shared memory keeps expf: at D = 128 it holds 254 registers, and
+// the base-2 form (its lse rows staged times log2(e)) made ptxas spill there (sm_90, with kAsync: 32 bytes).
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -985,6 +986,7 @@ __global__ void __launch_bounds__(kThreads)
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
   const float* lse_bh = lse + static_cast<long>(bh) * T;
   const float* drow_bh = drow + static_cast<long>(bh) * T;
+  const float scale2 = scale * kLog2e;  // kRegs: the base-2 softmax
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int k0 = kt * kRows, k1 = min(k0 + kRows, T);
   const int ja = k0 + warp * kWarpRows, jb = min(ja + kWarpRows, T) - 1;  // this warp's keys; none if jb < ja
@@ -1082,7 +1084,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int i = 0; i < kAccElems; ++i) {
               const int sk = ja + AccRow(lane, i), c = (n0 + j) * kF + AccCol(lane, i), t = i0 + c;
               const bool seen = !decltype(masked)::value || (t < T && sk <= jb && Sees(t, sk, window));
-              const float p = seen ? expf(sc[j].x[i] * scale - Lc[c]) : 0.0f;
+              const float p = seen ? exp2f(sc[j].x[i] * scale2 - Lc[c] * kLog2e) : 0.0f;
               pt[j].x[i] = __float2bfloat16(p);
               dst[j].x[i] = __float2bfloat16(seen ? p * (dpc[j].x[i] - Rc[c]) * scale : 0.0f);
             }
