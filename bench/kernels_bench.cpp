@@ -1396,7 +1396,15 @@ void BenchAttention(Bench& b, const Shape& s) {
                                       dbias.get());
     });
     k::SetAttentionTcAsyncLoads(true);
-    for (Row* r : {&sf, &sb, &yf, &yb}) {
+    // Training's forward with FlashAttention-2's tiling (k::SetAttentionTcWideForward: 128-row blocks, two fragment
+    // rows per warp); the default forward where it does not apply (D > 64), so the row then repeats the first.
+    k::SetAttentionTcWideForward(true);
+    Row wf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias, out16 wide", q16_fwd_bytes, fwd_flops, [&] {
+      return k::AttentionForwardBf16(nullptr, lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), out16.get(),
+                                     qkv_bias.get());
+    });
+    k::SetAttentionTcWideForward(false);
+    for (Row* r : {&sf, &sb, &yf, &yb, &wf}) {
       r->ref = ref;
       r->ref_flops = ref_flops;
       r->ref_what = f.ref_what;

@@ -67,10 +67,10 @@ cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64
 // bf16 straight into the matrix_a fragments of the next product, and the forward's output accumulates in fragments —
 // where a probe kernel, run once per process at the first call (synchronizing its stream), finds the fragment layouts
 // the code assumes (accumulator and bf16 matrix_a fragments holding the same elements in each lane: sm_80 and sm_90's
-// mma.sync m16n8k16 operand layouts, and the emulator's); else through shared memory (the scores stored as fp32, two lanes per row). The
-// two give the same results within fp32 rounding (sums in other orders). kAuto's backward at D > 64 runs through
-// shared memory: faster there on an H200 with bf16 inputs (docs/PERFORMANCE.md). kRegisters and kShared force one
-// (tests, kernels_bench); kRegisters where the layout differs: cudaErrorNotSupported. Process-wide.
+// mma.sync m16n8k16 operand layouts, and the emulator's); else through shared memory (the scores stored as fp32, two
+// lanes per row). The two give the same results within fp32 rounding (sums in other orders). kAuto's backward at D > 64
+// runs through shared memory: faster there on an H200 with bf16 inputs (docs/PERFORMANCE.md). kRegisters and kShared
+// force one (tests, kernels_bench); kRegisters where the layout differs: cudaErrorNotSupported. Process-wide.
 enum class AttentionTcSoftmax { kAuto, kRegisters, kShared };
 void SetAttentionTcSoftmax(AttentionTcSoftmax mode);
 //
@@ -80,6 +80,14 @@ void SetAttentionTcSoftmax(AttentionTcSoftmax mode);
 // computes on this one; the qkv bias is then added in shared memory. The same bits as the synchronous loads, which
 // SetAttentionTcAsyncLoads(false) selects (tests, kernels_bench). Process-wide; on by default.
 void SetAttentionTcAsyncLoads(bool on);
+//
+// The forward with FlashAttention-2's tiling: blocks of 128 query rows, each warp 32 of them as two 16-row fragment
+// rows, so that each K or V fragment a warp loads from shared memory feeds two MMAs (the default forward's warps own
+// one fragment row: a fragment load per MMA). Where the default would run the register softmax with asynchronous
+// copies (bf16 qkv with 16-byte aligned rows, the layout probe holding) and D <= 64; elsewhere the default runs. The
+// same bits as the default forward; 2 blocks of 4 warps per SM by registers where the default has 3. Off by default
+// until a GPU measurement (kernels_bench's `wide` rows) shows it faster. Process-wide.
+void SetAttentionTcWideForward(bool on);
 //
 // dqkv_bias (3, H, D), unless null: += the column sums of dqkv over its B * T rows — the qkv bias gradient, made as
 // the gradient rows are stored (each warp sums its 16 rows in row order, then BiasGrad's tree adds up the

@@ -815,6 +815,198 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   StoreRows(out ? out + obase : nullptr, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, kLdF, ra, T, D);
 }
 
+// ---- the wide forward (SetAttentionTcWideForward): two 16-row fragments per warp ----
+// The forward as FlashAttention-2 tiles it: a block of 4 warps owns 128 query rows, each warp 32 of them as two
+// fragment rows, and each K or V fragment a warp loads from shared memory feeds the MMAs of both (half the fragment
+// loads per product of the kernel above, whose warps own one). Only the training path's instance: bf16 qkv with
+// 16-byte aligned rows (the tiles copied asynchronously, double-buffered), the register softmax, D <= 64 (at D = 128
+// the two fragments' P V accumulators alone would take 128 registers a lane). Each fragment row runs exactly the
+// register forward's arithmetic in its order, so the outputs are the same bits (tested).
+namespace {
+constexpr int kWideFrags = 2;                          // fragment rows per warp
+constexpr int kWideWarpRows = kWideFrags * kWarpRows;  // 32 query rows a warp owns
+constexpr int kWideRows = kWarps * kWideWarpRows;      // 128 query rows a block owns
+constexpr int kWideMaxD = 64;                          // the only instance
+
+// Forward, wide: K V, the second K V (which first holds the block's 128 query rows), per warp a fp32 area of 16
+// rows for the output, the k, v bias.
+size_t ForwardWideSharedBytes(int D) {
+  return 2 * TilePairBytes(D) + sizeof(float) * kWarps * kWarpRows * LdForward(kWideMaxD) +
+         kBiasStageBytes<kWideMaxD, true>;
+}
+}  // namespace
+
+// One block per (b, h, query tile of 128); blockIdx.x = bh * ntiles + (ntiles - 1 - tile) (ntiles: of 128 rows).
+// out, out16, lse, qkv, qkv_bias as attention_forward_tc_kernel; D a multiple of 16, D <= 64.
+// (kThreads, 2): the two fragment rows' scores, P V accumulators and query fragments take about twice the registers.
+__global__ void __launch_bounds__(kThreads, 2)
+    attention_forward_wide_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const __nv_bfloat16* qkv,
+                                     const float* qkv_bias, int T, int H, int D, int window, int ntiles, float scale) {
+  constexpr int kMaxD = kWideMaxD, kLdF = LdForward(kMaxD), kDF = kMaxD / kF;
+  const float scale2 = scale * kLog2e;
+  MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  const int ld = LdH(D);
+  __nv_bfloat16* const Ks = smem;
+  __nv_bfloat16* const Vs = Ks + kRows * ld;
+  __nv_bfloat16* const K1 = Vs + kRows * ld;  // the second K, V: 128 rows, the query staging first
+  float* const Fs = reinterpret_cast<float*>(K1 + 2 * kRows * ld);
+  float* const Bs = Fs + kWarps * kWarpRows * kLdF;
+
+  const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
+  const int b = bh / H, h = bh % H;
+  const HeadRowsT<__nv_bfloat16> hr = HeadRowsOf(qkv, static_cast<const __nv_bfloat16*>(nullptr), b, h, T, H, D);
+  const long row = hr.row;
+  const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int q0 = qt * kWideRows, q1 = min(q0 + kWideRows, T);
+  const int ra = q0 + warp * kWideWarpRows, rb = min(ra + kWideWarpRows, T) - 1;  // the warp's rows; none if rb < ra
+  int fa[kWideFrags], fb[kWideFrags];  // each fragment row's rows (fb < fa: past T)
+  MS_UNROLL
+  for (int fr = 0; fr < kWideFrags; ++fr) {
+    fa[fr] = ra + fr * kWarpRows;
+    fb[fr] = min(fa[fr] + kWarpRows, T) - 1;
+  }
+  float* const Fw = Fs + warp * kWarpRows * kLdF;
+  const KvBuffers kv = KeyTileBuffers<kMaxD, true>(Ks, Vs, K1, Bs, hb, hr.k, hr.v, row, T, D, window, q0, ld);
+
+  // The block's 128 query rows staged in the second K, V buffer (contiguous) while the first key tile flies.
+  LoadTileBf16(K1, ld, hr.q, hb.q, row, q0, T, D);
+  LoadTileBf16(K1 + kRows * ld, ld, hr.q, hb.q, row, q0 + kRows, T, D);
+  __syncthreads();
+  FragA qf[kWideFrags][kDF];
+  MS_UNROLL
+  for (int fr = 0; fr < kWideFrags; ++fr) {
+    MS_UNROLL
+    for (int f = 0; f < kDF; ++f) {
+      if (f * kF < D) wmma::load_matrix_sync(qf[fr][f], K1 + (warp * kWideWarpRows + fr * kWarpRows) * ld + f * kF, ld);
+    }
+  }
+
+  float m[kWideFrags][kAccSlots], l[kWideFrags][kAccSlots];
+  FragC of[kWideFrags][kDF];
+  MS_UNROLL
+  for (int fr = 0; fr < kWideFrags; ++fr) {
+    MS_UNROLL
+    for (int s = 0; s < kAccSlots; ++s) m[fr][s] = -INFINITY, l[fr][s] = 0.0f;
+    MS_UNROLL
+    for (int n = 0; n < kDF; ++n) wmma::fill_fragment(of[fr][n], 0.0f);
+  }
+
+  ForKeyTiles<kMaxD, __nv_bfloat16, true>(
+      hr.k, hr.v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
+      [&](int k0, const __nv_bfloat16* Kt, const __nv_bfloat16* Vt) {
+        // S of both fragment rows: each K fragment loaded once, for two MMAs (RowsTimesTileTFrags's order per row).
+        FragC sc[kWideFrags][kTileFrags];
+        MS_UNROLL
+        for (int fr = 0; fr < kWideFrags; ++fr) {
+          MS_UNROLL
+          for (int j = 0; j < kTileFrags; ++j) wmma::fill_fragment(sc[fr][j], 0.0f);
+        }
+        MS_UNROLL
+        for (int f = 0; f < kDF; ++f) {
+          if (f * kF >= D) break;
+          MS_UNROLL
+          for (int j = 0; j < kTileFrags; ++j) {
+            FragBCol kb;
+            wmma::load_matrix_sync(kb, Kt + j * kF * ld + f * kF, ld);
+            MS_UNROLL
+            for (int fr = 0; fr < kWideFrags; ++fr) wmma::mma_sync(sc[fr][j], qf[fr][f], kb, sc[fr][j]);
+          }
+        }
+        // The softmax of each fragment row, as ForwardRegs: P rounded into matrix_a fragments.
+        FragA pa[kWideFrags][kTileFrags];
+        MS_UNROLL
+        for (int fr = 0; fr < kWideFrags; ++fr) {
+          float mx[kAccSlots];
+          MS_UNROLL
+          for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
+          auto scale_mask = [&](auto masked) {
+            MS_UNROLL
+            for (int n = 0; n < kTileFrags; ++n) {
+              MS_UNROLL
+              for (int i = 0; i < kAccElems; ++i) {
+                const int t = fa[fr] + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
+                const bool seen = !decltype(masked)::value || (t <= fb[fr] && Sees(t, key, window));
+                const float x = seen ? sc[fr][n].x[i] * scale2 : -INFINITY;
+                sc[fr][n].x[i] = x;
+                mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
+              }
+            }
+          };
+          if (InsideBand(fa[fr], fb[fr], k0, window)) {
+            scale_mask(std::false_type{});
+          } else {
+            scale_mask(std::true_type{});
+          }
+          float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
+          MS_UNROLL
+          for (int s = 0; s < kAccSlots; ++s) {
+            const float m_new = fmaxf(m[fr][s], AccRowMax(mx[s]));
+            m_use[s] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[s] = exp2f(m[fr][s] - m_use[s]);
+            m[fr][s] = m_new;
+            sum[s] = 0.0f;
+          }
+          MS_UNROLL
+          for (int n = 0; n < kTileFrags; ++n) {
+            MS_UNROLL
+            for (int i = 0; i < kAccElems; ++i) {
+              const float p = exp2f(sc[fr][n].x[i] - m_use[AccSlot(i)]);
+              sum[AccSlot(i)] += p;
+              pa[fr][n].x[i] = __float2bfloat16(p);
+            }
+          }
+          MS_UNROLL
+          for (int s = 0; s < kAccSlots; ++s) l[fr][s] = l[fr][s] * alpha[s] + AccRowSum(sum[s]);
+          MS_UNROLL
+          for (int n = 0; n < kDF; ++n) {
+            MS_UNROLL
+            for (int i = 0; i < kAccElems; ++i) of[fr][n].x[i] *= alpha[AccSlot(i)];
+          }
+        }
+        // P V of both fragment rows: each V fragment loaded once, for two MMAs (PTimesTile's order per row).
+        MS_UNROLL
+        for (int n = 0; n < kDF; ++n) {
+          if (n * kF >= D) break;
+          MS_UNROLL
+          for (int kk = 0; kk < kTileFrags; ++kk) {
+            FragBRow vb;
+            wmma::load_matrix_sync(vb, Vt + kk * kF * ld + n * kF, ld);
+            MS_UNROLL
+            for (int fr = 0; fr < kWideFrags; ++fr) wmma::mma_sync(of[fr][n], pa[fr][kk], vb, of[fr][n]);
+          }
+        }
+      });
+
+  if (rb < ra) return;  // after the last barrier
+  const long obase = (static_cast<long>(b) * T * H + h) * D;
+  MS_UNROLL
+  for (int fr = 0; fr < kWideFrags; ++fr) {
+    if (fb[fr] < fa[fr]) break;  // warp-uniform: this fragment row and the next lie past T
+    float inv[kAccSlots];
+    MS_UNROLL
+    for (int s = 0; s < kAccSlots; ++s) inv[s] = 1.0f / l[fr][s];
+    MS_UNROLL
+    for (int n = 0; n < kDF; ++n) {
+      if (n * kF >= D) break;
+      MS_UNROLL
+      for (int i = 0; i < kAccElems; ++i) of[fr][n].x[i] *= inv[AccSlot(i)];
+      wmma::store_matrix_sync(Fw + n * kF, of[fr][n], kLdF, wmma::mem_row_major);
+    }
+    if (lane % kAccRowLanes == 0) {
+      MS_UNROLL
+      for (int s = 0; s < kAccSlots; ++s) {
+        const int t = fa[fr] + AccSlotRow(lane, s);
+        if (t <= fb[fr]) lse[static_cast<long>(bh) * T + t] = (m[fr][s] + log2f(l[fr][s])) * kLn2;
+      }
+    }
+    __syncwarp();
+    StoreRows(out ? out + obase : nullptr, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, kLdF, fa[fr],
+              T, D);
+    __syncwarp();  // the fp32 area is read before the next fragment row's
+  }
+}
+
 // One block per (b, h, query tile of 64); blockIdx.x = bh * ntiles + (ntiles - 1 - tile). Loops over the key
 // tiles the query tile sees. dS = P (dP - drow) scale with P = exp(scale q.k - lse), dP = dout.v;
 // dQ_t = sum_s dS_ts k_s.
@@ -1250,6 +1442,19 @@ cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part
 }
 
 std::atomic<bool> g_async_loads{true};
+std::atomic<bool> g_wide_forward{false};
+
+// The wide forward (attention_forward_wide_tc_kernel) over blocks of 128 query rows.
+cudaError_t LaunchForwardWide(float* out, __nv_bfloat16* out16, float* lse, const __nv_bfloat16* qkv,
+                              const float* qkv_bias, const attention_detail::AttentionShape& s, cudaStream_t stream) {
+  const int heads = s.blocks / s.ntiles, ntiles = (s.T + kWideRows - 1) / kWideRows;  // B H, and tiles of 128 rows
+  const size_t smem = ForwardWideSharedBytes(s.D);
+  cudaError_t err = AllowSharedBytes(attention_forward_wide_tc_kernel, smem);
+  if (err != cudaSuccess) return err;
+  MS_LAUNCH(attention_forward_wide_tc_kernel, heads * ntiles, kThreads, smem, stream, out, out16, lse, qkv, qkv_bias,
+            s.T, s.H, s.D, s.window, ntiles, s.scale);
+  return cudaGetLastError();
+}
 
 // The kAsync kernels run for bf16 operands whose rows are 16-byte aligned (every copy then is), unless turned off
 // (SetAttentionTcAsyncLoads).
@@ -1289,6 +1494,9 @@ void SetAttentionTcSoftmax(AttentionTcSoftmax mode) {
 void SetAttentionTcAsyncLoads(bool on) {
   g_async_loads.store(on);
 }
+void SetAttentionTcWideForward(bool on) {
+  g_wide_forward.store(on);
+}
 
 namespace {
 template <typename S>
@@ -1300,7 +1508,13 @@ cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T
   if (err != cudaSuccess || empty) return err;
   bool regs = false;
   if ((err = UseRegisters(stream, /*backward_wide=*/false, &regs)) != cudaSuccess) return err;
-  return Dispatch<S>(s.D, regs, UseAsync<S>(qkv, qkv), [&](auto inst) {
+  const bool async = UseAsync<S>(qkv, qkv);
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    if (g_wide_forward.load() && regs && async && s.D <= kWideMaxD) {
+      return LaunchForwardWide(out, out16, lse, qkv, qkv_bias, s, stream);
+    }
+  }
+  return Dispatch<S>(s.D, regs, async, [&](auto inst) {
     using I = decltype(inst);
     return LaunchForward<I::kMaxD, S, I::kRegs, I::kAsync>(out, out16, lse, qkv, qkv_bias, s, stream);
   });

@@ -545,6 +545,85 @@ TEST_CASE("attention bf16 (tensor cores): asynchronous tile copies give the bits
   ExpectNoPoisonedReads();
 }
 
+// The wide forward (SetAttentionTcWideForward: blocks of 128 query rows, two 16-row fragment rows per warp sharing
+// each K and V fragment load) gives the default forward's bits — out, lse, out16 — over T that leaves a block's last
+// warps, or a warp's second fragment row, past T (1, 37, 100, 129), several 128-row blocks (300), windows that mask
+// part of a tile, start the key loop past tile 0 or leave tiles inside the band (window 150 at T 300), with and
+// without the qkv bias. Under the emulator the launched blocks show which kernel ran: B H ceil(T / 128) blocks for
+// the wide one at D <= 64, the default's B H ceil(T / 64) at D = 80 (where the wide one does not apply).
+TEST_CASE("attention bf16 (tensor cores): the wide forward gives the default forward's bits") {
+  struct WideMode {
+    explicit WideMode(bool on) { SetAttentionTcWideForward(on); }
+    ~WideMode() { SetAttentionTcWideForward(false); }
+    WideMode(const WideMode&) = delete;
+    WideMode& operator=(const WideMode&) = delete;
+  };
+#if defined(__SANITIZE_THREAD__)
+  const std::vector<Case> cases = {Case{1, 300, 1, 64, 150}};  // its barriers and warp collectives, with the bias
+  const std::vector<bool> biases = {true};
+#else
+  const std::vector<Case> cases = {Case{1, 1, 1, 16, 0},    Case{2, 37, 2, 32, 5},    Case{1, 100, 1, 64, 0},
+                                   Case{1, 129, 2, 48, 66}, Case{1, 300, 1, 64, 150}, Case{1, 300, 1, 16, 1},
+                                   Case{1, 70, 1, 80, 0}};
+  const std::vector<bool> biases = {true, false};
+#endif
+  {  // the first tensor-core call of the process also launches the fragment layout probe (one block)
+    Dev<__nv_bfloat16> q(std::vector<__nv_bfloat16>(3 * 16, __float2bfloat16(0.0f)));
+    Dev<float> o(16), l(1);
+    REQUIRE(AttentionForwardBf16(o.get(), l.get(), q.get(), 1, 1, 1, 16, 0, nullptr) == cudaSuccess);
+  }
+  for (const Case c : cases) {
+    CAPTURE(c.B);
+    CAPTURE(c.T);
+    CAPTURE(c.H);
+    CAPTURE(c.D);
+    CAPTURE(c.window);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
+    std::vector<__nv_bfloat16> qkv16(n_qkv);
+    const auto qkv = Random(n_qkv, 371, -2.0f, 2.0f);
+    for (int64_t i = 0; i < n_qkv; ++i) qkv16[i] = __float2bfloat16(qkv[i]);
+    Dev<__nv_bfloat16> d_qkv(qkv16);
+    Dev<float> d_bias(Random(3 * c.H * c.D, 372));
+    for (const bool with_bias : biases) {
+      CAPTURE(with_bias);
+      struct Result {
+        std::vector<float> out, lse;
+        std::vector<__nv_bfloat16> out16;
+        uint64_t blocks = 0;
+      };
+      auto run = [&](bool wide) {
+        const WideMode wm(wide);
+        Dev<float> out(n_out), lse(c.B * c.H * c.T);
+        Dev<__nv_bfloat16> out16(n_out);
+#if MS_KERNELS_SIM
+        const uint64_t blocks0 = ms::sim::GetStats().blocks;
+#endif
+        REQUIRE(AttentionForwardBf16(out.get(), lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
+                                     out16.get(), with_bias ? d_bias.get() : nullptr) == cudaSuccess);
+        Result r{out.Get(), lse.Get(), out16.Get()};
+#if MS_KERNELS_SIM
+        r.blocks = ms::sim::GetStats().blocks - blocks0;
+#endif
+        return r;
+      };
+      const Result base = run(false), wide = run(true);
+      auto same = [](const auto& x, const auto& y) {
+        return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+      };
+      CHECK(same(wide.out, base.out));
+      CHECK(same(wide.lse, base.lse));
+      CHECK(same(wide.out16, base.out16));
+      CHECK(std::all_of(wide.out.begin(), wide.out.end(), [](float v) { return std::isfinite(v); }));
+#if MS_KERNELS_SIM
+      const uint64_t heads = static_cast<uint64_t>(c.B * c.H);
+      CHECK(base.blocks == heads * ((c.T + 63) / 64));
+      CHECK(wide.blocks == heads * (c.D <= 64 ? (c.T + 127) / 128 : (c.T + 63) / 64));
+#endif
+    }
+  }
+  ExpectNoPoisonedReads();
+}
+
 TEST_CASE("attention bf16 (tensor cores): D not a multiple of 16 or above 128 is rejected") {
   Dev<float> buf(3 * 144 * 2), scratch(4);
   float* p = buf.get();
