@@ -86,7 +86,7 @@ void SetAttentionTcAsyncLoads(bool on);
 // one fragment row: a fragment load per MMA). Where the default would run the register softmax with asynchronous
 // copies (bf16 qkv with 16-byte aligned rows, the layout probe holding) and D <= 64; elsewhere the default runs. The
 // same bits as the default forward; 2 blocks of 4 warps per SM by registers where the default has 3. Off by default
-// until a GPU measurement (kernels_bench's `wide` rows) shows it faster. Process-wide.
+// until a GPU measurement (kernels_bench's `... wide` row) shows it faster. Process-wide.
 void SetAttentionTcWideForward(bool on);
 //
 // dqkv_bias (3, H, D), unless null: += the column sums of dqkv over its B * T rows — the qkv bias gradient, made as

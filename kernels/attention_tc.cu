@@ -1,5 +1,6 @@
-// defines: attention_forward_tc_kernel, attention_dkdv_tc_kernel, attention_dq_tc_kernel and their launchers
-// (AttentionForwardBf16, AttentionBackwardBf16).
+// defines: attention_forward_tc_kernel, attention_forward_wide_tc_kernel, attention_dkdv_tc_kernel,
+// attention_dq_tc_kernel, the fragment layout probe and their launchers (AttentionForwardBf16, AttentionBackwardBf16,
+// SetAttentionTcSoftmax, SetAttentionTcAsyncLoads, SetAttentionTcWideForward).
 // Causal sliding-window attention on tensor cores (nvcuda::wmma m16n16k16, bf16 operands, fp32
 // accumulation), FlashAttention-2 style; contract in kernels/attention.h, oracle: the fp32 kernels of
 // attention.cu and ms::ops::ref::AttentionForward/Backward.
