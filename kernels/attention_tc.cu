@@ -583,85 +583,74 @@ size_t DkDvTcSharedBytes(int D) {
 }
 }  // namespace
 
-// The forward's loop over the key tiles and its epilogue with the register-resident softmax
-// (attention_forward_tc_kernel, kRegs): all threads of the block run it (it has the block's barriers); qf are the
-// warp's query fragments.
-template <int kMaxD, typename S, bool kAsync>
-__device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, float* lse, const S* k, const S* v,
-                                            const HeadBias& hb, long row, int T, int H, int D, int window, float scale2,
-                                            int b, int h, int bh, int q0, int q1, int ra, int rb,
-                                            const FragA (&qf)[kMaxD / kF], const KvBuffers& kv, float* Fw, int ldf,
-                                            int ld) {
+// One key tile of the register forward's online softmax for a warp's 16 rows [ra, rb] (rows past rb, or past T,
+// masked): scales the scores sc (16 x 64, fp32 accumulators) by scale2 and masks them in place (-inf; not at all on a
+// tile inside every row's band: InsideBand, warp-uniform), updates the running max m and sum l of the lane's row
+// slots, rescales the output accumulators of by exp(m_old - m_new), and rounds P = exp(x - m) (masked: exp(-inf) = 0)
+// to bf16 straight into the matrix_a fragments pa of the P V product (FragLayoutsHold: x[i] of both kinds hold the
+// same element), without a trip through shared memory. The caller then adds pa times the V tile to of.
+template <int kMaxD>
+__device__ __forceinline__ void SoftmaxTileRegs(FragC (&sc)[kTileFrags], FragA (&pa)[kTileFrags],
+                                                FragC (&of)[kMaxD / kF], float (&m)[kAccSlots], float (&l)[kAccSlots],
+                                                int ra, int rb, int k0, int window, float scale2) {
   const int lane = threadIdx.x % 32;
-  float m[kAccSlots], l[kAccSlots];
+  float mx[kAccSlots];
   MS_UNROLL
-  for (int s = 0; s < kAccSlots; ++s) m[s] = -INFINITY, l[s] = 0.0f;
-  FragC of[kMaxD / kF];
+  for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
+  auto scale_mask = [&](auto masked) {
+    MS_UNROLL
+    for (int n = 0; n < kTileFrags; ++n) {
+      MS_UNROLL
+      for (int i = 0; i < kAccElems; ++i) {
+        const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
+        const bool seen = !decltype(masked)::value || (t <= rb && Sees(t, key, window));
+        const float x = seen ? sc[n].x[i] * scale2 : -INFINITY;
+        sc[n].x[i] = x;
+        mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
+      }
+    }
+  };
+  if (InsideBand(ra, rb, k0, window)) {
+    scale_mask(std::false_type{});
+  } else {
+    scale_mask(std::true_type{});
+  }
+  float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
   MS_UNROLL
-  for (int n = 0; n < kMaxD / kF; ++n) wmma::fill_fragment(of[n], 0.0f);
+  for (int s = 0; s < kAccSlots; ++s) {
+    const float m_new = fmaxf(m[s], AccRowMax(mx[s]));
+    m_use[s] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
+    alpha[s] = exp2f(m[s] - m_use[s]);
+    m[s] = m_new;
+    sum[s] = 0.0f;
+  }
+  MS_UNROLL
+  for (int n = 0; n < kTileFrags; ++n) {
+    MS_UNROLL
+    for (int i = 0; i < kAccElems; ++i) {
+      const float p = exp2f(sc[n].x[i] - m_use[AccSlot(i)]);
+      sum[AccSlot(i)] += p;
+      pa[n].x[i] = __float2bfloat16(p);
+    }
+  }
+  MS_UNROLL
+  for (int s = 0; s < kAccSlots; ++s) l[s] = l[s] * alpha[s] + AccRowSum(sum[s]);
+  MS_UNROLL
+  for (int n = 0; n < kMaxD / kF; ++n) {
+    MS_UNROLL
+    for (int i = 0; i < kAccElems; ++i) of[n].x[i] *= alpha[AccSlot(i)];
+  }
+}
 
-  ForKeyTiles<kMaxD, S, kAsync>(k, v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
-                                [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
-                                  FragC sc[kTileFrags];
-                                  RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
-                                  // Scale and mask (-inf) in place, and the row maxima; a tile all of whose keys
-                                  // every row of the warp sees (InsideBand, warp-uniform) is not masked.
-                                  float mx[kAccSlots];
-                                  MS_UNROLL
-                                  for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
-                                  auto scale_mask = [&](auto masked) {
-                                    MS_UNROLL
-                                    for (int n = 0; n < kTileFrags; ++n) {
-                                      MS_UNROLL
-                                      for (int i = 0; i < kAccElems; ++i) {
-                                        const int t = ra + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
-                                        const bool seen = !decltype(masked)::value || (t <= rb && Sees(t, key, window));
-                                        const float x = seen ? sc[n].x[i] * scale2 : -INFINITY;
-                                        sc[n].x[i] = x;
-                                        mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
-                                      }
-                                    }
-                                  };
-                                  if (InsideBand(ra, rb, k0, window)) {
-                                    scale_mask(std::false_type{});
-                                  } else {
-                                    scale_mask(std::true_type{});
-                                  }
-                                  float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
-                                  MS_UNROLL
-                                  for (int s = 0; s < kAccSlots; ++s) {
-                                    const float m_new = fmaxf(m[s], AccRowMax(mx[s]));
-                                    m_use[s] = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0, alpha = 0
-                                    alpha[s] = exp2f(m[s] - m_use[s]);
-                                    m[s] = m_new;
-                                    sum[s] = 0.0f;
-                                  }
-                                  // P = exp(x - m) (masked: exp(-inf) = 0), rounded to bf16 straight into the
-                                  // matrix_a fragments of the P V product (FragLayoutsHold: x[i] of both kinds hold
-                                  // the same element), without a trip through shared memory.
-                                  FragA pa[kTileFrags];
-                                  MS_UNROLL
-                                  for (int n = 0; n < kTileFrags; ++n) {
-                                    MS_UNROLL
-                                    for (int i = 0; i < kAccElems; ++i) {
-                                      const float p = exp2f(sc[n].x[i] - m_use[AccSlot(i)]);
-                                      sum[AccSlot(i)] += p;
-                                      pa[n].x[i] = __float2bfloat16(p);
-                                    }
-                                  }
-                                  MS_UNROLL
-                                  for (int s = 0; s < kAccSlots; ++s) l[s] = l[s] * alpha[s] + AccRowSum(sum[s]);
-                                  MS_UNROLL
-                                  for (int n = 0; n < kMaxD / kF; ++n) {
-                                    MS_UNROLL
-                                    for (int i = 0; i < kAccElems; ++i) of[n].x[i] *= alpha[AccSlot(i)];
-                                  }
-                                  MS_UNROLL
-                                  for (int n = 0; n < kTileFrags; ++n)
-                                    AddATimesTileRows<kMaxD>(of, pa[n], Vs, n, ld, D);
-                                });
-
-  if (rb < ra) return;  // after the last barrier
+// The register forward's epilogue for a warp's 16 rows from ra (rows past rb are not written): divides the output
+// accumulators of by the row sums l, stages them in the warp's fp32 area Fw (leading dimension ldf), writes each
+// row's lse (m + log2 l, in natural units) and the rows of out and out16 (StoreRows). Ends with the area read.
+template <int kMaxD>
+__device__ __forceinline__ void StoreForwardRowsRegs(float* out, __nv_bfloat16* out16, float* lse,
+                                                     FragC (&of)[kMaxD / kF], const float (&m)[kAccSlots],
+                                                     const float (&l)[kAccSlots], float* Fw, int ldf, int ra, int rb,
+                                                     int T, int H, int D, int b, int h, int bh) {
+  const int lane = threadIdx.x % 32;
   float inv[kAccSlots];
   MS_UNROLL
   for (int s = 0; s < kAccSlots; ++s) inv[s] = 1.0f / l[s];
@@ -682,6 +671,38 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
   __syncwarp();
   const long obase = (static_cast<long>(b) * T * H + h) * D;
   StoreRows(out ? out + obase : nullptr, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, ldf, ra, T, D);
+  __syncwarp();  // the fp32 area is read before it is written again
+}
+
+// The forward's loop over the key tiles and its epilogue with the register-resident softmax
+// (attention_forward_tc_kernel, kRegs): all threads of the block run it (it has the block's barriers); qf are the
+// warp's query fragments.
+template <int kMaxD, typename S, bool kAsync>
+__device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, float* lse, const S* k, const S* v,
+                                            const HeadBias& hb, long row, int T, int H, int D, int window, float scale2,
+                                            int b, int h, int bh, int q0, int q1, int ra, int rb,
+                                            const FragA (&qf)[kMaxD / kF], const KvBuffers& kv, float* Fw, int ldf,
+                                            int ld) {
+  float m[kAccSlots], l[kAccSlots];
+  MS_UNROLL
+  for (int s = 0; s < kAccSlots; ++s) m[s] = -INFINITY, l[s] = 0.0f;
+  FragC of[kMaxD / kF];
+  MS_UNROLL
+  for (int n = 0; n < kMaxD / kF; ++n) wmma::fill_fragment(of[n], 0.0f);
+
+  ForKeyTiles<kMaxD, S, kAsync>(k, v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
+                                [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
+                                  FragC sc[kTileFrags];
+                                  RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
+                                  FragA pa[kTileFrags];
+                                  SoftmaxTileRegs<kMaxD>(sc, pa, of, m, l, ra, rb, k0, window, scale2);
+                                  MS_UNROLL
+                                  for (int n = 0; n < kTileFrags; ++n)
+                                    AddATimesTileRows<kMaxD>(of, pa[n], Vs, n, ld, D);
+                                });
+
+  if (rb < ra) return;  // after the last barrier
+  StoreForwardRowsRegs<kMaxD>(out, out16, lse, of, m, l, Fw, ldf, ra, rb, T, H, D, b, h, bh);
 }
 
 // ---- kernels ----
@@ -858,7 +879,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const HeadRowsT<__nv_bfloat16> hr = HeadRowsOf(qkv, static_cast<const __nv_bfloat16*>(nullptr), b, h, T, H, D);
   const long row = hr.row;
   const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32;
   const int q0 = qt * kWideRows, q1 = min(q0 + kWideRows, T);
   const int ra = q0 + warp * kWideWarpRows, rb = min(ra + kWideWarpRows, T) - 1;  // the warp's rows; none if rb < ra
   int fa[kWideFrags], fb[kWideFrags];  // each fragment row's rows (fb < fa: past T)
@@ -893,118 +914,57 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int n = 0; n < kDF; ++n) wmma::fill_fragment(of[fr][n], 0.0f);
   }
 
-  ForKeyTiles<kMaxD, __nv_bfloat16, true>(
-      hr.k, hr.v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
-      [&](int k0, const __nv_bfloat16* Kt, const __nv_bfloat16* Vt) {
-        // S of both fragment rows: each K fragment loaded once, for two MMAs (RowsTimesTileTFrags's order per row).
-        FragC sc[kWideFrags][kTileFrags];
-        MS_UNROLL
-        for (int fr = 0; fr < kWideFrags; ++fr) {
-          MS_UNROLL
-          for (int j = 0; j < kTileFrags; ++j) wmma::fill_fragment(sc[fr][j], 0.0f);
-        }
-        MS_UNROLL
-        for (int f = 0; f < kDF; ++f) {
-          if (f * kF >= D) break;
-          MS_UNROLL
-          for (int j = 0; j < kTileFrags; ++j) {
-            FragBCol kb;
-            wmma::load_matrix_sync(kb, Kt + j * kF * ld + f * kF, ld);
-            MS_UNROLL
-            for (int fr = 0; fr < kWideFrags; ++fr) wmma::mma_sync(sc[fr][j], qf[fr][f], kb, sc[fr][j]);
-          }
-        }
-        // The softmax of each fragment row, as ForwardRegs: P rounded into matrix_a fragments.
-        FragA pa[kWideFrags][kTileFrags];
-        MS_UNROLL
-        for (int fr = 0; fr < kWideFrags; ++fr) {
-          float mx[kAccSlots];
-          MS_UNROLL
-          for (int s = 0; s < kAccSlots; ++s) mx[s] = -INFINITY;
-          auto scale_mask = [&](auto masked) {
-            MS_UNROLL
-            for (int n = 0; n < kTileFrags; ++n) {
-              MS_UNROLL
-              for (int i = 0; i < kAccElems; ++i) {
-                const int t = fa[fr] + AccRow(lane, i), key = k0 + n * kF + AccCol(lane, i);
-                const bool seen = !decltype(masked)::value || (t <= fb[fr] && Sees(t, key, window));
-                const float x = seen ? sc[fr][n].x[i] * scale2 : -INFINITY;
-                sc[fr][n].x[i] = x;
-                mx[AccSlot(i)] = fmaxf(mx[AccSlot(i)], x);
-              }
-            }
-          };
-          if (InsideBand(fa[fr], fb[fr], k0, window)) {
-            scale_mask(std::false_type{});
-          } else {
-            scale_mask(std::true_type{});
-          }
-          float m_use[kAccSlots], alpha[kAccSlots], sum[kAccSlots];
-          MS_UNROLL
-          for (int s = 0; s < kAccSlots; ++s) {
-            const float m_new = fmaxf(m[fr][s], AccRowMax(mx[s]));
-            m_use[s] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[s] = exp2f(m[fr][s] - m_use[s]);
-            m[fr][s] = m_new;
-            sum[s] = 0.0f;
-          }
-          MS_UNROLL
-          for (int n = 0; n < kTileFrags; ++n) {
-            MS_UNROLL
-            for (int i = 0; i < kAccElems; ++i) {
-              const float p = exp2f(sc[fr][n].x[i] - m_use[AccSlot(i)]);
-              sum[AccSlot(i)] += p;
-              pa[fr][n].x[i] = __float2bfloat16(p);
-            }
-          }
-          MS_UNROLL
-          for (int s = 0; s < kAccSlots; ++s) l[fr][s] = l[fr][s] * alpha[s] + AccRowSum(sum[s]);
-          MS_UNROLL
-          for (int n = 0; n < kDF; ++n) {
-            MS_UNROLL
-            for (int i = 0; i < kAccElems; ++i) of[fr][n].x[i] *= alpha[AccSlot(i)];
-          }
-        }
-        // P V of both fragment rows: each V fragment loaded once, for two MMAs (PTimesTile's order per row).
-        MS_UNROLL
-        for (int n = 0; n < kDF; ++n) {
-          if (n * kF >= D) break;
-          MS_UNROLL
-          for (int kk = 0; kk < kTileFrags; ++kk) {
-            FragBRow vb;
-            wmma::load_matrix_sync(vb, Vt + kk * kF * ld + n * kF, ld);
-            MS_UNROLL
-            for (int fr = 0; fr < kWideFrags; ++fr) wmma::mma_sync(of[fr][n], pa[fr][kk], vb, of[fr][n]);
-          }
-        }
-      });
+  ForKeyTiles<kMaxD, __nv_bfloat16, true>(hr.k, hr.v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
+                                          [&](int k0, const __nv_bfloat16* Kt, const __nv_bfloat16* Vt) {
+                                            // S of both fragment rows: each K fragment loaded once, for two MMAs
+                                            // (RowsTimesTileTFrags's order per row).
+                                            FragC sc[kWideFrags][kTileFrags];
+                                            MS_UNROLL
+                                            for (int fr = 0; fr < kWideFrags; ++fr) {
+                                              MS_UNROLL
+                                              for (int j = 0; j < kTileFrags; ++j) wmma::fill_fragment(sc[fr][j], 0.0f);
+                                            }
+                                            MS_UNROLL
+                                            for (int f = 0; f < kDF; ++f) {
+                                              if (f * kF >= D) break;
+                                              MS_UNROLL
+                                              for (int j = 0; j < kTileFrags; ++j) {
+                                                FragBCol kb;
+                                                wmma::load_matrix_sync(kb, Kt + j * kF * ld + f * kF, ld);
+                                                MS_UNROLL
+                                                for (int fr = 0; fr < kWideFrags; ++fr)
+                                                  wmma::mma_sync(sc[fr][j], qf[fr][f], kb, sc[fr][j]);
+                                              }
+                                            }
+                                            // The softmax of each fragment row, as ForwardRegs: P rounded into matrix_a
+                                            // fragments.
+                                            FragA pa[kWideFrags][kTileFrags];
+                                            MS_UNROLL
+                                            for (int fr = 0; fr < kWideFrags; ++fr) {
+                                              SoftmaxTileRegs<kMaxD>(sc[fr], pa[fr], of[fr], m[fr], l[fr], fa[fr],
+                                                                     fb[fr], k0, window, scale2);
+                                            }
+                                            // P V of both fragment rows: each V fragment loaded once, for two MMAs
+                                            // (PTimesTile's order per row).
+                                            MS_UNROLL
+                                            for (int n = 0; n < kDF; ++n) {
+                                              if (n * kF >= D) break;
+                                              MS_UNROLL
+                                              for (int kk = 0; kk < kTileFrags; ++kk) {
+                                                FragBRow vb;
+                                                wmma::load_matrix_sync(vb, Vt + kk * kF * ld + n * kF, ld);
+                                                MS_UNROLL
+                                                for (int fr = 0; fr < kWideFrags; ++fr)
+                                                  wmma::mma_sync(of[fr][n], pa[fr][kk], vb, of[fr][n]);
+                                              }
+                                            }
+                                          });
 
   if (rb < ra) return;  // after the last barrier
-  const long obase = (static_cast<long>(b) * T * H + h) * D;
   MS_UNROLL
   for (int fr = 0; fr < kWideFrags; ++fr) {
     if (fb[fr] < fa[fr]) break;  // warp-uniform: this fragment row and the next lie past T
-    float inv[kAccSlots];
-    MS_UNROLL
-    for (int s = 0; s < kAccSlots; ++s) inv[s] = 1.0f / l[fr][s];
-    MS_UNROLL
-    for (int n = 0; n < kDF; ++n) {
-      if (n * kF >= D) break;
-      MS_UNROLL
-      for (int i = 0; i < kAccElems; ++i) of[fr][n].x[i] *= inv[AccSlot(i)];
-      wmma::store_matrix_sync(Fw + n * kF, of[fr][n], kLdF, wmma::mem_row_major);
-    }
-    if (lane % kAccRowLanes == 0) {
-      MS_UNROLL
-      for (int s = 0; s < kAccSlots; ++s) {
-        const int t = fa[fr] + AccSlotRow(lane, s);
-        if (t <= fb[fr]) lse[static_cast<long>(bh) * T + t] = (m[fr][s] + log2f(l[fr][s])) * kLn2;
-      }
-    }
-    __syncwarp();
-    StoreRows(out ? out + obase : nullptr, out16 ? out16 + obase : nullptr, static_cast<long>(H) * D, Fw, kLdF, fa[fr],
-              T, D);
-    __syncwarp();  // the fp32 area is read before the next fragment row's
+    StoreForwardRowsRegs<kMaxD>(out, out16, lse, of[fr], m[fr], l[fr], Fw, kLdF, fa[fr], fb[fr], T, H, D, b, h, bh);
   }
 }
 
