@@ -39,6 +39,12 @@ struct Outputs {
 // Forward, then backward from the kernel's own out and lse: the fp32 kernels, or with bf16 the tensor-core
 // ones (kernels/attention_tc.cu), with `rounded` also writing out16 and dqkv16. dqkv starts as the allocator's
 // 0xFF fill (NaN), so an element the backward fails to write fails the comparison.
+// x and y hold the same elements bit for bit (and as many).
+template <typename T>
+bool SameBits(const std::vector<T>& x, const std::vector<T>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
 Outputs RunKernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout, bool bf16 = false,
                    bool rounded = false, const float* qkv_bias = nullptr) {
   const int64_t n_out = c.B * c.T * c.H * c.D, n_qkv = static_cast<int64_t>(qkv.size());
@@ -528,15 +534,12 @@ TEST_CASE("attention bf16 (tensor cores): asynchronous tile copies give the bits
           return Result{out.Get(), lse.Get(), dqkv.Get(), dbias.Get(), out16.Get(), dqkv16.Get()};
         };
         const Result sync = run(false), async = run(true);
-        auto same = [](const auto& x, const auto& y) {
-          return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
-        };
-        CHECK(same(async.out, sync.out));
-        CHECK(same(async.lse, sync.lse));
-        CHECK(same(async.out16, sync.out16));
-        CHECK(same(async.dqkv, sync.dqkv));
-        CHECK(same(async.dqkv16, sync.dqkv16));
-        CHECK(same(async.dbias, sync.dbias));
+        CHECK(SameBits(async.out, sync.out));
+        CHECK(SameBits(async.lse, sync.lse));
+        CHECK(SameBits(async.out16, sync.out16));
+        CHECK(SameBits(async.dqkv, sync.dqkv));
+        CHECK(SameBits(async.dqkv16, sync.dqkv16));
+        CHECK(SameBits(async.dbias, sync.dbias));
         // A tile read before its copies land reads the poison (NaN): caught here even where both runs would agree.
         CHECK(std::all_of(async.dqkv.begin(), async.dqkv.end(), [](float v) { return std::isfinite(v); }));
       }
@@ -607,12 +610,9 @@ TEST_CASE("attention bf16 (tensor cores): the wide forward gives the default for
         return r;
       };
       const Result base = run(false), wide = run(true);
-      auto same = [](const auto& x, const auto& y) {
-        return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
-      };
-      CHECK(same(wide.out, base.out));
-      CHECK(same(wide.lse, base.lse));
-      CHECK(same(wide.out16, base.out16));
+      CHECK(SameBits(wide.out, base.out));
+      CHECK(SameBits(wide.lse, base.lse));
+      CHECK(SameBits(wide.out16, base.out16));
       CHECK(std::all_of(wide.out.begin(), wide.out.end(), [](float v) { return std::isfinite(v); }));
 #if MS_KERNELS_SIM
       const uint64_t heads = static_cast<uint64_t>(c.B * c.H);
