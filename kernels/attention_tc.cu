@@ -165,6 +165,32 @@ __device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, cons
   }
 }
 
+// i / n for 0 <= i < 2^16 and 2 <= n <= 2^16 as a multiply-high by m = ceil(2^32 / n) (m < 2^32 since n >= 2):
+// i m / 2^32 = i / n + i e / (n 2^32) with m n = 2^32 + e, 0 <= e < n, and i e < 2^32 keeps that second term below
+// 1 / n, the least gap from any i / n to the next integer above it, so the floor is i / n exactly. The tile loaders
+// map each group index of their loop (quads of 4 elements, 16-byte chunks of 8) to its row by dividing by the groups
+// per row, D / 4 or D / 8, which is not a compile-time constant (D is a kernel argument): as a division that is a
+// routine of a dozen-odd instructions per element group, 8 to 16 per tile and thread in the loops' loads; this is one
+// IMAD.HI, with one division per call for m. On the GPU that division is inline PTX (asm volatile), so it stays at the
+// call: hoisted out of the kernels' tile loops, as the compiler does with a plain one, m held one more register
+// across them and the dK/dV kernel at D = 128 (shared-memory softmax, kAsync; 254 registers) spilled. (Making D a
+// compile-time constant where D == kMaxD instead duplicated the loaders' code: the dQ kernel at D = 64 went from 3
+// blocks per SM to 2, and that dK/dV kernel spilled too.)
+struct GroupDiv {
+  unsigned m;
+  __device__ __forceinline__ explicit GroupDiv(int n) {
+#if MS_SIM_EMULATION
+    m = 0xFFFFFFFFu / static_cast<unsigned>(n);
+#else
+    asm volatile("div.u32 %0, %1, %2;" : "=r"(m) : "r"(0xFFFFFFFFu), "r"(static_cast<unsigned>(n)));
+#endif
+    m += 1u;
+  }
+  __device__ __forceinline__ int operator()(int i) const {
+    return static_cast<int>(__umulhi(static_cast<unsigned>(i), m));
+  }
+};
+
 // bias[d..d + 3] (16-byte aligned), or zeros where bias is null.
 __device__ __forceinline__ float4 BiasQuad(const float* bias, int d) {
   return bias ? *reinterpret_cast<const float4*>(bias + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -235,8 +261,9 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
   constexpr int kBatch = 4;
   static_assert(kPer % kBatch == 0, "whole batches");
   const int quads = D / 4, n = kRows * quads;
-  const bool same_cols = kThreads % quads == 0;  // uniform across the block
-  const int d_own = 4 * (static_cast<int>(threadIdx.x) % quads);
+  const GroupDiv div(quads);
+  const bool same_cols = div(kThreads) * quads == kThreads;  // kThreads % quads == 0: uniform across the block
+  const int d_own = 4 * (static_cast<int>(threadIdx.x) - div(threadIdx.x) * quads);
   MS_UNROLL
   for (int b0 = 0; b0 < kPer; b0 += kBatch) {
     if (static_cast<int>(threadIdx.x) + b0 * kThreads >= n) break;  // D < kMaxD: fewer quads
@@ -244,7 +271,7 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
     MS_UNROLL
     for (int j = 0; j < kBatch; ++j) {
       const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kThreads;
-      const int r = i / quads, d = 4 * (i - r * quads), t = t0 + r;
+      const int r = div(i), d = 4 * (i - r * quads), t = t0 + r;
       const bool in = i < n && t < T;
       va[j] = in ? LoadQuad(a.src + static_cast<long>(t) * a.stride + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       vb[j] = in ? LoadQuad(b.src + static_cast<long>(t) * b.stride + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -254,7 +281,7 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
     for (int j = 0; j < kBatch; ++j) {
       const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kThreads;
       if (i >= n) break;
-      const int r = i / quads, d = 4 * (i - r * quads);
+      const int r = div(i), d = 4 * (i - r * quads);
       const bool in = t0 + r < T;
       if (same_cols) {
         StoreQuadBf16(a.dst + r * ld + d, va[j], in && a.bias, ba);
@@ -283,8 +310,9 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
 __device__ __forceinline__ void IssueTileAsync(__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, long stride,
                                                int t0, int T, int D) {
   const int chunks = D / 8, n = kRows * chunks;
+  const GroupDiv div(chunks);
   for (int i = threadIdx.x; i < n; i += kThreads) {
-    const int r = i / chunks, c = 8 * (i - r * chunks);
+    const int r = div(i), c = 8 * (i - r * chunks);
     __nv_bfloat16* const d = dst + r * ld + c;
     if (t0 + r < T) {
       __pipeline_memcpy_async(d, src + static_cast<long>(t0 + r) * stride + c, 16);
@@ -300,8 +328,9 @@ __device__ __forceinline__ void IssueTileAsync(__nv_bfloat16* dst, int ld, const
 __device__ __forceinline__ void AddBiasOwnChunks(__nv_bfloat16* dst, int ld, const float* bias, int t0, int T, int D) {
   if (bias == nullptr) return;  // uniform
   const int chunks = D / 8, n = kRows * chunks;
+  const GroupDiv div(chunks);
   for (int i = threadIdx.x; i < n; i += kThreads) {
-    const int r = i / chunks, c = 8 * (i - r * chunks);
+    const int r = div(i), c = 8 * (i - r * chunks);
     if (t0 + r >= T) continue;
     __nv_bfloat16* const d = dst + r * ld + c;
     const float4 lo = LoadQuad(d), hi = LoadQuad(d + 4);

@@ -643,6 +643,9 @@ inline unsigned __brev(unsigned x) {
   for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
   return r;
 }
+inline unsigned __umulhi(unsigned a, unsigned b) {  // the high 32 bits of the 64-bit product
+  return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}
 template <typename T>
 inline T __ldg(const T* p) {
   return *p;
