@@ -1334,7 +1334,9 @@ void BenchAttention(Bench& b, const Shape& s) {
     tk.ref_what = f.ref_what;
     b.Emit(tk);
     // runtime.activations: bf16: qkv, dout and (backward) out in bf16, as the model runs them with kept operands:
-    // the forward writes only out's rounding, the backward reads it; the qkv bias added at load.
+    // the forward writes only out's rounding, the backward reads it; the qkv bias added at load — as training runs
+    // them with runtime.gemm_epilogues: false. With the epilogues (the default) the qkv GEMM adds the bias and
+    // training runs the `... no bias` rows below (the backward still summing the bias gradient).
     const double q16_fwd_bytes = 2.0 * (n_qkv + n_out) + F * n_lse,
                  q16_bwd_bytes = 2.0 * (n_out + n_qkv + n_out + n_qkv) + F * (n_lse + 2 * scratch_n + 2 * bias_n);
     Row qf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias, out16", q16_fwd_bytes, fwd_flops, [&] {
@@ -1366,10 +1368,18 @@ void BenchAttention(Bench& b, const Shape& s) {
                                       lse.get(), B, T, H, D, window, b.stream(), dqkv16.get(), qkv_bias.get(),
                                       dbias.get());
     });
-    qb.ref = ref;
-    qb.ref_flops = ref_flops;
-    qb.ref_what = f.ref_what;
-    b.Emit(qb);
+    Row qbn =
+        b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias, no bias", q16_bwd_bytes, bwd_flops, [&] {
+          return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(),
+                                          lse.get(), B, T, H, D, window, b.stream(), dqkv16.get(), nullptr,
+                                          dbias.get());
+        });
+    for (Row* r : {&qb, &qbn}) {
+      r->ref = ref;
+      r->ref_flops = ref_flops;
+      r->ref_what = f.ref_what;
+      b.Emit(*r);
+    }
     // The same two with the softmax through shared memory (k::SetAttentionTcSoftmax): what the register-resident
     // one (the default where the fragment layout probe holds) gains.
     k::SetAttentionTcSoftmax(k::AttentionTcSoftmax::kShared);
@@ -1778,7 +1788,9 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   mem("LayerNorm", (3 + ln_dy_act) * N * C, 5 * C + 2 * N + 2 * ln_scratch + (rounding + ln_dy_fp32) * N * C,
       2 * L);  // backward x2
   // qkv (input: ln1; output gradient: attention backward); its bias added by the tensor-core attention as it loads
-  // q, k, v, and its bias gradient summed by it as it stores dqkv; with ln_grad16 its input gradient in bf16
+  // q, k, v (with attn16 and the epilogues by the GEMM's cuBLASLt epilogue as it writes qkv: a bf16 copy of the
+  // bias cast per call, not counted), and its bias gradient summed by it as it stores dqkv; with ln_grad16 its input
+  // gradient in bf16
   linear(C, 3 * C, !tc_attention, !tc_attention, L, true, true, qkv_bytes, ln_dinp);
   // attention projection (input: attention; dout: ln2 backward); with attn16 its input gradient written in bf16,
   // with branch16 its output

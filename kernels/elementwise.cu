@@ -134,6 +134,15 @@ __global__ void __launch_bounds__(kEwBlock) ew_add_row_bias_kernel(float* y, con
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) y[i] += b[i % C];
 }
 
+// y (R, C) bf16, b: (C); a block per row at a time (no 64-bit remainder per element), the threads along it.
+__global__ void __launch_bounds__(kEwBlock)
+    ew_add_row_bias16_kernel(__nv_bfloat16* y, const float* b, int64_t R, int64_t C) {
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    __nv_bfloat16* const row = y + r * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) row[c] = __float2bfloat16_rn(Widen(row[c]) + b[c]);
+  }
+}
+
 // out, x, part: (R, C) flattened to n; bias, bias2: (C) or null. out = ((x + part) + bias) + bias2. P: part's type,
 // float or __nv_bfloat16 (widened exactly).
 template <typename P>
@@ -418,6 +427,13 @@ cudaError_t AddRowBias(float* y, const float* b, int64_t R, int64_t C, cudaStrea
     return cudaGetLastError();
   }
   MS_LAUNCH(ew_add_row_bias_kernel, GridFor(n, kEwBlock), kEwBlock, 0, stream, y, b, n, C);
+  return cudaGetLastError();
+}
+
+cudaError_t AddRowBias(__nv_bfloat16* y, const float* b, int64_t R, int64_t C, cudaStream_t stream) {
+  if (R <= 0 || C <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(R < 65535 ? R : 65535);
+  MS_LAUNCH(ew_add_row_bias16_kernel, blocks, kEwBlock, 0, stream, y, b, R, C);
   return cudaGetLastError();
 }
 

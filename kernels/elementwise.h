@@ -30,6 +30,9 @@ cudaError_t Scale(float* x, float a, int64_t n, cudaStream_t stream);
 
 // y (R, C) += b (C) on every row.
 cudaError_t AddRowBias(float* y, const float* b, int64_t R, int64_t C, cudaStream_t stream);
+// The same over a bf16 y, in place: y = bf16(float(y) + b), rounded to nearest even (the fallback of the bf16 GEMM
+// with its bias: the GEMM's bf16 output, then the bias).
+cudaError_t AddRowBias(__nv_bfloat16* y, const float* b, int64_t R, int64_t C, cudaStream_t stream);
 // out (R, C) = ((x + part) + bias[c]) + bias2[c], in that float order; a null bias or bias2 is skipped (both may
 // be null). WRITES out; out may equal x or part. The residual add fused with the row-parallel biases.
 cudaError_t ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,

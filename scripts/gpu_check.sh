@@ -113,9 +113,10 @@ if rows:
           f"MFU {100 * med('mfu'):5.1f} %  ({len(rows)} steps)")
 PY
       done
-      # Which path ran the fc GEMMs' GeLU epilogues (cuBLASLt, or the GEMM + kernel fallback where it had no
-      # algorithm), and what runtime.activations: bf16 kept in bf16.
-      grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "kept in bf16:" "$work"/train-*/train.log \
+      # Which path ran the fc GEMMs' GeLU epilogues and the qkv GEMMs' bias epilogues (cuBLASLt, or the GEMM +
+      # kernel fallback where it had no algorithm), and what runtime.activations: bf16 kept in bf16.
+      grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "qkv GEMMs with the bias epilogue" -e "kept in bf16:" \
+        "$work"/train-*/train.log \
         "$work"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
     fi
     echo "logs: $work${OUT:+ (and $OUT/logs.tar.gz)}"

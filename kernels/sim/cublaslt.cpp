@@ -29,6 +29,7 @@
 // kernel, as the GPU would fault).
 #include <cublasLt.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -211,8 +212,16 @@ cublasStatus_t Check(const char* api, const Problem& p, std::string* why) {
 // The algorithm's record in cublasLtMatmulAlgo_t::data: a tag, then the alignment (bytes) it was chosen for.
 constexpr uint64_t kAlgoTag = 0x6d732d73696d6c74ull;  // "ms-simlt"
 
+std::atomic<int> g_refuse_heuristics{0};  // RefuseNextLtHeuristics
+
 }  // namespace
 }  // namespace ms::sim::cublaslt
+
+namespace ms::sim {
+void RefuseNextLtHeuristics(int count) {
+  cublaslt::g_refuse_heuristics.store(count > 0 ? count : 0);
+}
+}  // namespace ms::sim
 
 using namespace ms::sim::cublaslt;  // NOLINT(google-build-using-namespace): this file implements its C API
 
@@ -367,6 +376,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   std::string why;
   if (const cublasStatus_t s = Check("cublasLtMatmulAlgoGetHeuristic", p, &why); s != CUBLAS_STATUS_SUCCESS) {
     return s;  // no algorithm: not reported as an error (the caller decides what to do without one)
+  }
+  for (int left = g_refuse_heuristics.load(); left > 0;) {  // RefuseNextLtHeuristics: no algorithm, this time
+    if (g_refuse_heuristics.compare_exchange_weak(left, left - 1)) return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   std::memset(&results[0], 0, sizeof results[0]);
   results[0].algo.data[0] = kAlgoTag;

@@ -14,6 +14,10 @@ namespace ms::sim {
 // (count <= 0 cancels). For testing out-of-memory handling; process-wide.
 void FailNextMallocs(int count);
 
+// Makes the next `count` calls of cublasLtMatmulAlgoGetHeuristic find no algorithm (count <= 0 cancels), as the
+// real one answers where no kernel fits a problem: for testing the callers' fallbacks; process-wide.
+void RefuseNextLtHeuristics(int count);
+
 // Whether [p, p + bytes) lies inside one live cudaMalloc'd allocation (bytes == 0: whether p does, or is its end).
 bool IsDeviceRange(const void* p, size_t bytes);
 

@@ -71,13 +71,17 @@ Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bo
 void* BackendStream(ops::Backend& backend);
 // The GEMMs with a GeLU epilogue a backend made by MakeCudaBackend has run (MatmulForward with Bf16Copies::gelu16,
 // MatmulBackward with dgelu_aux16): by cuBLASLt's GELU_AUX_BIAS / DGELU epilogues, and by the fallback (the GEMM, then
-// the bias + GeLU kernel) where cuBLASLt offered no algorithm for the problem. Zeros for other backends.
+// the bias + GeLU kernel) where cuBLASLt offered no algorithm for the problem; bias_*: the same for the GEMMs with
+// only their bias in the epilogue (MatmulForward with Bf16Copies::out16 and the bias: the qkv GEMM; the fallback's
+// kernel: the bf16 AddRowBias). Zeros for other backends.
 // The workspace a CUDA backend gives cuBLASLt (allocated at the first epilogue GEMM): NVIDIA's recommendation for
 // Hopper.
 constexpr size_t kCublasLtWorkspaceBytes = size_t{32} << 20;
 struct EpilogueStats {
   int64_t cublaslt = 0;
   int64_t fallback = 0;
+  int64_t bias_cublaslt = 0;
+  int64_t bias_fallback = 0;
 };
 EpilogueStats GetEpilogueStats(ops::Backend& backend);
 

@@ -178,9 +178,10 @@ class CudaBackend final : public ops::Backend {
             "MatmulForward: a bf16 output (runtime.activations: bf16) needs bf16 GEMMs on bf16 operands "
             "(train.precision: bf16, runtime.bf16_operands: keep or cast)");
       }
-      if (out || bias) {
-        return InvalidArgument(
-            "MatmulForward: with a bf16 output, out and bias must be null (the reader adds the bias)");
+      if (out) return InvalidArgument("MatmulForward: with a bf16 output, out must be null");
+      if (bias && !gemm_gelu_epilogue()) {
+        return FailedPrecondition(
+            "MatmulForward: a bias with a bf16 output (in the GEMM's epilogue) needs runtime.bf16_operands: keep");
       }
     }
     if (kept.out_accumulate && (bias || kept.out16)) {
@@ -189,6 +190,7 @@ class CudaBackend final : public ops::Backend {
     if (N == 0 || OC == 0) return Status::Ok();
     MS_ASSIGN_OR_RETURN(auto* a, Input(inp, N * IC, kept));
     MS_ASSIGN_OR_RETURN(auto* b, Weight(w, OC * IC, kept));
+    if (kept.out16 && bias) return MatmulBias16(a, b, bias, N, IC, OC, kept.out16);
     if (kept.out16) {  // out16^T (OC, N), rounded once from the fp32 accumulation
       return Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, kept.out16, OC, "linear forward (bf16 out)",
                   CUDA_R_16BF);
@@ -693,6 +695,22 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::BiasGeluForward(nullptr, pre16, bias, N, OC, s_, gelu16, pre16),
                   "bias + GeLU forward (after the GEMM)");
   }
+  // A GEMM with its bias and a bf16 output (MatmulForward with out16 and the bias: the qkv GEMM, whose bias the
+  // attention then need not add): cuBLASLt's BIAS epilogue where it has an algorithm — out16 = bf16(sum + bias16),
+  // the fp32 sum rounded once, the bias rounded to bf16 (the epilogue's type) —, else the GEMM writing its bf16
+  // output and the fp32 bias added over it, then rounded again (kernels::AddRowBias on bf16).
+  Status MatmulBias16(const void* a, const void* b, const float* bias, int64_t N, int64_t IC, int64_t OC, void* out16) {
+    auto* o16 = static_cast<__nv_bfloat16*>(out16);
+    MS_ASSIGN_OR_RETURN(void* b16, ws_[kBias16].Get(device_, s_, sizeof(__nv_bfloat16) * OC));
+    MS_RETURN_IF_ERROR(Launch(kernels::CastFloatToBf16(static_cast<__nv_bfloat16*>(b16), bias, OC, s_), "bias cast"));
+    // D^T (OC, N) = w (OC, IC) . inp^T (IC, N) + bias, as the plain forward.
+    MS_ASSIGN_OR_RETURN(const bool ran, LtGemm(CUBLAS_OP_T, OC, N, IC, b, IC, a, IC, o16, OC, CUBLASLT_EPILOGUE_BIAS,
+                                               b16, nullptr, "linear + bias (bf16 out)"));
+    if (ran) return Status::Ok();
+    MS_RETURN_IF_ERROR(Gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, IC, b, IC, a, IC, 0.0f, o16, OC,
+                            "linear forward (bf16 out)", CUDA_R_16BF));
+    return Launch(kernels::AddRowBias(o16, bias, N, OC, s_), "bias add (bf16, after the GEMM)");
+  }
   // The fc-proj backward's input gradient with the GeLU gradient (MatmulBackward with dgelu_aux16): cuBLASLt's
   // DGELU epilogue, then the fc bias gradient over the bf16 result; else the GEMM writing its bf16 output and the
   // GeLU backward over it in place (summing the bias gradient as it goes).
@@ -771,14 +789,14 @@ class CudaBackend final : public ops::Backend {
     const cublasStatus_t hs =
         cublasLtMatmulAlgoGetHeuristic(lt_, g.desc, g.a, g.b, g.d, g.d, g.pref, 1, &result, &found);
     if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
-      ++epilogue_stats_.fallback;
+      ++(epilogue == CUBLASLT_EPILOGUE_BIAS ? epilogue_stats_.bias_fallback : epilogue_stats_.fallback);
       return false;
     }
     const float alpha = 1.0f, beta = 0.0f;
     MS_BLAS_OK(cublasLtMatmul(lt_, g.desc, &alpha, A, g.a, B, g.b, &beta, D, g.d, D, g.d, &result.algo, ws,
                               kLtWorkspaceBytes, s_),
                what);
-    ++epilogue_stats_.cublaslt;
+    ++(epilogue == CUBLASLT_EPILOGUE_BIAS ? epilogue_stats_.bias_cublaslt : epilogue_stats_.cublaslt);
     return true;
   }
 

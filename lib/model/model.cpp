@@ -816,8 +816,9 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     // then reads qkv's rounding of the same LayerNorm rows).
     const bool ln_rounds = RoundedLn(), gelu_rounds = RoundedGelu();  // fp32 outputs then null (not written)
     // Where the attention adds the qkv bias as it loads q, k, v (the tensor-core kernels; a fused epilogue, so not
-    // in the unfused ablation), qkv holds the GEMM's output alone: no bias pass over it.
-    const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;
+    // in the unfused ablation), qkv holds the GEMM's output alone: no bias pass over it — unless the qkv GEMM adds
+    // it in its epilogue as it writes qkv in bf16 (QkvBiasInGemm), which saves the attention kernels the adds.
+    const float* const attn_bias = QkvBiasInAttention(D) && !QkvBiasInGemm(D) ? P(w.qkvb) : nullptr;
     const bool attn16 = Bf16AttnIO(D);  // the GEMM writes qkv in bf16, the attention reads it
     auto qkv_rows = [&](int64_t row0, int64_t rows, const float* src) {
       ops::Bf16Copies kc = k16.Qkv(row0, ln_rounds);
@@ -1222,8 +1223,9 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     const float* ln1in = sp ? y.ln1_full.data() : y.ln1.data();
     const float* ln2in = seq ? (sp ? y.ln2_full.data() : y.ln2.data()) : ln1in;
     MS_ASSIGN_OR_RETURN(const LayerBf16 k16, KeptLayer(w, a, i));  // the inputs' roundings made in the forward
-    const float* const attn_bias = QkvBiasInAttention(D) ? P(w.qkvb) : nullptr;  // as in the forward
-    float* const attn_dbias = attn_bias ? G(w.qkvb) : nullptr;  // summed by the attention as it stores dqkv
+    const float* const attn_bias = QkvBiasInAttention(D) && !QkvBiasInGemm(D) ? P(w.qkvb) : nullptr;  // as forward
+    // Summed by the attention as it stores dqkv (also where the qkv GEMM added the bias).
+    float* const attn_dbias = QkvBiasInAttention(D) ? G(w.qkvb) : nullptr;
     auto attention =
         [&]() {  // with Bf16AttnIO: qkv and datty in bf16, the output read as its kept rounding (or rounded)
           if (Bf16AttnIO(D)) {

@@ -305,6 +305,12 @@ class Gpt {
   // The attention adds the qkv bias as it loads q, k, v (the backend takes it for head dimension D; a fused
   // epilogue, off in the runtime.fused_kernels: false ablation): the qkv GEMM then adds none.
   bool QkvBiasInAttention(int64_t D) const { return shard_.fused_kernels && be_->attention_adds_qkv_bias(D); }
+  // With the attention's inputs in bf16 (Bf16AttnIO) and the GEMM epilogues (runtime.gemm_epilogues, ops::Backend::
+  // gemm_gelu_epilogue): the qkv GEMM adds the bias in its epilogue as it writes qkv in bf16 (Bf16Copies::out16 with
+  // the bias), and the attention kernels read q, k and v as they are — where they added it they did so to every K
+  // and V tile each query block loads (and to the Q tiles of the dK/dV kernel): at T = 1024, causal, 8.5 times per
+  // key row in the forward. The attention backward still sums the bias gradient (QkvBiasInAttention).
+  bool QkvBiasInGemm(int64_t D) const { return Bf16AttnIO(D) && shard_.gemm_epilogues && be_->gemm_gelu_epilogue(); }
   // The backward's fp32 output gradients that something reads (else neither written nor given scratch): the fc
   // output's (not when the fused bias + GeLU backward keeps only its rounding and sums the bias gradient) and qkv's
   // (not when the attention keeps only its rounding and sums the qkv bias gradient as it stores it).

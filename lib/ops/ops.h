@@ -189,8 +189,11 @@ struct Bf16Copies {
   void* inp = nullptr;      // N x IC bf16 for the rounding of inp; null: rounded at the call into a workspace
   bool inp_ready = false;   // `inp` already holds the rounding of this call's inp (else the call writes it first)
   const void* dout = nullptr;  // MatmulBackward: dout (N x OC) rounded to bf16; null: rounded at the call
-  // MatmulForward: write the output rounded to bf16 here (N x OC), instead of the fp32 out (null, and no bias);
-  // only where bf16_activations() (runtime.activations: bf16), else refused.
+  // MatmulForward: write the output rounded to bf16 here (N x OC), instead of the fp32 out (null); only where
+  // bf16_activations() (runtime.activations: bf16), else refused. With the bias only where gemm_gelu_epilogue()
+  // (else refused): out16 = (inp . w^T + bias) rounded to bf16 — the fp32 sum rounded once where cuBLASLt's BIAS
+  // epilogue runs it (with the bias rounded to bf16, the epilogue's type), or the GEMM's bf16 output plus the fp32
+  // bias, then rounded, by the fallback (the qkv GEMM, whose bias the attention then need not add).
   void* out16 = nullptr;
   // MatmulBackward: dinp is WRITTEN (= dout . w), not accumulated: the caller holds no partial sum there, so it
   // need not zero it first and the GEMM reads no C. Honoured by every backend (the CPU backend zeroes, then
@@ -398,7 +401,8 @@ class Backend {
   // refused.
   virtual bool bf16_activations() const { return false; }
   // Whether MatmulForward takes Bf16Copies::gelu16 and MatmulBackward dgelu_aux16 (the bias + GeLU and its gradient
-  // in the fc GEMMs' epilogues): the CUDA backend with bf16_activations() and kept operands.
+  // in the fc GEMMs' epilogues), and the bias beside Bf16Copies::out16 (in the GEMM's epilogue): the CUDA backend
+  // with bf16_activations() and kept operands.
   virtual bool gemm_gelu_epilogue() const { return false; }
   virtual Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16);
   // dout16 (R x C bf16), unless null, in place of dout (then null): the GeLU output's gradient kept in bf16 too

@@ -943,6 +943,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       LogInfo("fc GEMMs with the bias + GeLU epilogue: {} by cuBLASLt, {} by the GEMM + kernel fallback", es.cublaslt,
               es.fallback);
     }
+    if (es.bias_cublaslt + es.bias_fallback > 0) {
+      LogInfo("qkv GEMMs with the bias epilogue: {} by cuBLASLt, {} by the GEMM + kernel fallback", es.bias_cublaslt,
+              es.bias_fallback);
+    }
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,
             summary.final_val_loss, run_dir);

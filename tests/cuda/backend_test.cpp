@@ -441,7 +441,8 @@ std::vector<float> ExpectBf16GemmOutput(const std::vector<float>& fp32, const st
 // read it: the GEMM's bf16 output is the rounding of its fp32 output (the emulated cuBLAS rounds the fp32 sum once;
 // on a GPU within one bf16 ulp, cuBLAS choosing its own kernels), and BiasGeluForward16 / BiasGeluBackward16 give the
 // bits of the fp32 calls on that rounding widened. Keep and cast both take it; cuBLAS-converted operands, fp32 GEMMs
-// and the CPU backend refuse, as do an fp32 out or a bias next to out16.
+// and the CPU backend refuse, as does an fp32 out next to out16, and with cast a bias next to it (kept operands add
+// it in the GEMM's epilogue: the qkv GEMM's test case below).
 TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
   for (Bf16Operands mode : {Bf16Operands::kKeep, Bf16Operands::kCast}) {
     Pair p(/*bf16=*/true, mode);
@@ -474,9 +475,11 @@ TEST_CASE("cuda backend: bf16 fc output (runtime.activations: bf16)") {
     CHECK(p.Get(*p.gpu, y[1], N * OC) == p.Get(*p.gpu, y[0], N * OC));
     CHECK(p.Get(*p.gpu, dx[1], N * OC) == p.Get(*p.gpu, dx[0], N * OC));
     CHECK(p.Get(*p.gpu, db[1], OC) == p.Get(*p.gpu, db[0], OC));
-    // An fp32 output or a bias next to the bf16 one: refused.
+    // An fp32 output next to the bf16 one: refused; a bias next to it without kept operands too.
     CHECK(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC, kc).code() == Code::kInvalidArgument);
-    CHECK(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, kc).code() == Code::kInvalidArgument);
+    if (mode == Bf16Operands::kCast) {
+      CHECK(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, kc).code() == Code::kFailedPrecondition);
+    }
 
     // The backward's bf16 input gradient (Bf16Copies::dinp16, the fc-proj GEMM's: the GeLU output's gradient): the
     // rounding of the fp32 dinp written with dinp_overwrite (emulated: bit for bit; on a GPU within one bf16 ulp),
@@ -1097,9 +1100,14 @@ TEST_CASE("cuda backend: the residual add on a bf16 branch output gives the bits
 // One GEMM with an epilogue ran, by cuBLASLt where OC is a multiple of 8 (lt). Elsewhere the emulated cuBLASLt has
 // no algorithm (an aux leading dimension not a multiple of 8), so the fallback runs; the real cuBLASLt may have one
 // (cuBLAS 13.1 on an H200 did, for OC 37), and either path is right there.
-void CheckEpiloguePath(const EpilogueStats& before, const EpilogueStats& after, bool lt) {
-  const int64_t by_lt = after.cublaslt - before.cublaslt, by_fallback = after.fallback - before.fallback;
+void CheckEpiloguePath(const EpilogueStats& before, const EpilogueStats& after, bool lt, bool bias_only = false) {
+  const int64_t by_lt = bias_only ? after.bias_cublaslt - before.bias_cublaslt : after.cublaslt - before.cublaslt,
+                by_fallback = bias_only ? after.bias_fallback - before.bias_fallback : after.fallback - before.fallback,
+                other = bias_only
+                            ? after.cublaslt + after.fallback - before.cublaslt - before.fallback
+                            : after.bias_cublaslt + after.bias_fallback - before.bias_cublaslt - before.bias_fallback;
   CHECK(by_lt + by_fallback == 1);
+  CHECK(other == 0);
 #if defined(MS_TEST_GPU)
   if (lt) CHECK(by_lt == 1);
 #else
@@ -1211,6 +1219,56 @@ TEST_CASE("cuda backend: the fc bias + GeLU and its gradient in the GEMMs' epilo
     kb.dgelu_aux16 = x;
     kb.dgelu_dbias = x;
     CHECK(be->MatmulBackward(nullptr, x, nullptr, x, x, x, 2, 2, 2, kb).code() == Code::kFailedPrecondition);
+  }
+}
+
+// The qkv GEMM with its bias and a bf16 output (MatmulForward with out16 and the bias, kept operands): cuBLASLt's
+// BIAS epilogue where it has an algorithm (the fp32 sum plus the bias rounded to bf16, rounded once), else the GEMM's
+// bf16 output plus the fp32 bias, rounded again (the fallback: the emulator's heuristic made to find no algorithm at
+// OC = 37; on a GPU either path).
+TEST_CASE("cuda backend: a GEMM's bias with its bf16 output in the epilogue (cuBLASLt, or the fallback)") {
+  for (const int64_t OC : {48, 37}) {
+    CAPTURE(OC);
+    const bool lt = OC % 8 == 0;
+    Pair p(/*bf16=*/true, Bf16Operands::kKeep);
+    REQUIRE(p.gpu->gemm_gelu_epilogue());
+    const int64_t N = 29, IC = 24;
+    float* inp = p.On(*p.gpu, Random(N * IC, 71));
+    float* w = p.On(*p.gpu, Random(OC * IC, 72));
+    const std::vector<float> bias_h = Random(OC, 73);
+    float* bias = p.On(*p.gpu, bias_h);
+    float* out = p.On(*p.gpu, std::vector<float>(N * OC));
+    REQUIRE(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC).ok());  // x w^T, fp32 (bf16 operands)
+    const std::vector<float> acc = p.Get(*p.gpu, out, N * OC);
+    uint16_t* out16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
+    ops::Bf16Copies kc;
+    kc.out16 = out16;
+    const EpilogueStats before = GetEpilogueStats(*p.gpu);
+#if !defined(MS_TEST_GPU)
+    if (!lt) ms::sim::RefuseNextLtHeuristics(1);
+#endif
+    REQUIRE(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, kc).ok());
+    CheckEpiloguePath(before, GetEpilogueStats(*p.gpu), lt, /*bias_only=*/true);
+    const std::vector<uint16_t> bits = p.Get(*p.gpu, out16, N * OC);
+    std::vector<float> want(N * OC);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < N * OC; ++i) {
+      want[i] = acc[i] + bias_h[i % OC];
+#if !defined(MS_TEST_GPU)
+      // The emulator's roundings exactly: the epilogue's (the bias in bf16, one rounding) or the fallback's (the
+      // GEMM's bf16 output widened, plus the fp32 bias, rounded).
+      const uint16_t expect = lt ? Round16(acc[i] + Widen16({Round16(bias_h[i % OC])})[0])
+                                 : Round16(Widen16({Round16(acc[i])})[0] + bias_h[i % OC]);
+      differ += bits[i] != expect;
+#endif
+    }
+    CHECK(differ == 0);
+    ExpectClose(want, Widen16(bits), 1e-2f, 1e-2f, "out16 with the bias");
+    // Refused: an fp32 out beside out16 and the bias; an accumulated output with them.
+    CHECK(p.gpu->MatmulForward(out, inp, w, bias, N, IC, OC, kc).code() == Code::kInvalidArgument);
+    ops::Bf16Copies acc_kc = kc;
+    acc_kc.out_accumulate = true;
+    CHECK(p.gpu->MatmulForward(nullptr, inp, w, bias, N, IC, OC, acc_kc).code() == Code::kInvalidArgument);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -121,6 +122,16 @@ TEST_CASE("kernels elementwise: AddRowBias and ResidualAdd ((x + part) + bias) +
       Dev<float> dy(x), db(bias);
       REQUIRE(AddRowBias(dy.get(), db.get(), s.R, s.C, nullptr) == cudaSuccess);
       CHECK(dy.Get() == want);
+      // Over bf16 y, in place: each element widened, the fp32 bias added, rounded to nearest even.
+      std::vector<__nv_bfloat16> y16(n), want16(n);
+      for (int64_t i = 0; i < n; ++i) {
+        y16[i] = __float2bfloat16_rn(x[i]);
+        want16[i] = __float2bfloat16_rn(__bfloat162float(y16[i]) + bias[i % s.C]);
+      }
+      Dev<__nv_bfloat16> dy16(y16);
+      REQUIRE(AddRowBias(dy16.get(), db.get(), s.R, s.C, nullptr) == cudaSuccess);
+      const std::vector<__nv_bfloat16> got16 = dy16.Get();
+      CHECK(std::memcmp(got16.data(), want16.data(), sizeof(__nv_bfloat16) * n) == 0);
     }
     // Every bias combination, into a third buffer, into x and into part.
     for (int mask = 0; mask < 4; ++mask) {
