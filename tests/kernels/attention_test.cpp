@@ -336,7 +336,8 @@ TEST_CASE("attention bf16 (tensor cores): qkv_bias added at load gives the bits 
 // the B * ceil(T / 16) chunks — checked bit for bit against BiasGrad run on those chunk sums made on the host from
 // the stored dqkv (a partial chunk at T = 37 and 70, T = 1, both instantiations, the qkv bias loaded too), and within
 // 1e-5 of the double column sums. dqkv itself keeps the bits of the run without the bias gradient; with dqkv null
-// only dqkv16 and the bias gradient are written, with the same bits. All three null: refused.
+// only dqkv16 and the bias gradient are written, with the same bits; without the qkv bias (which the qkv GEMM then
+// added) the bias gradient is summed the same way. All three null: refused.
 TEST_CASE("attention bf16 (tensor cores): dqkv_bias sums the stored dqkv rows (BiasGrad's tree over 16-row chunks)") {
   for (Case c : {Case{2, 37, 2, 32, 5}, Case{1, 70, 1, 80, 0}, Case{3, 1, 1, 16, 0}}) {
     CAPTURE(c.B);
@@ -360,24 +361,35 @@ TEST_CASE("attention bf16 (tensor cores): dqkv_bias sums the stored dqkv rows (B
     CHECK(std::memcmp(dqkv.data(), plain.dqkv.data(), n_qkv * sizeof(float)) == 0);
     testing::ExpectBf16CopyOf(dqkv16, d_dqkv, n_qkv, "dqkv16 with the bias gradient");
 
-    // The first stage on the host: per batch row b and 16-row chunk, the fp32 column sums in row order.
+    // The first stage on the host: per batch row b and 16-row chunk, the fp32 column sums in row order; then
+    // BiasGrad over them onto init. `exact`: the double column sums.
     const int64_t per_b = (c.T + 15) / 16, chunks = c.B * per_b;
-    std::vector<float> part(chunks * hd3, 0.0f);
     std::vector<double> exact(init.begin(), init.end());
-    for (int64_t b = 0; b < c.B; ++b) {
-      for (int64_t t = 0; t < c.T; ++t) {
-        for (int64_t j = 0; j < hd3; ++j) {
-          const float v = dqkv[(b * c.T + t) * hd3 + j];
-          part[(b * per_b + t / 16) * hd3 + j] += v;
-          exact[j] += v;
+    auto want_sums = [&](const std::vector<float>& rows) {
+      std::vector<float> part(chunks * hd3, 0.0f);
+      for (int64_t b = 0; b < c.B; ++b) {
+        for (int64_t t = 0; t < c.T; ++t) {
+          for (int64_t j = 0; j < hd3; ++j) part[(b * per_b + t / 16) * hd3 + j] += rows[(b * c.T + t) * hd3 + j];
         }
       }
-    }
-    Dev<float> d_part(part), want(init), bg_scratch(BiasGradScratchFloats(chunks, hd3));
-    REQUIRE(BiasGrad(want.get(), bg_scratch.get(), d_part.get(), chunks, hd3, nullptr) == cudaSuccess);
+      Dev<float> d_part(part), want(init), bg_scratch(BiasGradScratchFloats(chunks, hd3));
+      REQUIRE(BiasGrad(want.get(), bg_scratch.get(), d_part.get(), chunks, hd3, nullptr) == cudaSuccess);
+      return want.Get();
+    };
+    for (int64_t i = 0; i < n_qkv; ++i) exact[i % hd3] += dqkv[i];
     const std::vector<float> got = dbias.Get();
-    CHECK(std::memcmp(got.data(), want.Get().data(), hd3 * sizeof(float)) == 0);
+    CHECK(std::memcmp(got.data(), want_sums(dqkv).data(), hd3 * sizeof(float)) == 0);
     ExpectClose(got, std::vector<float>(exact.begin(), exact.end()), 1e-5f, 1e-6f, "qkv bias gradient");
+
+    // Without the bias (the qkv GEMM added it in its cuBLASLt epilogue: training's path with runtime.gemm_epilogues):
+    // the gradient of that bias is summed all the same, from the dqkv of the bias-free run.
+    const Outputs nob = RunKernels(c, qkv, dout, /*bf16=*/true, /*rounded=*/false, nullptr);
+    Dev<float> nob_out(nob.out), nob_lse(nob.lse), nob_dqkv(n_qkv), nob_dbias(init);
+    REQUIRE(AttentionBackwardBf16(nob_dqkv.get(), scratch.get(), d_dout.get(), d_qkv.get(), nob_out.get(),
+                                  nob_lse.get(), c.B, c.T, c.H, c.D, c.window, nullptr, nullptr, nullptr,
+                                  nob_dbias.get()) == cudaSuccess);
+    CHECK(std::memcmp(nob_dqkv.Get().data(), nob.dqkv.data(), n_qkv * sizeof(float)) == 0);
+    CHECK(std::memcmp(nob_dbias.Get().data(), want_sums(nob.dqkv).data(), hd3 * sizeof(float)) == 0);
 
     // dqkv null: the rounding and the bias gradient alone, the same bits.
     REQUIRE(AttentionBackwardBf16(nullptr, scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), c.B, c.T,
