@@ -209,8 +209,9 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S
   if (reinterpret_cast<uintptr_t>(src) % (4 * sizeof(S)) == 0 &&
       reinterpret_cast<uintptr_t>(bias) % 16 == 0) {  // uniform across the block
     const int quads = D / 4;
+    const GroupDiv div(quads);
     for (int i = threadIdx.x; i < kRows * quads; i += kThreads) {
-      const int r = i / quads, d = 4 * (i - r * quads);
+      const int r = div(i), d = 4 * (i - r * quads);
       const int t = t0 + r;
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (t < T) v = LoadQuad(src + static_cast<long>(t) * stride + d);
@@ -218,8 +219,9 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S
     }
     return;
   }
+  const GroupDiv div(D);
   for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
-    const int r = i / D, d = i - r * D;
+    const int r = div(i), d = i - r * D;
     const int t = t0 + r;
     float v = 0.0f;
     if (t < T) {
@@ -514,8 +516,9 @@ __device__ __forceinline__ void AddATimesTileRows(FragC (&acc)[kMaxD / kF], cons
 __device__ __forceinline__ void StoreRows(float* dst, __nv_bfloat16* dst16, long stride, const float* c, int ldc,
                                           int t0, int T, int D) {
   const int lane = threadIdx.x % 32;
+  const GroupDiv div(D);
   for (int i = lane; i < kWarpRows * D; i += 32) {
-    const int r = i / D, d = i - r * D;
+    const int r = div(i), d = i - r * D;
     if (t0 + r >= T) continue;
     const long at = static_cast<long>(t0 + r) * stride + d;
     const float v = c[r * ldc + d];

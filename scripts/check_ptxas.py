@@ -15,7 +15,11 @@ the build produced; a source without a report is an error. For every kernel entr
   - no spill stores or loads (local-memory traffic on every access of a spilled value);
   - the registers of one block fit an SM: ceil(regs, 8) x ceil(threads, 32) <= 65536 (the register file of
     sm_80/sm_90; allocation is per warp in units of 256 registers), regs <= 255;
-  - static shared memory <= 48 KiB (above it a kernel must use dynamic shared memory and opt in).
+  - static shared memory <= 48 KiB (above it a kernel must use dynamic shared memory and opt in);
+  - the tensor-core attention kernels (attention_*_tc_kernel) have no integer division or remainder (div / rem in
+    the PTX, outside inline asm) inside a loop: D is a kernel argument, so an index divided by D / 8 is a division
+    routine of a dozen-odd instructions per element, which their tile loaders once ran 16 to 32 times per tile and
+    thread (kernels/attention_tc.cu: GroupDiv). A loop is the code between a label and a branch back to it.
 
 It prints one line per kernel and architecture (registers, threads, blocks per SM the registers allow, stack,
 spills, shared memory) and exits 1 naming every kernel that fails a check, 2 when nvcc or ptxas cannot run.
@@ -36,6 +40,7 @@ import sys
 import tempfile
 
 REGISTER_FILE = 65536  # 32-bit registers per SM, sm_80 and sm_90
+NO_LOOP_DIVISION = re.compile(r"^attention_\w+_tc_kernel\b")  # held to no division inside a loop
 MAX_REGS = 255
 STATIC_SHARED_LIMIT = 48 * 1024
 
@@ -86,6 +91,34 @@ def max_threads(ptx):
         else:
             bounds[m.group(1)] = None
     return bounds
+
+
+def loop_divisions(ptx):
+    """Entry name -> how many integer divisions / remainders (div, rem; inline asm excluded) lie inside its loops."""
+    counts = {}
+    entries = list(re.finditer(r"\.entry\s+([A-Za-z0-9_$]+)\s*\(", ptx))
+    for i, m in enumerate(entries):
+        end = entries[i + 1].start() if i + 1 < len(entries) else len(ptx)
+        lines = ptx[m.end():end].splitlines()
+        labels, in_asm, asm = {}, [], False
+        for j, line in enumerate(lines):
+            lm = re.match(r"^(\$L__\w+):", line)
+            if lm:
+                labels[lm.group(1)] = j
+            if "begin inline asm" in line:
+                asm = True
+            in_asm.append(asm)
+            if "end inline asm" in line:
+                asm = False
+        inside = set()
+        for j, line in enumerate(lines):
+            bm = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
+            if bm and labels.get(bm.group(1), j) < j:  # a branch back: lines label .. j are a loop
+                for k in range(labels[bm.group(1)], j):
+                    if not in_asm[k] and re.search(r"^\s*(?:@!?%p\d+\s+)?(?:div|rem)\.[su](?:32|64)\b", lines[k]):
+                        inside.add(k)
+        counts[m.group(1)] = len(inside)
+    return counts
 
 
 def split_by_arch(text):
@@ -204,6 +237,7 @@ def main():
             for arch in archs:
                 ptx, report = compiled[(src, arch)]
                 bounds = max_threads(ptx)
+                loop_divs = loop_divisions(ptx)
                 usage = ptxas_usage(report)
                 names = demangle(sorted(bounds))
                 for entry in sorted(bounds):
@@ -235,6 +269,9 @@ def main():
                         why.append(f"{u['regs']} registers > {MAX_REGS}")
                     if u["smem"] > STATIC_SHARED_LIMIT:
                         why.append(f"{u['smem']} bytes of static shared memory > {STATIC_SHARED_LIMIT}")
+                    if NO_LOOP_DIVISION.match(short) and loop_divs.get(entry, 0):
+                        why.append(f"{loop_divs[entry]} integer division(s) inside a loop (a tensor-core attention "
+                                   "kernel: divide by a run-time value outside the loop, e.g. GroupDiv)")
                     row["ok"] = not why
                     rows.append(row)
                     if why:
@@ -259,7 +296,8 @@ def main():
             print(f"  {f}", file=sys.stderr)
         sys.exit(1)
     print(f"check_ptxas: {len(rows)} kernel builds checked ({len(sources)} sources x {len(archs)} architectures): "
-          "launch bounds declared, no spills, registers within the launch configuration")
+          "launch bounds declared, no spills, registers within the launch configuration, no division inside the "
+          "tensor-core attention kernels' loops")
 
 
 if __name__ == "__main__":
