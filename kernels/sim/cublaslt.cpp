@@ -10,7 +10,8 @@
 //   layouts       cublasLtMatrixLayoutCreate / Destroy: column-major, one matrix (no attributes are emulated);
 //   preferences   cublasLtMatmulPreferenceCreate / Destroy / SetAttribute (MAX_WORKSPACE_BYTES, MIN_ALIGNMENT_*);
 //   heuristics    cublasLtMatmulAlgoGetHeuristic: one algorithm (no workspace) for a problem this emulator runs,
-//                 else CUBLAS_STATUS_NOT_SUPPORTED and no result — what cuBLASLt answers when no kernel fits;
+//                 else CUBLAS_STATUS_NOT_SUPPORTED and no result — what cuBLASLt answers when no kernel fits (also
+//                 for the next calls a test names with ms::sim::RefuseNextLtHeuristics, sim/runtime_hooks.h);
 //   cublasLtMatmul  D = epilogue(alpha op(A) op(B) + beta C), column-major, on the given stream.
 // Problems: A = B bf16; C = D, both bf16 or both fp32; products accumulated in fp32 in k order exactly as the
 // emulated cublasGemmEx does (kernels/sim/blas_core.h), then, per element v = alpha acc + beta C (C not read when

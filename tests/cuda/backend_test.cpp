@@ -1115,20 +1115,33 @@ void CheckEpiloguePath(const EpilogueStats& before, const EpilogueStats& after, 
 #endif
 }
 
+// A linear layer's operands for the epilogue tests, on the kept-operand backend of `p`: inp (N x IC), w (OC x IC),
+// the bias (OC; bias_h on the host), an fp32 output and acc = inp . w^T as the plain GEMM on bf16 operands gives it.
+struct EpilogueLinear {
+  float *inp = nullptr, *w = nullptr, *bias = nullptr, *out = nullptr;
+  std::vector<float> bias_h, acc;
+  EpilogueLinear(Pair& p, int64_t N, int64_t IC, int64_t OC, uint32_t seed) {
+    REQUIRE(p.gpu->gemm_gelu_epilogue());
+    inp = p.On(*p.gpu, Random(N * IC, seed));
+    w = p.On(*p.gpu, Random(OC * IC, seed + 1));
+    bias_h = Random(OC, seed + 2);
+    bias = p.On(*p.gpu, bias_h);
+    out = p.On(*p.gpu, std::vector<float>(N * OC));
+    REQUIRE(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC).ok());  // x w^T, fp32 (bf16 operands)
+    acc = p.Get(*p.gpu, out, N * OC);
+  }
+};
+
 TEST_CASE("cuda backend: the fc bias + GeLU and its gradient in the GEMMs' epilogues (cuBLASLt, or the fallback)") {
   for (const int64_t OC : {40, 37}) {
     CAPTURE(OC);
     const bool lt = OC % 8 == 0;
     Pair p(/*bf16=*/true, Bf16Operands::kKeep);
-    REQUIRE(p.gpu->gemm_gelu_epilogue());
     const int64_t N = 29, IC = 24;
-    float* inp = p.On(*p.gpu, Random(N * IC, 61));
-    float* w = p.On(*p.gpu, Random(OC * IC, 62));
-    const std::vector<float> bias_h = Random(OC, 63);
-    float* bias = p.On(*p.gpu, bias_h);
-    float* out = p.On(*p.gpu, std::vector<float>(N * OC));
-    REQUIRE(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC).ok());  // x w^T, fp32 (bf16 operands)
-    const std::vector<float> acc = p.Get(*p.gpu, out, N * OC);
+    const EpilogueLinear l(p, N, IC, OC, 61);
+    float *inp = l.inp, *w = l.w, *bias = l.bias, *out = l.out;
+    const std::vector<float>& bias_h = l.bias_h;
+    const std::vector<float>& acc = l.acc;
     uint16_t* pre16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
     uint16_t* gelu16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
     ops::Bf16Copies kc;
@@ -1231,15 +1244,11 @@ TEST_CASE("cuda backend: a GEMM's bias with its bf16 output in the epilogue (cuB
     CAPTURE(OC);
     const bool lt = OC % 8 == 0;
     Pair p(/*bf16=*/true, Bf16Operands::kKeep);
-    REQUIRE(p.gpu->gemm_gelu_epilogue());
     const int64_t N = 29, IC = 24;
-    float* inp = p.On(*p.gpu, Random(N * IC, 71));
-    float* w = p.On(*p.gpu, Random(OC * IC, 72));
-    const std::vector<float> bias_h = Random(OC, 73);
-    float* bias = p.On(*p.gpu, bias_h);
-    float* out = p.On(*p.gpu, std::vector<float>(N * OC));
-    REQUIRE(p.gpu->MatmulForward(out, inp, w, nullptr, N, IC, OC).ok());  // x w^T, fp32 (bf16 operands)
-    const std::vector<float> acc = p.Get(*p.gpu, out, N * OC);
+    const EpilogueLinear l(p, N, IC, OC, 71);
+    float *inp = l.inp, *w = l.w, *bias = l.bias, *out = l.out;
+    const std::vector<float>& bias_h = l.bias_h;
+    const std::vector<float>& acc = l.acc;
     uint16_t* out16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC, 0xFFFF));
     ops::Bf16Copies kc;
     kc.out16 = out16;
