@@ -170,12 +170,12 @@ __device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, cons
 // 1 / n, the least gap from any i / n to the next integer above it, so the floor is i / n exactly. The tile loaders
 // map each group index of their loop (quads of 4 elements, 16-byte chunks of 8) to its row by dividing by the groups
 // per row, D / 4 or D / 8, which is not a compile-time constant (D is a kernel argument): as a division that is a
-// routine of a dozen-odd instructions per element group, 8 to 16 per tile and thread in the loops' loads; this is one
-// IMAD.HI, with one division per call for m. On the GPU that division is inline PTX (asm volatile), so it stays at the
-// call: hoisted out of the kernels' tile loops, as the compiler does with a plain one, m held one more register
-// across them and the dK/dV kernel at D = 128 (shared-memory softmax, kAsync; 254 registers) spilled. (Making D a
-// compile-time constant where D == kMaxD instead duplicated the loaders' code: the dQ kernel at D = 64 went from 3
-// blocks per SM to 2, and that dK/dV kernel spilled too.)
+// routine of a dozen-odd instructions per element group (the forward's async loads ran 16 per key tile and thread at
+// D = 64, 32 at D = 128); this is one IMAD.HI, with one division per call for m. On the GPU that division is inline PTX
+// (asm volatile), so it stays at the call: hoisted out of the kernels' tile loops, as the compiler does with a plain
+// one, m held one more register across them and the dK/dV kernel at D = 128 (shared-memory softmax, kAsync; 254
+// registers) spilled. (Making D a compile-time constant where D == kMaxD instead duplicated the loaders' code: the dQ
+// kernel at D = 64 went from 3 blocks per SM to 2, and that dK/dV kernel spilled too.)
 struct GroupDiv {
   unsigned m;
   __device__ __forceinline__ explicit GroupDiv(int n) {
