@@ -1278,6 +1278,8 @@ void BenchAttention(Bench& b, const Shape& s) {
       dbias(3 * H * D, "qkv bias gradient");
   DevBuf<bf16> dqkv16(n_qkv, "dqkv16"), qkv16(n_qkv, "qkv16"), dout16(n_out, "dout16"), out16(n_out, "out16");
   DevBuf<float> qkv_bias(3 * H * D, "qkv bias");
+  // The stored-dS backward's tiles (the most: without a window).
+  DevBuf<bf16> ds_tiles(static_cast<size_t>(k::AttentionDsTileBytes(B, T, H, 0) / 2 + 8), "attention dS tiles");
   Fill(qkv, 24, -2.0f, 2.0f);
   Fill(qkv16, 26);
   Fill(dout16, 28);
@@ -1374,7 +1376,16 @@ void BenchAttention(Bench& b, const Shape& s) {
                                           lse.get(), B, T, H, D, window, b.stream(), dqkv16.get(), nullptr,
                                           dbias.get());
         });
-    for (Row* r : {&qb, &qbn}) {
+    // What training runs by default (runtime.attention_stored_ds): the dK/dV kernel keeps dS in bf16 tiles and the dQ
+    // kernel makes one product per tile pair from them — 5 products (counted as such), plus the tiles written and read.
+    const double ds_bytes = static_cast<double>(k::AttentionDsTileBytes(B, T, H, window));
+    Row qbs = b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias, no bias, stored dS",
+                        q16_bwd_bytes + 2 * ds_bytes, bwd_flops * 5.0 / 7.0, [&] {
+                          return k::AttentionBackwardBf16(
+                              nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(), lse.get(),
+                              B, T, H, D, window, b.stream(), dqkv16.get(), nullptr, dbias.get(), ds_tiles.get());
+                        });
+    for (Row* r : {&qb, &qbn, &qbs}) {
       r->ref = ref;
       r->ref_flops = ref_flops;
       r->ref_what = f.ref_what;

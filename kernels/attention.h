@@ -95,10 +95,21 @@ void SetAttentionTcWideForward(bool on);
 // AttentionBackwardScratchFloats + AttentionBiasGradScratchFloats floats. dqkv may then be null (only its rounding
 // dqkv16 and the bias gradient are written); dqkv, dqkv16 and dqkv_bias all null: cudaErrorInvalidValue.
 int64_t AttentionBiasGradScratchFloats(int64_t B, int64_t T, int64_t H, int64_t D);
+//
+// ds_tiles, unless null: device memory of AttentionDsTileBytes(B, T, H, window) bytes, 16-byte aligned (else
+// cudaErrorInvalidValue; overwritten), where the backward keeps dS between its two kernels: the dK/dV kernel, which
+// forms dS for every (key tile, query tile) pair it visits, also stores it (bf16, the rounding the dQ product takes
+// anyway; 8 KiB a pair), and the dQ kernel makes dQ = dS K from it — one product per pair where, with ds_tiles null,
+// it forms S, dP and dS again: 5 products instead of 7, FlashAttention-2's count, still without float atomics (each
+// dQ element summed by one thread in a fixed order: deterministic). With the register softmax the same bits as
+// without ds_tiles under the emulator (on a GPU within fp32 rounding: S^T and S are summed by the tensor cores in
+// their own orders); through shared memory the dK/dV kernel's dS takes expf where the dQ kernel's takes exp2f (within
+// fp32 rounding too). Causal without a window at T = 1024 that is 136 tiles, 1.1 MB, per (b, h).
+int64_t AttentionDsTileBytes(int64_t B, int64_t T, int64_t H, int64_t window);
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
                                   cudaStream_t stream, __nv_bfloat16* dqkv16 = nullptr, const float* qkv_bias = nullptr,
-                                  float* dqkv_bias = nullptr);
+                                  float* dqkv_bias = nullptr, __nv_bfloat16* ds_tiles = nullptr);
 
 // The same two with bf16 inputs (runtime.activations: bf16): qkv (B, T, 3, H, D) as the qkv GEMM wrote it, dout
 // (B, T, H, D) as the attention projection's backward GEMM wrote it, and the forward's output read back as its bf16
@@ -113,6 +124,6 @@ cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const __nv_bfloat
                                   const float* out, const __nv_bfloat16* out16, const float* lse, int64_t B, int64_t T,
                                   int64_t H, int64_t D, int64_t window, cudaStream_t stream,
                                   __nv_bfloat16* dqkv16 = nullptr, const float* qkv_bias = nullptr,
-                                  float* dqkv_bias = nullptr);
+                                  float* dqkv_bias = nullptr, __nv_bfloat16* ds_tiles = nullptr);
 
 }  // namespace ms::kernels

@@ -1,6 +1,7 @@
 // defines: attention_forward_tc_kernel, attention_forward_wide_tc_kernel, attention_dkdv_tc_kernel,
-// attention_dq_tc_kernel, the fragment layout probe and their launchers (AttentionForwardBf16, AttentionBackwardBf16,
-// SetAttentionTcSoftmax, SetAttentionTcAsyncLoads, SetAttentionTcWideForward).
+// attention_dq_tc_kernel, attention_dq_ds_tc_kernel, the fragment layout probe and their launchers
+// (AttentionForwardBf16, AttentionBackwardBf16, AttentionDsTileBytes, SetAttentionTcSoftmax, SetAttentionTcAsyncLoads,
+// SetAttentionTcWideForward).
 // Causal sliding-window attention on tensor cores (nvcuda::wmma m16n16k16, bf16 operands, fp32
 // accumulation), FlashAttention-2 style; contract in kernels/attention.h, oracle: the fp32 kernels of
 // attention.cu and ms::ops::ref::AttentionForward/Backward.
@@ -22,9 +23,10 @@
 // they go through a per-warp fp32 area where two lanes per row apply the mask and the softmax terms, P (or dS) is
 // rounded to bf16 into a per-warp area and loaded back as matrix_a fragments, and the forward's P V product goes
 // through the fp32 area too, added by the lanes to their running outputs (two lanes per row, d = 2 j + lane % 2).
-// Backward (the dK/dV and dQ kernels, as in attention.cu; no
-// atomics, so the scores and dP are formed in both: 7 products instead of FlashAttention-2's 5): dK, dV and dQ
-// accumulate in fragments. Outputs are staged through the fp32 area and written row by row (coalesced).
+// Backward (the dK/dV and dQ kernels, as in attention.cu; no atomics): dK, dV and dQ accumulate in fragments. Either
+// the scores and dP are formed in both (7 products instead of FlashAttention-2's 5), or, with a dS buffer (ds_tiles),
+// the dK/dV kernel also stores the bf16 dS^T it forms, tile by tile, and attention_dq_ds_tc_kernel makes dQ = dS K from
+// it (5 products, still deterministic). Outputs are staged through the fp32 area and written row by row (coalesced).
 //
 // Rounding: every product has bf16 operands (q, k, v, dout, P, dS) and an fp32 sum; scores, softmax
 // statistics (max, sum, lse), dS before rounding and every output stay fp32. Unlike the fp32 kernels, masked
@@ -82,6 +84,8 @@ using FragA = wmma::fragment<wmma::matrix_a, kF, kF, kF, __nv_bfloat16, wmma::ro
 using FragBRow = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma::row_major>;
 using FragBCol = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, kF, kF, kF, float>;
+// dS as the left operand of the stored-dS dQ kernel, read from the dS^T tile the dK/dV kernel stored (key rows).
+using FragACol = wmma::fragment<wmma::matrix_a, kF, kF, kF, __nv_bfloat16, wmma::col_major>;
 
 // Where the elements of an fp32 accumulator fragment lie, for the register-resident softmax (kRegs). CUDA leaves the
 // lane -> element mapping of a wmma fragment unspecified. On sm_80 and sm_90 an m16n16k16 fp32 accumulator is the C
@@ -498,8 +502,8 @@ __device__ __forceinline__ void PTimesTile(FragC (&acc)[kMaxD / kF], const __nv_
 // (64 x D bf16, leading dimension ld), for the D / 16 column fragments n: the register-resident softmax's form of
 // PTimesTile, whose left operand it builds in matrix_a fragments (FragLayoutsHold) rather than in shared memory.
 // Called for kb = 0, 1, 2, 3 in turn it makes PTimesTile's products in PTimesTile's order: the same sums.
-template <int kMaxD>
-__device__ __forceinline__ void AddATimesTileRows(FragC (&acc)[kMaxD / kF], const FragA& a, const __nv_bfloat16* tile,
+template <int kMaxD, typename A>
+__device__ __forceinline__ void AddATimesTileRows(FragC (&acc)[kMaxD / kF], const A& a, const __nv_bfloat16* tile,
                                                   int kb, int ld, int D) {
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) {
@@ -560,6 +564,47 @@ __device__ __forceinline__ float* BiasPart(float* dbias_part, int b, int t0, int
   if (dbias_part == nullptr) return nullptr;
   const long chunk = static_cast<long>(b) * ((T + kWarpRows - 1) / kWarpRows) + t0 / kWarpRows;
   return dbias_part + chunk * 3L * H * D + (static_cast<long>(part) * H + h) * D;
+}
+
+// ---- The stored-dS backward (5 products): dS^T tiles kept between the dK/dV kernel and the dQ kernel ----
+// With a dS buffer the dK/dV kernel, which forms dS^T for every (key tile, query tile) pair it visits anyway, also
+// writes it, rounded to bf16 — the left operand of dQ = dS K in either kernel —, as a 64 x 64 tile (key rows, query
+// columns, row-major; 8 KiB): zeros where a key or query lies past T or outside the band, and a whole warp's 16 rows
+// of zeros where the warp skips the pair. The dQ kernel then reads those tiles and K, and makes one product per pair
+// (attention_dq_ds_tc_kernel) where it formed S, dP and dS again (3 products and the softmax): 5 products in all, as
+// in FlashAttention-2, without its float atomics on dQ (each dQ element is still summed by one thread in a fixed
+// order). Key tile kt is visited by query tiles kt .. kt + w - 1 (fewer at the end): w = ntiles without a window,
+// else 1 + (62 + window) / 64 (the queries t <= k1 - 2 + window that see a key of [k0, k1)); a head's tiles lie key
+// tile by key tile, query tile by query tile.
+__host__ __device__ constexpr int DsTilesPerKey(int ntiles, long window) {
+  return window > 0 && 1 + (62 + window) / kRows < ntiles ? static_cast<int>(1 + (62 + window) / kRows) : ntiles;
+}
+// Tiles of the key tiles before kt in one head: sum over j < kt of min(ntiles - j, w).
+__host__ __device__ constexpr long DsTilesBefore(int kt, int ntiles, int w) {
+  const long m = static_cast<long>(kt) - 1 - (ntiles - w);  // key tiles j > ntiles - w before kt visit fewer than w
+  return static_cast<long>(kt) * w - (m > 0 ? m * (m + 1) / 2 : 0);
+}
+constexpr int kDsTileElems = kRows * kRows;
+// The tile of (key tile kt, query tile qt) of head bh (kt <= qt < kt + w).
+__device__ __forceinline__ long DsTileOffset(int bh, int kt, int qt, int ntiles, int w) {
+  return (static_cast<long>(bh) * DsTilesBefore(ntiles, ntiles, w) + DsTilesBefore(kt, ntiles, w) + (qt - kt)) *
+         kDsTileElems;
+}
+// Two bf16 at dst (4-byte aligned), a in the low half (as in memory): one store.
+__device__ __forceinline__ void StorePairBf16(__nv_bfloat16* dst, __nv_bfloat16 a, __nv_bfloat16 b) {
+  uint16_t ua, ub;
+  memcpy(&ua, &a, sizeof(ua));
+  memcpy(&ub, &b, sizeof(ub));
+  *reinterpret_cast<uint32_t*>(dst) = static_cast<uint32_t>(ua) | (static_cast<uint32_t>(ub) << 16);
+}
+// The warp's 16 rows of a dS^T tile (row-major, 64 wide) from 16 rows of bf16 at src (leading dimension lds), or zeros
+// where src is null: 16-byte stores, the lanes along the rows.
+__device__ __forceinline__ void StoreDsRows(__nv_bfloat16* dst, const __nv_bfloat16* src, int lds) {
+  for (int i = threadIdx.x % 32; i < kWarpRows * kRows / 8; i += 32) {
+    const int r = i / (kRows / 8), c = 8 * (i % (kRows / 8));
+    *reinterpret_cast<uint4*>(dst + r * kRows + c) =
+        src ? *reinterpret_cast<const uint4*>(src + r * lds + c) : make_uint4(0u, 0u, 0u, 0u);
+  }
 }
 
 // Bytes of one K and V (or Q and dout) tile pair, of the backward kernels' fp32 area, and of the second buffers of
@@ -1137,7 +1182,7 @@ template <int kMaxD, typename S, bool kRegs, bool kAsync>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
-                             int window, int ntiles, float scale) {
+                             int window, int ntiles, float scale, __nv_bfloat16* ds_tiles, int ds_w) {
   constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
@@ -1179,6 +1224,9 @@ __global__ void __launch_bounds__(kThreads)
   __nv_bfloat16* const Dw = Ds + warp * kWarpRows * kLdP;
   float* const Fw = Fs + warp * kWarpRows * kLdSdP;
   const int r = lane / 2, half = lane % 2, s_key = ja + r;  // the lane's key
+  // The stored-dS backward: the dS^T tile of (kt, it) is tile ds_it0 + it of ds_tiles. (An int, the pointer formed
+  // at each use: a pointer held across the loop made the shared-memory instance at D = 128 spill.)
+  const int ds_it0 = ds_tiles ? static_cast<int>(DsTileOffset(bh, kt, kt, ntiles, ds_w) / kDsTileElems) - kt : 0;
 
   // Queries that see a key of [k0, k1): t in [k0, k1 - 1 + window - 1] (window > 0), else [k0, T).
   const int t_hi = window > 0 ? min(T - 1, k1 - 2 + window) : T - 1;
@@ -1245,7 +1293,13 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    if (jb < ja || !Meets(i0, i0 + kRows - 1, ja, jb, window)) continue;  // warp-uniform
+    // The warp's 16 rows of the (kt, it) tile.
+    __nv_bfloat16* const dst_tile =
+        ds_tiles ? ds_tiles + static_cast<long>(ds_it0 + it) * kDsTileElems + warp * kWarpRows * kRows : nullptr;
+    if (jb < ja || !Meets(i0, i0 + kRows - 1, ja, jb, window)) {  // warp-uniform
+      if (dst_tile) StoreDsRows(dst_tile, nullptr, 0);            // the dQ kernel reads whole tiles
+      continue;
+    }
     const __nv_bfloat16* const Qc = Qb(cur);
     const __nv_bfloat16* const Gc = Gb(cur);
     const float* const Lc = Lb(cur);
@@ -1272,6 +1326,16 @@ __global__ void __launch_bounds__(kThreads)
               const float p = seen ? exp2f(sc[j].x[i] * scale2 - Lc[c] * kLog2e) : 0.0f;
               pt[j].x[i] = __float2bfloat16(p);
               dst[j].x[i] = __float2bfloat16(seen ? p * (dpc[j].x[i] - Rc[c]) * scale : 0.0f);
+            }
+          }
+          if (dst_tile) {  // x[i] and x[i + 1] (i even) lie in one row, adjacent columns, on both mappings
+            MS_UNROLL
+            for (int j = 0; j < kN; ++j) {
+              MS_UNROLL
+              for (int i = 0; i < kAccElems; i += 2) {
+                StorePairBf16(dst_tile + AccRow(lane, i) * kRows + (n0 + j) * kF + AccCol(lane, i), dst[j].x[i],
+                              dst[j].x[i + 1]);
+              }
             }
           }
           MS_UNROLL
@@ -1302,6 +1366,7 @@ __global__ void __launch_bounds__(kThreads)
         dsr[i] = __float2bfloat16(seen ? p * (dp[i] - Rc[c]) * scale : 0.0f);
       }
       __syncwarp();
+      if (dst_tile) StoreDsRows(dst_tile, Dw, kLdP);
       PTimesTile<kMaxD>(dv, Pw, Gc, ld, D);
       PTimesTile<kMaxD>(dk, Dw, Qc, ld, D);
       __syncwarp();  // P and dS are read before the next tile's
@@ -1316,6 +1381,106 @@ __global__ void __launch_bounds__(kThreads)
                        BiasPart(dbias_part, b, ja, T, 1, h, H, D), row, Fw, kLdSdP, dk, ja, T, D);
   StoreFragRows<kMaxD>(dqkv ? dqkv + vbase : nullptr, dqkv16 ? dqkv16 + vbase : nullptr,
                        BiasPart(dbias_part, b, ja, T, 2, h, H, D), row, Fw, kLdSdP, dv, ja, T, D);
+}
+
+// The stored-dS dQ kernel: dQ = sum over the key tiles kt of dS_{qt,kt} K_kt, from the dS^T tiles the dK/dV kernel
+// stored (DsTileOffset) — one product per pair where attention_dq_tc_kernel forms S, dP and dS again first. One block
+// per (b, h, query tile), in attention_dq_tc_kernel's order; each warp takes its 16 query columns of each dS^T tile as
+// a col_major matrix_a fragment and multiplies it into the K tile's rows as that kernel does (AddATimesTileRows for
+// the 4 key fragments in turn: the same products in the same order, so where both kernels round dS alike — the
+// register softmax — the same dQ). Shared memory: K [64][D + 8] and dS^T [64][72] (bf16), twice with kAsync (the next
+// pair's copies in flight), then the k bias (kAsync with a bias); after the loop the per-warp fp32 output rows
+// [16][kMaxD + 4] overlay them.
+template <int kMaxD, bool kAsync>
+__host__ __device__ constexpr size_t DqDsTileBytes(int D) {
+  return (kAsync ? 2 : 1) * sizeof(__nv_bfloat16) * kRows * (LdH(D) + kLdP);
+}
+template <int kMaxD, bool kAsync>
+size_t DqDsTcSharedBytes(int D) {
+  const size_t tiles = DqDsTileBytes<kMaxD, kAsync>(D) + (kAsync ? sizeof(float) * kMaxD : 0),
+               rows = sizeof(float) * kWarps * kWarpRows * (kMaxD + kPadF);
+  return tiles > rows ? tiles : rows;
+}
+
+template <int kMaxD, typename S, bool kAsync>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_ds_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* qkv,
+                              const float* qkv_bias, const __nv_bfloat16* ds_tiles, int ds_w, int T, int H, int D,
+                              int window, int ntiles) {
+  MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  const int ld = LdH(D);
+  __nv_bfloat16* const K0 = smem;
+  __nv_bfloat16* const S0 = K0 + kRows * ld;
+  __nv_bfloat16* const K1 = S0 + kRows * kLdP;  // kAsync
+  __nv_bfloat16* const S1 = K1 + kRows * ld;
+  float* const Bs = reinterpret_cast<float*>(smem + DqDsTileBytes<kMaxD, kAsync>(D) / sizeof(__nv_bfloat16));
+  auto Kb = [&](int b) { return kAsync && b ? K1 : K0; };
+  auto Sb = [&](int b) { return kAsync && b ? S1 : S0; };
+
+  const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
+  const int b = bh / H, h = bh % H;
+  const HeadRowsT<S> hr = HeadRowsOf(qkv, static_cast<const S*>(nullptr), b, h, T, H, D);
+  const long row = hr.row;
+  const S* const k = hr.k;
+  const float* const bk = HeadBiasOf(qkv_bias, h, H, D).k;
+  const int warp = threadIdx.x / 32;
+  const int q0 = qt * kRows, ra = q0 + warp * kWarpRows, rb = min(ra + kWarpRows, T) - 1;
+  const int kt_lo = FirstKeyTile(q0, window), kt_hi = qt;
+  auto ds_of = [&](int kt) { return ds_tiles + DsTileOffset(bh, kt, qt, ntiles, ds_w); };
+  // kAsync: this thread's copies of key tile kt's K rows and dS^T tile into buffer `buf` (K rows past T zeroed; the
+  // dS^T tile is whole).
+  auto issue = [&](int kt, int buf) {
+    if constexpr (kAsync) {
+      IssueTileAsync(Kb(buf), ld, k, row, kt * kRows, T, D);
+      IssueTileAsync(Sb(buf), kLdP, ds_of(kt), kRows, 0, kRows, kRows);
+    }
+  };
+  if constexpr (kAsync) {
+    static_assert(std::is_same_v<S, __nv_bfloat16>, "asynchronous copies move bf16 rows");
+    StageBias(Bs, bk, D);
+    issue(kt_lo, 0);
+    __pipeline_commit();
+  }
+
+  FragC dq[kMaxD / kF];
+  MS_UNROLL
+  for (int f = 0; f < kMaxD / kF; ++f) wmma::fill_fragment(dq[f], 0.0f);
+  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
+    const int k0 = kt * kRows;
+    int cur = 0;
+    __syncthreads();  // the previous tiles are no longer read
+    if constexpr (kAsync) {
+      cur = (kt - kt_lo) & 1;
+      if (kt < kt_hi) issue(kt + 1, cur ^ 1);
+      __pipeline_commit();
+      __pipeline_wait_prior(1);  // this thread's copies of tile kt have landed
+      AddBiasOwnChunks(Kb(cur), ld, bk ? Bs : nullptr, k0, T, D);
+    } else {
+      LoadTileBf16(K0, ld, k, bk, row, k0, T, D);
+      const __nv_bfloat16* const src = ds_of(kt);
+      for (int i = threadIdx.x; i < kRows * kRows / 8; i += kThreads) {
+        const int r = i / (kRows / 8), c = 8 * (i % (kRows / 8));
+        *reinterpret_cast<uint4*>(S0 + r * kLdP + c) = *reinterpret_cast<const uint4*>(src + r * kRows + c);
+      }
+    }
+    __syncthreads();
+    if (rb < ra || !Meets(ra, rb, k0, k0 + kRows - 1, window)) continue;  // warp-uniform
+    const __nv_bfloat16* const Ks = Kb(cur);
+    const __nv_bfloat16* const St = Sb(cur) + warp * kWarpRows;  // the warp's query columns
+    MS_UNROLL
+    for (int n = 0; n < kTileFrags; ++n) {
+      FragACol a;  // dS[ra .. ra + 15][k0 + 16 n ..] = dS^T[16 n ..][the warp's columns]
+      wmma::load_matrix_sync(a, St + n * kF * kLdP, kLdP);
+      AddATimesTileRows<kMaxD>(dq, a, Ks, n, ld, D);
+    }
+  }
+  __syncthreads();  // the output rows overlay the tiles
+
+  if (rb < ra) return;
+  float* const Fw = reinterpret_cast<float*>(smem) + warp * kWarpRows * (kMaxD + kPadF);
+  const long qbase = static_cast<long>(b) * T * row + static_cast<long>(h) * D;
+  StoreFragRows<kMaxD>(dqkv ? dqkv + qbase : nullptr, dqkv16 ? dqkv16 + qbase : nullptr,
+                       BiasPart(dbias_part, b, ra, T, 0, h, H, D), row, Fw, kMaxD + kPadF, dq, ra, T, D);
 }
 
 // ---- launchers ----
@@ -1419,16 +1584,24 @@ cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S*
 
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
-                           const S* qkv, const float* qkv_bias, const float* lse,
+                           const S* qkv, const float* qkv_bias, const float* lse, __nv_bfloat16* ds_tiles,
                            const attention_detail::AttentionShape& s, cudaStream_t stream) {
-  const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD, kRegs, kAsync>(s.D),
-               dq_smem = DqTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
+  const int ds_w = DsTilesPerKey(s.ntiles, s.window);
+  const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
   cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>, dkdv_smem);
   if (err != cudaSuccess) return err;
-  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S, kRegs, kAsync>, dq_smem)) != cudaSuccess) return err;
   MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16,
-            dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+            dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale, ds_tiles, ds_w);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if (ds_tiles) {  // the stored-dS dQ kernel (5 products)
+    const size_t smem = DqDsTcSharedBytes<kMaxD, kAsync>(s.D);
+    if ((err = AllowSharedBytes(attention_dq_ds_tc_kernel<kMaxD, S, kAsync>, smem)) != cudaSuccess) return err;
+    MS_LAUNCH((attention_dq_ds_tc_kernel<kMaxD, S, kAsync>), s.blocks, kThreads, smem, stream, dqkv, dqkv16, dbias_part,
+              qkv, qkv_bias, ds_tiles, ds_w, s.T, s.H, s.D, s.window, s.ntiles);
+    return cudaGetLastError();
+  }
+  const size_t dq_smem = DqTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
+  if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S, kRegs, kAsync>, dq_smem)) != cudaSuccess) return err;
   MS_LAUNCH((attention_dq_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, dq_smem, stream, dqkv, dqkv16,
             dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
   return cudaGetLastError();
@@ -1531,6 +1704,14 @@ int64_t BiasChunks(int64_t B, int64_t T) {  // 16-row chunks of the qkv bias gra
 }
 }  // namespace
 
+int64_t AttentionDsTileBytes(int64_t B, int64_t T, int64_t H, int64_t window) {
+  if (B <= 0 || T <= 0 || H <= 0 || window < 0) return 0;
+  const int64_t ntiles = (T + kRows - 1) / kRows;
+  const int w = DsTilesPerKey(static_cast<int>(ntiles), window);
+  return B * H * DsTilesBefore(static_cast<int>(ntiles), static_cast<int>(ntiles), w) * kDsTileElems *
+         static_cast<int64_t>(sizeof(__nv_bfloat16));
+}
+
 int64_t AttentionBiasGradScratchFloats(int64_t B, int64_t T, int64_t H, int64_t D) {
   if (B <= 0 || T <= 0 || H <= 0 || D <= 0) return 0;
   const int64_t chunks = BiasChunks(B, T), cols = 3 * H * D;
@@ -1543,8 +1724,9 @@ template <typename S>
 cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv, const float* out,
                        const __nv_bfloat16* out16, const float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
                        int64_t window, cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias,
-                       float* dqkv_bias) {
+                       float* dqkv_bias, __nv_bfloat16* ds_tiles) {
   if (dqkv == nullptr && dqkv16 == nullptr && dqkv_bias == nullptr) return cudaErrorInvalidValue;  // nothing to write
+  if (reinterpret_cast<uintptr_t>(ds_tiles) % 16 != 0) return cudaErrorInvalidValue;  // copied 16 bytes at a time
   bool empty = false;
   attention_detail::AttentionShape s{};
   cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
@@ -1562,8 +1744,8 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
   if ((err = UseRegisters(stream, /*backward_wide=*/s.D > 64, &regs)) != cudaSuccess) return err;
   err = Dispatch<S>(s.D, regs, UseAsync<S>(qkv, dout), [&](auto inst) {
     using I = decltype(inst);
-    return LaunchBackward<I::kMaxD, S, I::kRegs, I::kAsync>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse, s,
-                                                            stream);
+    return LaunchBackward<I::kMaxD, S, I::kRegs, I::kAsync>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse,
+                                                            ds_tiles, s, stream);
   });
   if (err != cudaSuccess || dqkv_bias == nullptr) return err;
   // Stage 2: the chunks' column sums added up in BiasGrad's fixed tree (its scratch follows the partial sums).
@@ -1574,16 +1756,18 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
 
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
                                   const float* lse, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
-                                  cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias) {
+                                  cudaStream_t stream, __nv_bfloat16* dqkv16, const float* qkv_bias, float* dqkv_bias,
+                                  __nv_bfloat16* ds_tiles) {
   return BackwardTc(dqkv, scratch, dout, qkv, out, static_cast<const __nv_bfloat16*>(nullptr), lse, B, T, H, D, window,
-                    stream, dqkv16, qkv_bias, dqkv_bias);
+                    stream, dqkv16, qkv_bias, dqkv_bias, ds_tiles);
 }
 cudaError_t AttentionBackwardBf16(float* dqkv, float* scratch, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                                   const float* out, const __nv_bfloat16* out16, const float* lse, int64_t B, int64_t T,
                                   int64_t H, int64_t D, int64_t window, cudaStream_t stream, __nv_bfloat16* dqkv16,
-                                  const float* qkv_bias, float* dqkv_bias) {
+                                  const float* qkv_bias, float* dqkv_bias, __nv_bfloat16* ds_tiles) {
   if ((out == nullptr) == (out16 == nullptr)) return cudaErrorInvalidValue;  // exactly one of them is read
-  return BackwardTc(dqkv, scratch, dout, qkv, out, out16, lse, B, T, H, D, window, stream, dqkv16, qkv_bias, dqkv_bias);
+  return BackwardTc(dqkv, scratch, dout, qkv, out, out16, lse, B, T, H, D, window, stream, dqkv16, qkv_bias, dqkv_bias,
+                    ds_tiles);
 }
 
 }  // namespace ms::kernels

@@ -114,8 +114,10 @@ if rows:
 PY
       done
       # Which path ran the fc GEMMs' GeLU epilogues and the qkv GEMMs' bias epilogues (cuBLASLt, or the GEMM +
-      # kernel fallback where it had no algorithm), and what runtime.activations: bf16 kept in bf16.
+      # kernel fallback where it had no algorithm), what runtime.activations: bf16 kept in bf16, and which attention
+      # backward ran (dS kept or formed again).
       grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "qkv GEMMs with the bias epilogue" -e "kept in bf16:" \
+        -e "tensor-core attention backwards:" \
         "$work"/train-*/train.log \
         "$work"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
     fi
@@ -220,12 +222,14 @@ want kernels && stage kernels "${cap[kernels]}" "$bin/kernels_bench" --preset gp
 if want train; then
   if [[ -f data/fortunes.bin ]]; then
     # The likely fastest path first, then as built, the 1.3B config, and the ablations.
-    for run in keep-bf16act keep 1.3b-keep-bf16act 1.3b-keep keep-bf16act-noepi cast cublas; do
+    # -nods: the attention backward forming dS again (runtime.attention_stored_ds: false, 7 products).
+    for run in keep-bf16act keep-bf16act-nods keep 1.3b-keep-bf16act 1.3b-keep keep-bf16act-noepi cast cublas; do
       cfg=configs/gpt2-small-gpu.yaml steps=12 mode=$run
       [[ $run == 1.3b-* ]] && cfg=configs/gpt-1.3b-gpu.yaml steps=8 mode=${run#1.3b-}
       extra=()
       [[ $mode == *-bf16act* ]] && extra+=(--set runtime.activations=bf16)
       [[ $mode == *-noepi ]] && extra+=(--set runtime.gemm_epilogues=false)
+      [[ $mode == *-nods ]] && extra+=(--set runtime.attention_stored_ds=false)
       limit=${cap[train]}
       [[ $run == 1.3b-* ]] && limit=$((limit + 50))  # its startup: ~35 s on an H200 (1.3 B parameters drawn on the host)
       stage "train-$run" "$limit" "$bin/megascale" train "$cfg" --no-progress --set train.steps=$steps \

@@ -81,10 +81,12 @@ class Workspace {
 
 class CudaBackend final : public ops::Backend {
  public:
-  static Result<std::unique_ptr<ops::Backend>> Create(device::Device* device, bool bf16, Bf16Operands operands) {
+  static Result<std::unique_ptr<ops::Backend>> Create(device::Device* device, bool bf16, Bf16Operands operands,
+                                                      bool attention_stored_ds) {
     std::unique_ptr<CudaBackend> b(new CudaBackend());
     b->device_ = device;
     b->bf16_ = bf16;
+    b->stored_ds_ = attention_stored_ds;
     b->cublas_converts_ = bf16 && operands == Bf16Operands::kCublas;
     b->keep_ = bf16 && operands == Bf16Operands::kKeep;
     b->stream_ = device->CreateStream();
@@ -338,8 +340,9 @@ class CudaBackend final : public ops::Backend {
     }
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
     if (TensorCoreAttention(D)) {
+      MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
       return Launch(kernels::AttentionBackwardBf16(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_, d16,
-                                                   qkv_bias, dqkv_bias),
+                                                   qkv_bias, dqkv_bias, ds),
                     "attention backward (bf16 tensor cores)");
     }
     MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_),
@@ -352,6 +355,19 @@ class CudaBackend final : public ops::Backend {
                            (bias_grad ? kernels::AttentionBiasGradScratchFloats(B, T, H, D) : 0);
     MS_ASSIGN_OR_RETURN(void* scratch, ws_[kScratch].Get(device_, s_, sizeof(float) * floats));
     return static_cast<float*>(scratch);
+  }
+  // The tensor-core attention backward's dS tiles (runtime.attention_stored_ds: kept between its dK/dV and dQ
+  // kernels, 5 products instead of 7; kernels/attention.h), or null where it forms dS again; counted either way.
+  Result<__nv_bfloat16*> DsTiles(int64_t B, int64_t T, int64_t H, int64_t window) {
+    if (!stored_ds_) {
+      ++attention_stats_.recompute;
+      return static_cast<__nv_bfloat16*>(nullptr);
+    }
+    MS_ASSIGN_OR_RETURN(
+        void* tiles,
+        ws_[kDsTiles].Get(device_, s_, static_cast<size_t>(kernels::AttentionDsTileBytes(B, T, H, window))));
+    ++attention_stats_.stored_ds;
+    return static_cast<__nv_bfloat16*>(tiles);
   }
   // The attention's inputs read in bf16 (runtime.activations: bf16): the tensor-core kernels' bf16 instantiations.
   bool Bf16AttentionInputs(int64_t D) const { return bf16_activations() && TensorCoreAttention(D); }
@@ -376,10 +392,11 @@ class CudaBackend final : public ops::Backend {
     }
     MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dqkv16, "AttentionBackward16", dqkv));
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
+    MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
     return Launch(kernels::AttentionBackwardBf16(dqkv, drow, static_cast<const __nv_bfloat16*>(dout16),
                                                  static_cast<const __nv_bfloat16*>(qkv16), out,
                                                  static_cast<const __nv_bfloat16*>(out16_in), lse, B, T, H, D, window,
-                                                 s_, d16, qkv_bias, dqkv_bias),
+                                                 s_, d16, qkv_bias, dqkv_bias, ds),
                   "attention backward (bf16 inputs, tensor cores)");
   }
   Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
@@ -484,6 +501,7 @@ class CudaBackend final : public ops::Backend {
   bool bf16_activations() const override { return bf16_ && !cublas_converts_; }
   bool gemm_gelu_epilogue() const override { return keep_; }
   EpilogueStats epilogue_stats() const { return epilogue_stats_; }
+  AttentionStats attention_stats() const { return attention_stats_; }
   Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16) override {
     if (!bf16_activations()) return ops::Backend::BiasGeluForward16(out, x16, bias, R, C, out16);
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward16", out));
@@ -601,7 +619,7 @@ class CudaBackend final : public ops::Backend {
   }
 
  private:
-  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kNumWorkspaces };
+  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kDsTiles, kNumWorkspaces };
   static constexpr size_t kLtWorkspaceBytes = kCublasLtWorkspaceBytes;
   // Pinned staging of small host-to-device copies (token ids, targets, loss weights): a ring of kStageSlots
   // page-locked buffers of kStageBytes, each with the event of its last copy. Allocated on first use.
@@ -806,7 +824,9 @@ class CudaBackend final : public ops::Backend {
   cublasHandle_t blas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   EpilogueStats epilogue_stats_;
+  AttentionStats attention_stats_;
   bool bf16_ = true;
+  bool stored_ds_ = true;         // runtime.attention_stored_ds
   bool cublas_converts_ = false;  // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
   bool keep_ = false;             // bf16 GEMMs take the caller's kept operand roundings (ops::Bf16Copies)
   Workspace ws_[kNumWorkspaces];
@@ -827,9 +847,15 @@ EpilogueStats GetEpilogueStats(ops::Backend& backend) {
   return b ? b->epilogue_stats() : EpilogueStats{};
 }
 
-Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm, Bf16Operands operands) {
+AttentionStats GetAttentionStats(ops::Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  return b ? b->attention_stats() : AttentionStats{};
+}
+
+Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm, Bf16Operands operands,
+                                                      bool attention_stored_ds) {
   if (!device) return InvalidArgument("MakeCudaBackend: no device");
-  return CudaBackend::Create(device, bf16_gemm, operands);
+  return CudaBackend::Create(device, bf16_gemm, operands, attention_stored_ds);
 }
 
 }  // namespace ms::cuda

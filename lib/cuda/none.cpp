@@ -34,7 +34,10 @@ void* BackendStream(ops::Backend&) {
 EpilogueStats GetEpilogueStats(ops::Backend&) {
   return {};
 }
-Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands) {
+AttentionStats GetAttentionStats(ops::Backend&) {
+  return {};
+}
+Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands, bool) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }
 

@@ -947,6 +947,12 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       LogInfo("qkv GEMMs with the bias epilogue: {} by cuBLASLt, {} by the GEMM + kernel fallback", es.bias_cublaslt,
               es.bias_fallback);
     }
+    const cuda::AttentionStats as =
+        compute.backend ? cuda::GetAttentionStats(*compute.backend) : cuda::AttentionStats{};
+    if (as.stored_ds + as.recompute > 0) {
+      LogInfo("tensor-core attention backwards: {} with dS kept (5 products), {} forming dS again (7 products)",
+              as.stored_ds, as.recompute);
+    }
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,
             summary.final_val_loss, run_dir);

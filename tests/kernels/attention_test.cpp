@@ -560,6 +560,135 @@ TEST_CASE("attention bf16 (tensor cores): asynchronous tile copies give the bits
   ExpectNoPoisonedReads();
 }
 
+// The stored-dS backward (ds_tiles: the dK/dV kernel keeps dS, the dQ kernel makes one product per tile pair from it)
+// against the backward that forms dS again in the dQ kernel: dK and dV are the same bits (the dK/dV kernel only stores
+// more), dQ and the bias gradient agree within the bf16 tolerance — and with the register softmax under the emulator,
+// where S^T and S are summed in the same order, bit for bit. The tile buffer starts as NaN, so a tile (or a warp's rows
+// of one) the dK/dV kernel fails to write, or the dQ kernel reads from the wrong place, shows. Shapes: one tile and
+// T = 1; odd T over several tiles without a window (a tile per (key, query) tile pair in the lower triangle); windows
+// that leave a key tile fewer query tiles than the rest (70 at T = 300: 3 of 5; 1: the diagonal alone) or mask
+// inside a tile; both instantiations (D <= 64, D <= 128); fp32 and bf16 inputs, synchronous and asynchronous copies,
+// the qkv bias and none. AttentionDsTileBytes is checked against a count of the pairs that meet.
+TEST_CASE("attention bf16 (tensor cores): the stored-dS backward (5 products) against the one that forms dS again") {
+  struct AsyncMode {
+    explicit AsyncMode(bool on) { SetAttentionTcAsyncLoads(on); }
+    ~AsyncMode() { SetAttentionTcAsyncLoads(true); }
+    AsyncMode(const AsyncMode&) = delete;
+    AsyncMode& operator=(const AsyncMode&) = delete;
+  };
+#if defined(__SANITIZE_THREAD__)
+  const std::vector<Case> cases = {Case{1, 200, 1, 64, 70}};
+#else
+  const std::vector<Case> cases = {Case{1, 1, 1, 16, 0},    Case{2, 37, 2, 48, 5},  Case{1, 200, 2, 64, 0},
+                                   Case{1, 300, 1, 64, 70}, Case{1, 300, 1, 16, 1}, Case{1, 193, 1, 128, 0},
+                                   Case{1, 130, 1, 80, 66}};
+#endif
+  for (const Case c : cases) {
+    CAPTURE(c.B);
+    CAPTURE(c.T);
+    CAPTURE(c.H);
+    CAPTURE(c.D);
+    CAPTURE(c.window);
+    // The pairs of 64-row tiles in which some query sees some key, counted.
+    const int64_t ntiles = (c.T + 63) / 64;
+    int64_t pairs = 0;
+    for (int64_t kt = 0; kt < ntiles; ++kt) {
+      for (int64_t qt = kt; qt < ntiles; ++qt) {
+        bool meet = false;
+        for (int64_t t = qt * 64; t < std::min(c.T, qt * 64 + 64) && !meet; ++t) {
+          for (int64_t k = kt * 64; k < std::min(c.T, kt * 64 + 64) && !meet; ++k) {
+            meet = k <= t && (c.window == 0 || t - c.window < k);
+          }
+        }
+        pairs += meet;
+      }
+    }
+    const int64_t ds_bytes = AttentionDsTileBytes(c.B, c.T, c.H, c.window);
+    CHECK(ds_bytes == c.B * c.H * pairs * 64 * 64 * 2);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D,
+                  row = 3 * c.H * c.D;
+    const auto qkv = Random(n_qkv, 381, -2.0f, 2.0f), dout = Random(n_out, 382);
+    std::vector<__nv_bfloat16> qkv16(n_qkv), dout16(n_out);
+    for (int64_t i = 0; i < n_qkv; ++i) qkv16[i] = __float2bfloat16(qkv[i]);
+    for (int64_t i = 0; i < n_out; ++i) dout16[i] = __float2bfloat16(dout[i]);
+    Dev<float> f_qkv(qkv), f_dout(dout), d_bias(Random(hd3, 383));
+    Dev<__nv_bfloat16> h_qkv(qkv16), h_dout(dout16);
+    Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
+                       AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
+    Dev<__nv_bfloat16> ds(ds_bytes / 2 + 8);
+    for (const AttentionTcSoftmax mode : kSoftmaxModes) {
+      const SoftmaxMode use(mode);
+      for (const int inputs : {0, 1, 2}) {  // fp32; bf16 copied synchronously; bf16 copied asynchronously
+        for (const bool with_bias : {false, true}) {
+          CAPTURE(static_cast<int>(mode));
+          CAPTURE(inputs);
+          CAPTURE(with_bias);
+          const AsyncMode am(inputs == 2);
+          const float* const b = with_bias ? d_bias.get() : nullptr;
+          struct Result {
+            std::vector<float> dqkv, dbias;
+            std::vector<__nv_bfloat16> tiles;
+          };
+          auto run = [&](bool stored) {
+            Dev<float> out(n_out), lse(c.B * c.H * c.T), dqkv(n_qkv), dbias(std::vector<float>(hd3, 0.0f));
+            REQUIRE(cudaMemset(ds.get(), 0xFF, ds_bytes + 16) == cudaSuccess);  // NaN
+            __nv_bfloat16* const tiles = stored ? ds.get() : nullptr;
+            float* const db = with_bias ? dbias.get() : nullptr;
+            if (inputs == 0) {
+              REQUIRE(AttentionForwardBf16(out.get(), lse.get(), f_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
+                                           nullptr, b) == cudaSuccess);
+              REQUIRE(AttentionBackwardBf16(dqkv.get(), scratch.get(), f_dout.get(), f_qkv.get(), out.get(), lse.get(),
+                                            c.B, c.T, c.H, c.D, c.window, nullptr, nullptr, b, db,
+                                            tiles) == cudaSuccess);
+            } else {
+              REQUIRE(AttentionForwardBf16(out.get(), lse.get(), h_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
+                                           nullptr, b) == cudaSuccess);
+              REQUIRE(AttentionBackwardBf16(dqkv.get(), scratch.get(), h_dout.get(), h_qkv.get(), out.get(), nullptr,
+                                            lse.get(), c.B, c.T, c.H, c.D, c.window, nullptr, nullptr, b, db,
+                                            tiles) == cudaSuccess);
+            }
+            return Result{dqkv.Get(), dbias.Get(), ds.Get()};
+          };
+          const Result recompute = run(false), stored = run(true);
+          // Every tile element written by the stored run (none NaN), none by the other.
+          auto nan = [](__nv_bfloat16 v) { return std::isnan(__bfloat162float(v)); };
+          CHECK(std::none_of(stored.tiles.begin(), stored.tiles.begin() + ds_bytes / 2, nan));
+          CHECK(std::all_of(recompute.tiles.begin(), recompute.tiles.end(), nan));
+          // dK and dV: the same bits; dQ: close (the same bits under the emulator with the register softmax).
+          std::vector<float> q_re, q_st, kv_re, kv_st;
+          for (int64_t i = 0; i < n_qkv; ++i) {
+            const bool is_q = i % row < c.H * c.D;
+            (is_q ? q_re : kv_re).push_back(recompute.dqkv[i]);
+            (is_q ? q_st : kv_st).push_back(stored.dqkv[i]);
+          }
+          CHECK(SameBits(kv_st, kv_re));
+          CHECK(std::all_of(q_st.begin(), q_st.end(), [](float v) { return std::isfinite(v); }));
+          ExpectClose(q_st, q_re, 2e-2f, 2e-2f, "dq, stored dS vs formed again");
+          ExpectClose(stored.dbias, recompute.dbias, 2e-2f, 2e-2f, "dbias, stored dS vs formed again");
+#if MS_KERNELS_SIM
+          if (mode == AttentionTcSoftmax::kRegisters) {
+            CHECK(SameBits(q_st, q_re));
+            CHECK(SameBits(stored.dbias, recompute.dbias));
+          }
+#endif
+        }
+      }
+    }
+  }
+  {  // a buffer not 16-byte aligned is refused
+    const Case c{1, 20, 1, 16, 0};
+    Dev<float> buf(3 * 20 * 16), scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D));
+    Dev<__nv_bfloat16> ds(AttentionDsTileBytes(c.B, c.T, c.H, c.window) / 2 + 8);
+    float* p = buf.get();
+    CHECK(AttentionBackwardBf16(p, scratch.get(), p, p, p, p, c.B, c.T, c.H, c.D, c.window, nullptr, nullptr, nullptr,
+                                nullptr, ds.get() + 1) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+  CHECK(AttentionDsTileBytes(0, 5, 1, 0) == 0);
+  CHECK(AttentionDsTileBytes(1, 1024, 1, 0) == 136 * 8192);  // causal, 16 tiles: 16 * 17 / 2 pairs
+  ExpectNoPoisonedReads();
+}
+
 // The wide forward (SetAttentionTcWideForward: blocks of 128 query rows, two 16-row fragment rows per warp sharing
 // each K and V fragment load) gives the default forward's bits — out, lse, out16 — over T that leaves a block's last
 // warps, or a warp's second fragment row, past T (1, 37, 100, 129), several 128-row blocks (300), windows that mask
