@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -31,6 +32,12 @@ using testing::Random;
 struct Case {
   int64_t B, T, H, D, window;
 };
+
+// "B 1 T 70 H 2 D 64 window 16", for the messages of a failed check (INFO).
+std::string Describe(const Case& c) {
+  return "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " D " +
+         std::to_string(c.D) + " window " + std::to_string(c.window);
+}
 
 struct Outputs {
   std::vector<float> out, lse, dqkv;
@@ -218,6 +225,14 @@ struct SoftmaxMode {
   ~SoftmaxMode() { SetAttentionTcSoftmax(AttentionTcSoftmax::kAuto); }
   SoftmaxMode(const SoftmaxMode&) = delete;
   SoftmaxMode& operator=(const SoftmaxMode&) = delete;
+};
+
+// The tensor-core kernels' tile copies (SetAttentionTcAsyncLoads) for a scope: asynchronous (the default) or not.
+struct AsyncMode {
+  explicit AsyncMode(bool on) { SetAttentionTcAsyncLoads(on); }
+  ~AsyncMode() { SetAttentionTcAsyncLoads(true); }
+  AsyncMode(const AsyncMode&) = delete;
+  AsyncMode& operator=(const AsyncMode&) = delete;
 };
 
 #if defined(__SANITIZE_THREAD__)
@@ -495,12 +510,6 @@ TEST_CASE("attention bf16 (tensor cores): bf16 qkv, dout and out give the bits o
 // windows that start the key loop past tile 0, with and without the bias, both softmax variants (the register one
 // keeps the backward's second buffers in its fp32 area at D <= 64), and both instantiations (D <= 64, <= 128).
 TEST_CASE("attention bf16 (tensor cores): asynchronous tile copies give the bits of the synchronous loads") {
-  struct AsyncMode {
-    explicit AsyncMode(bool on) { SetAttentionTcAsyncLoads(on); }
-    ~AsyncMode() { SetAttentionTcAsyncLoads(true); }
-    AsyncMode(const AsyncMode&) = delete;
-    AsyncMode& operator=(const AsyncMode&) = delete;
-  };
   struct Result {
     std::vector<float> out, lse, dqkv, dbias;
     std::vector<__nv_bfloat16> out16, dqkv16;
@@ -570,12 +579,6 @@ TEST_CASE("attention bf16 (tensor cores): asynchronous tile copies give the bits
 // inside a tile; both instantiations (D <= 64, D <= 128); fp32 and bf16 inputs, synchronous and asynchronous copies,
 // the qkv bias and none. AttentionDsTileBytes is checked against a count of the pairs that meet.
 TEST_CASE("attention bf16 (tensor cores): the stored-dS backward (5 products) against the one that forms dS again") {
-  struct AsyncMode {
-    explicit AsyncMode(bool on) { SetAttentionTcAsyncLoads(on); }
-    ~AsyncMode() { SetAttentionTcAsyncLoads(true); }
-    AsyncMode(const AsyncMode&) = delete;
-    AsyncMode& operator=(const AsyncMode&) = delete;
-  };
 #if defined(__SANITIZE_THREAD__)
   const std::vector<Case> cases = {Case{1, 200, 1, 64, 70}};
 #else
@@ -584,11 +587,8 @@ TEST_CASE("attention bf16 (tensor cores): the stored-dS backward (5 products) ag
                                    Case{1, 130, 1, 80, 66}};
 #endif
   for (const Case c : cases) {
-    CAPTURE(c.B);
-    CAPTURE(c.T);
-    CAPTURE(c.H);
-    CAPTURE(c.D);
-    CAPTURE(c.window);
+    const std::string shape = Describe(c);
+    INFO(shape);
     // The pairs of 64-row tiles in which some query sees some key, counted.
     const int64_t ntiles = (c.T + 63) / 64;
     int64_t pairs = 0;
@@ -717,11 +717,8 @@ TEST_CASE("attention bf16 (tensor cores): the wide forward gives the default for
     REQUIRE(AttentionForwardBf16(o.get(), l.get(), q.get(), 1, 1, 1, 16, 0, nullptr) == cudaSuccess);
   }
   for (const Case c : cases) {
-    CAPTURE(c.B);
-    CAPTURE(c.T);
-    CAPTURE(c.H);
-    CAPTURE(c.D);
-    CAPTURE(c.window);
+    const std::string shape = Describe(c);
+    INFO(shape);
     const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
     std::vector<__nv_bfloat16> qkv16(n_qkv);
     const auto qkv = Random(n_qkv, 371, -2.0f, 2.0f);
