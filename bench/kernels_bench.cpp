@@ -1704,22 +1704,22 @@ struct Launch {
 // cublasGemmEx with fp32 output, the input gradients written (beta 0, no zeroing pass before), the weight gradients
 // accumulated;
 // attention runs on bf16 tensor cores with fp32 inputs and outputs when D is a multiple of 16
-// (kernels/attention_tc.cu), else on the fp32 kernels, its backward forming 7 products (the forward's 2, then 5, with S
-// and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16 activations and a bf16 weight copy
-// written by the optimizer), bf16 GEMM outputs and activations (half the bytes of every memory-bound kernel), attention
-// on bf16 tensor cores with FlashAttention-2's 5-product backward. The launch sequences PredictStep sums: as built
-// (keep), as built with runtime.bf16_operands: cast (every GEMM casts its input and weight, the backward its output
-// gradient, weight and input again), with cuBLAS converting the fp32 operands (runtime.bf16_operands: cublas, assuming
-// the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no cast kernels), and
-// with issue #16's items done.
-// kBf16Fc: as built with runtime.activations: bf16 (at tp 1 the logits in bf16 too, the cross-entropy writing their
-// gradient's rounding over them; with the tensor-core attention its inputs in bf16: qkv written by its GEMM,
-// dout by the projection's backward GEMM, out read back as its rounding, its fp32 value not written) and
-// runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt epilogue adds the bias (a bf16 copy cast per call) and
-// applies the GeLU, writing the GeLU input (kept for the backward) and output in bf16; the fc projection's backward
-// GEMM's applies gelu' to its input gradient and writes it in bf16; a BiasGrad over it sums the fc bias gradient. No
-// bias + GeLU kernel. kBf16FcKernels: the same with runtime.gemm_epilogues: false (the fc GEMM writes its output in
-// bf16, which the bias
+// (kernels/attention_tc.cu), its backward making 5 products with dS kept in bf16 tiles between its two kernels
+// (runtime.attention_stored_ds: the tiles written and read once), else on the fp32 kernels, their backward forming 7
+// products (S and dP formed twice). `after16`: the target of issue #16 instead: no casts (bf16 activations and a bf16
+// weight copy written by the optimizer), bf16 GEMM outputs and activations (half the bytes of every memory-bound
+// kernel), attention on bf16 tensor cores with FlashAttention-2's 5-product backward. The launch sequences PredictStep
+// sums: as built (keep), as built with runtime.bf16_operands: cast (every GEMM casts its input and weight, the backward
+// its output gradient, weight and input again), with cuBLAS converting the fp32 operands (runtime.bf16_operands:
+// cublas, assuming the conversion happens in cuBLAS's operand loads: the GEMMs read 4 bytes per operand element, no
+// cast kernels), and with issue #16's items done. kBf16Fc: as built with runtime.activations: bf16 (at tp 1 the logits
+// in bf16 too, the cross-entropy writing their gradient's rounding over them; with the tensor-core attention its inputs
+// in bf16: qkv written by its GEMM, dout by the projection's backward GEMM, out read back as its rounding, its fp32
+// value not written) and runtime.gemm_epilogues (the default): the fc GEMM's cuBLASLt epilogue adds the bias (a bf16
+// copy cast per call) and applies the GeLU, writing the GeLU input (kept for the backward) and output in bf16; the fc
+// projection's backward GEMM's applies gelu' to its input gradient and writes it in bf16; a BiasGrad over it sums the
+// fc bias gradient. No bias + GeLU kernel. kBf16FcKernels: the same with runtime.gemm_epilogues: false (the fc GEMM
+// writes its output in bf16, which the bias
 // + GeLU reads forward and backward; the fc projection's backward writes its input gradient in bf16, which the bias +
 // GeLU backward reads).
 enum class StepVariant { kAsBuilt, kBf16Fc, kBf16FcKernels, kCastEveryGemm, kCublasOperands, kAfter16 };
@@ -1774,7 +1774,12 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const bool tc_attention = after16 || static_cast<int64_t>(D) % 16 == 0;
   const Unit attn_unit = tc_attention ? Unit::kTensorBf16 : Unit::kCudaCoreFp32;
   const char* attn = tc_attention ? "attention (bf16 tensor cores)" : "attention (fp32 CUDA cores)";
-  const double attn_bwd = after16 ? 2.5 : 3.5;  // backward products / forward products
+  // Backward products / forward products: FlashAttention-2's 5 (after16); the tensor-core kernels' 5 too as built
+  // (runtime.attention_stored_ds, the default), with the dS tiles written and read once; the fp32 kernels' 7.
+  const double attn_bwd = after16 || tc_attention ? 2.5 : 3.5;
+  const double ds_tiles = !after16 && tc_attention
+                              ? static_cast<double>(k::AttentionDsTileBytes(s.tokens / s.seq, s.seq, s.heads, 0))
+                              : 0.0;
   // With bf16_fc and the tensor-core attention (kept operands in these variants) the attention's inputs are bf16:
   // qkv (written by its GEMM), dout (by the projection's backward GEMM) and out, whose fp32 value is not written (the
   // backward reads its rounding).
@@ -1819,7 +1824,7 @@ std::vector<Launch> StepLaunches(const Shape& s, StepVariant variant) {
   const double dqkv_fp32 = keep && tc_attention ? 0.0 : 1.0, bias_parts = tc_attention ? 2.0 * n_qkv / 16 : 0.0;
   out.push_back({attn,
                  attn_in * 2 * N * C + act * dqkv_fp32 * n_qkv + qkv_bytes * n_qkv +
-                     F * (n_lse + 2 * scratch + rounding * n_qkv + bias_parts),
+                     F * (n_lse + 2 * scratch + rounding * n_qkv + bias_parts) + 2 * ds_tiles,
                  attn_bwd * attn_fwd, attn_unit, L});
   // The fc output the bias + GeLU reads: an activation (act bytes), or with bf16_fc 2 bytes (half an fp32 element).
   const double fch_act = bf16_fc ? 0.0 : 1.0, fch_fp32 = bf16_fc ? 0.5 : 0.0;
@@ -1931,7 +1936,7 @@ void PredictStep(const Shape& s, const Roofline& r, int64_t micro_batches) {
               "output gradient rounded once per micro-batch by the op that writes it, inputs kept for the "
               "backward; "
               "activations fp32 except those only GEMMs read, kept as bf16 alone; tensor-core attention with "
-              "fp32 I/O and a 7-product backward)");
+              "fp32 I/O and a 5-product backward keeping dS in bf16 tiles)");
     for (const auto& [group, sec] : groups) {
       fmt::print("    {:<40} {:>9.3f} ms {:>6.1f}%\n", group, sec * 1e3, 100.0 * sec / total);
     }
