@@ -64,13 +64,15 @@ enum class Bf16Operands { kKeep, kCast, kCublas };
 // device, GEMMs by cuBLAS (cublasGemmEx; with bf16_gemm the operands are rounded to bf16 as `operands` says and
 // multiplied with fp32 accumulation into fp32 outputs, else fp32 throughout), everything else by the kernels
 // of kernels/. Parameters, gradients and optimizer state stay fp32 (the masters).
-// attention_stored_ds (runtime.attention_stored_ds): the tensor-core attention backward keeps dS between its two
-// kernels in a workspace (kernels/attention.h, AttentionDsTileBytes: GPT-2 small at 16 x 1024 tokens, 209 MiB), so its
-// dQ kernel makes one product per tile pair instead of three and the softmax again; false: it forms dS again, no
-// workspace.
+// attention_ds_max_bytes (runtime.attention_stored_ds: kAttentionDsMaxBytes, or 0 when false): the tensor-core
+// attention backward keeps dS between its two kernels in a workspace where its tiles take at most this many bytes
+// (kernels/attention.h, AttentionDsTileBytes: GPT-2 small at 16 x 1024 tokens, 209 MiB), so its dQ kernel makes one
+// product per tile pair instead of three and the softmax again; above it (long sequences: the tiles grow as T^2 / 2
+// without a window) it forms dS again, with no workspace.
+constexpr int64_t kAttentionDsMaxBytes = int64_t{1} << 30;
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm = true,
                                                       Bf16Operands operands = Bf16Operands::kKeep,
-                                                      bool attention_stored_ds = true);
+                                                      int64_t attention_ds_max_bytes = kAttentionDsMaxBytes);
 // The cudaStream_t a backend made by MakeCudaBackend enqueues on (as void*, so that callers need no CUDA
 // headers); nullptr for other backends. Communicators order their work after it (comm::NcclOptions).
 void* BackendStream(ops::Backend& backend);
@@ -90,7 +92,8 @@ struct EpilogueStats {
 };
 EpilogueStats GetEpilogueStats(ops::Backend& backend);
 // The tensor-core attention backwards a backend made by MakeCudaBackend has run: with dS kept between the kernels
-// (attention_stored_ds: 5 products), and forming it again (7). Zeros for other backends.
+// (5 products), and forming it again (7: runtime.attention_stored_ds false, or tiles above attention_ds_max_bytes).
+// Zeros for other backends.
 struct AttentionStats {
   int64_t stored_ds = 0;
   int64_t recompute = 0;

@@ -82,11 +82,11 @@ class Workspace {
 class CudaBackend final : public ops::Backend {
  public:
   static Result<std::unique_ptr<ops::Backend>> Create(device::Device* device, bool bf16, Bf16Operands operands,
-                                                      bool attention_stored_ds) {
+                                                      int64_t attention_ds_max_bytes) {
     std::unique_ptr<CudaBackend> b(new CudaBackend());
     b->device_ = device;
     b->bf16_ = bf16;
-    b->stored_ds_ = attention_stored_ds;
+    b->ds_max_bytes_ = attention_ds_max_bytes;
     b->cublas_converts_ = bf16 && operands == Bf16Operands::kCublas;
     b->keep_ = bf16 && operands == Bf16Operands::kKeep;
     b->stream_ = device->CreateStream();
@@ -357,15 +357,15 @@ class CudaBackend final : public ops::Backend {
     return static_cast<float*>(scratch);
   }
   // The tensor-core attention backward's dS tiles (runtime.attention_stored_ds: kept between its dK/dV and dQ
-  // kernels, 5 products instead of 7; kernels/attention.h), or null where it forms dS again; counted either way.
+  // kernels, 5 products instead of 7; kernels/attention.h), or null where it forms dS again (off, or the tiles above
+  // ds_max_bytes_); counted either way.
   Result<__nv_bfloat16*> DsTiles(int64_t B, int64_t T, int64_t H, int64_t window) {
-    if (!stored_ds_) {
+    const int64_t bytes = kernels::AttentionDsTileBytes(B, T, H, window);
+    if (bytes > ds_max_bytes_) {
       ++attention_stats_.recompute;
       return static_cast<__nv_bfloat16*>(nullptr);
     }
-    MS_ASSIGN_OR_RETURN(
-        void* tiles,
-        ws_[kDsTiles].Get(device_, s_, static_cast<size_t>(kernels::AttentionDsTileBytes(B, T, H, window))));
+    MS_ASSIGN_OR_RETURN(void* tiles, ws_[kDsTiles].Get(device_, s_, static_cast<size_t>(bytes)));
     ++attention_stats_.stored_ds;
     return static_cast<__nv_bfloat16*>(tiles);
   }
@@ -826,9 +826,9 @@ class CudaBackend final : public ops::Backend {
   EpilogueStats epilogue_stats_;
   AttentionStats attention_stats_;
   bool bf16_ = true;
-  bool stored_ds_ = true;         // runtime.attention_stored_ds
-  bool cublas_converts_ = false;  // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
-  bool keep_ = false;             // bf16 GEMMs take the caller's kept operand roundings (ops::Bf16Copies)
+  int64_t ds_max_bytes_ = kAttentionDsMaxBytes;  // runtime.attention_stored_ds (0: off)
+  bool cublas_converts_ = false;                 // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
+  bool keep_ = false;  // bf16 GEMMs take the caller's kept operand roundings (ops::Bf16Copies)
   Workspace ws_[kNumWorkspaces];
   Stage stage_[kStageSlots];
   int next_stage_ = 0;
@@ -853,9 +853,9 @@ AttentionStats GetAttentionStats(ops::Backend& backend) {
 }
 
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device* device, bool bf16_gemm, Bf16Operands operands,
-                                                      bool attention_stored_ds) {
+                                                      int64_t attention_ds_max_bytes) {
   if (!device) return InvalidArgument("MakeCudaBackend: no device");
-  return CudaBackend::Create(device, bf16_gemm, operands, attention_stored_ds);
+  return CudaBackend::Create(device, bf16_gemm, operands, attention_ds_max_bytes);
 }
 
 }  // namespace ms::cuda

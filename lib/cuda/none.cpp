@@ -37,7 +37,7 @@ EpilogueStats GetEpilogueStats(ops::Backend&) {
 AttentionStats GetAttentionStats(ops::Backend&) {
   return {};
 }
-Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands, bool) {
+Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands, int64_t) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }
 

@@ -49,11 +49,12 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
   }
   const std::string& operands = spec.runtime.bf16_operands;
   const bool cublas_converts = operands == "cublas";
-  MS_ASSIGN_OR_RETURN(c.backend, cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16,
-                                                       cublas_converts      ? cuda::Bf16Operands::kCublas
-                                                       : operands == "cast" ? cuda::Bf16Operands::kCast
-                                                                            : cuda::Bf16Operands::kKeep,
-                                                       spec.runtime.attention_stored_ds));
+  MS_ASSIGN_OR_RETURN(c.backend,
+                      cuda::MakeCudaBackend(c.device.get(), spec.train.precision == config::Precision::kBf16,
+                                            cublas_converts      ? cuda::Bf16Operands::kCublas
+                                            : operands == "cast" ? cuda::Bf16Operands::kCast
+                                                                 : cuda::Bf16Operands::kKeep,
+                                            spec.runtime.attention_stored_ds ? cuda::kAttentionDsMaxBytes : 0));
   LogInfo("compute: {} on {} (GEMMs {})", c.backend->name(), c.device->name(),
           !c.backend->bf16_gemm() ? "fp32"
           : cublas_converts       ? "bf16 inputs converted by cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF), fp32 accumulation"

@@ -43,11 +43,12 @@ struct Pair {
   std::unique_ptr<ops::Backend> gpu;
   std::vector<std::pair<device::Device*, void*>> allocs;
 
-  explicit Pair(bool bf16 = false, Bf16Operands operands = Bf16Operands::kCast) {
+  explicit Pair(bool bf16 = false, Bf16Operands operands = Bf16Operands::kCast,
+                int64_t ds_max_bytes = kAttentionDsMaxBytes) {
     auto d = MakeCudaDevice(0);
     REQUIRE_MESSAGE(d.ok(), d.status().ToString());
     gpu_dev = std::move(d).value();
-    auto b = MakeCudaBackend(gpu_dev.get(), bf16, operands);
+    auto b = MakeCudaBackend(gpu_dev.get(), bf16, operands, ds_max_bytes);
     REQUIRE_MESSAGE(b.ok(), b.status().ToString());
     gpu = std::move(b).value();
   }
@@ -728,6 +729,46 @@ TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of t
     CHECK(r.be->AttentionBackward16(o, o, o, nullptr, o, nullptr, o, 1, 1, 1, r.D, 0, nullptr, nullptr).code() ==
           Code::kFailedPrecondition);
   }
+}
+
+// The tensor-core attention backward keeps dS in a workspace between its kernels (5 products) where its tiles take at
+// most the backend's cap (runtime.attention_stored_ds: 1 GiB; 0 when off), else forms it again (7): here 2 x 2 heads
+// of T = 70, 2 64-row tiles, 3 (key, query) tile pairs of 8 KiB each = 98,304 bytes. GetAttentionStats counts each
+// kind; the outputs agree — under the emulator bit for bit (the register softmax sums S and its transpose alike).
+TEST_CASE("cuda backend: the attention backward keeps dS where its tiles fit the cap (runtime.attention_stored_ds)") {
+  const int64_t B = 2, T = 70, H = 2, D = 16, window = 0, N = B * T, n_qkv = N * 3 * H * D, n_out = N * H * D;
+  const int64_t tile_bytes = 2 * 2 * 3 * 64 * 64 * 2;
+  const std::vector<float> qkv_h = Random(n_qkv, 71, -2.0f, 2.0f), dout_h = Random(n_out, 72);
+  struct Run {
+    std::vector<float> dqkv;
+    AttentionStats stats;
+  };
+  auto run = [&](int64_t cap) {
+    Pair p(/*bf16=*/true, Bf16Operands::kKeep, cap);
+    float* qkv = p.On(*p.gpu, qkv_h);
+    float* dout = p.On(*p.gpu, dout_h);
+    float* out = p.On(*p.gpu, std::vector<float>(n_out));
+    float* lse = p.On(*p.gpu, std::vector<float>(B * H * T));
+    float* dqkv = p.On(*p.gpu, std::vector<float>(n_qkv));
+    REQUIRE(p.gpu->AttentionForward(out, lse, qkv, nullptr, B, T, H, D, window, nullptr).ok());
+    REQUIRE(p.gpu->AttentionBackward(dqkv, dout, qkv, nullptr, out, lse, B, T, H, D, window, nullptr, nullptr).ok());
+    return Run{p.Get(*p.gpu, dqkv, n_qkv), GetAttentionStats(*p.gpu)};
+  };
+  const Run dflt = run(kAttentionDsMaxBytes), fits = run(tile_bytes), above = run(tile_bytes - 1), off = run(0);
+  for (const Run* r : {&dflt, &fits}) {
+    CHECK(r->stats.stored_ds == 1);
+    CHECK(r->stats.recompute == 0);
+  }
+  for (const Run* r : {&above, &off}) {
+    CHECK(r->stats.stored_ds == 0);
+    CHECK(r->stats.recompute == 1);
+  }
+  ExpectClose(dflt.dqkv, off.dqkv, 2e-2f, 2e-2f, "dqkv, dS kept vs formed again");
+  CHECK(fits.dqkv == dflt.dqkv);
+  CHECK(above.dqkv == off.dqkv);
+  if (LinkedFlavor() == Flavor::kEmulated) CHECK(dflt.dqkv == off.dqkv);
+  Pair cpu_only;
+  CHECK(GetAttentionStats(*cpu_only.cpu).stored_ds == 0);
 }
 
 // Refused: kept roundings of out / dqkv where nothing is kept (bf16_operands: cast, the CPU backend), the qkv bias
