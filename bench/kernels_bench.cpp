@@ -512,6 +512,14 @@ void SanityAttention(Sanity& s) {
     s.Close("AttentionForwardBf16 lse", d_lse.Download(), lse, 1e-4, 1e-4);
     const std::vector<float> got_dqkv = d_dqkv.Download();
     s.Close("AttentionBackwardBf16 dqkv", got_dqkv, dqkv, 2e-2, 2e-2);
+    // The 5-product backward (dS kept in bf16 tiles between its kernels: runtime.attention_stored_ds, training's
+    // default) against the same reference.
+    DevBuf<bf16> ds_tiles(static_cast<size_t>(k::AttentionDsTileBytes(B, T, H, window) / 2), "attention dS tiles");
+    DevBuf<float> d_dqkv_ds(n_qkv, "dqkv");
+    s.Run("AttentionBackwardBf16 (stored dS)",
+          k::AttentionBackwardBf16(d_dqkv_ds.get(), scratch.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                                   B, T, H, D, window, s.stream(), nullptr, nullptr, nullptr, ds_tiles.get()));
+    s.Close("AttentionBackwardBf16 dqkv (stored dS)", d_dqkv_ds.Download(), dqkv, 2e-2, 2e-2);
     // As the model runs it with kept operands: no fp32 dqkv, the qkv bias gradient summed as the rows are stored;
     // against the column sums (double) of the dqkv just checked.
     const int64_t cols = 3 * H * D;
