@@ -1385,12 +1385,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // The stored-dS dQ kernel: dQ = sum over the key tiles kt of dS_{qt,kt} K_kt, from the dS^T tiles the dK/dV kernel
 // stored (DsTileOffset) — one product per pair where attention_dq_tc_kernel forms S, dP and dS again first. One block
-// per (b, h, query tile), in attention_dq_tc_kernel's order; each warp takes its 16 query columns of each dS^T tile as
-// a col_major matrix_a fragment and multiplies it into the K tile's rows as that kernel does (AddATimesTileRows for
-// the 4 key fragments in turn: the same products in the same order, so where both kernels round dS alike — the
-// register softmax — the same dQ). Shared memory: K [64][D + 8] and dS^T [64][72] (bf16), twice with kAsync (the next
-// pair's copies in flight), then the k bias (kAsync with a bias); after the loop the per-warp fp32 output rows
-// [16][kMaxD + 4] overlay them.
+// per (b, h, query tile), the heads in reverse order (the query tiles longest first, as attention_dq_tc_kernel); each
+// warp takes its 16 query columns of each dS^T tile as a col_major matrix_a fragment and multiplies it into the K
+// tile's rows as that kernel does (AddATimesTileRows for the 4 key fragments in turn: the same products in the same
+// order, so where both kernels round dS alike — the register softmax — the same dQ). Shared memory: K [64][D + 8] and
+// dS^T [64][72] (bf16), twice with kAsync (the next pair's copies in flight), then the k bias (kAsync with a bias);
+// after the loop the per-warp fp32 output rows [16][kMaxD + 4] overlay them.
 template <int kMaxD, bool kAsync>
 __host__ __device__ constexpr size_t DqDsTileBytes(int D) {
   return (kAsync ? 2 : 1) * sizeof(__nv_bfloat16) * kRows * (LdH(D) + kLdP);
@@ -1417,7 +1417,10 @@ __global__ void __launch_bounds__(kThreads)
   auto Kb = [&](int b) { return kAsync && b ? K1 : K0; };
   auto Sb = [&](int b) { return kAsync && b ? S1 : S0; };
 
-  const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
+  // Heads in reverse: the dK/dV kernel ran them in order, so the last heads' tiles are the ones still in L2 (tens of
+  // MB: a few dozen heads at GPT-2 small) when this kernel starts. Which block takes which head changes no result.
+  const int bh = static_cast<int>(gridDim.x) / ntiles - 1 - static_cast<int>(blockIdx.x / ntiles),
+            qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
   const HeadRowsT<S> hr = HeadRowsOf(qkv, static_cast<const S*>(nullptr), b, h, T, H, D);
   const long row = hr.row;
