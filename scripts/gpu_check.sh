@@ -254,8 +254,8 @@ if want profile; then
     echo "== profile: ncu (Nsight Compute) is not on this machine"
     failed=1
   else
-    stage profile "${cap[profile]}" bash -c '"$1" --clock-control none --kernel-name "regex:attention_(forward|dq|dkdv)_tc" \
-      --launch-count 80 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    stage profile "${cap[profile]}" bash -c '"$1" --clock-control none --kernel-name "regex:attention_(forward|dq|dq_ds|dkdv)_tc" \
+      --launch-count 96 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --csv --page details "$2" --preset gpt2-small-gpu --iters 1 --warmup 0 \
       >"$3/profile.csv" && grep -c attention "$3/profile.csv"' _ "$ncu_bin" "$bin/kernels_bench" "$work"
   fi

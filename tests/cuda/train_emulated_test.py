@@ -200,11 +200,14 @@ case("bf16-111-keep-is-cast-unfused", "parallel: {micro_batches: 2}",
 EPI = "fc GEMMs with the bias + GeLU epilogue: "
 QKV = "qkv GEMMs with the bias epilogue: "
 QKV_LT = QKV + "20 by cuBLASLt, 0 by the GEMM + kernel fallback"
+# ... and its backward keeps dS between its two kernels (runtime.attention_stored_ds: 5 products), 12 times.
+ATT = "tensor-core attention backwards: "
 KEPT = "kept in bf16: fc output, GeLU output gradient, logits"
 case("bf16-111-bf16-activations", "", ["train.precision=bf16", "model.block=sequential"], 5e-3,
      ["runtime.activations=bf16"],
      [EPI + "32 by cuBLASLt, 0 by the GEMM + kernel fallback",
       (QKV_LT, QKV + "0 by cuBLASLt, 20 by the GEMM + kernel fallback") if GPU else QKV_LT,
+      ATT + "12 with dS kept (5 products), 0 forming dS again (7 products)",
       KEPT + ", qkv, attention output gradient, attention output, attention and MLP projection outputs, "
       "LayerNorm input gradients\n"])
 # ... and at tp 1 the logits in bf16 too (the classifier GEMM writes them rounded, the cross-entropy reads them and
@@ -228,7 +231,6 @@ case("bf16-111-bf16-activations-keep-is-cast-sequential", "parallel: {micro_batc
 # products) gives the bits of the one that forms dS again (7) under the emulator, where the register softmax's S^T and
 # S are summed in the same order (on a GPU the tensor cores' own orders may differ in the last bits: skipped there); the
 # logs say which ran.
-ATT = "tensor-core attention backwards: "
 if GPU:
     print("skip attention-stored-ds-same-bits: the same bits only under the emulator")
     skipped.append("attention-stored-ds-same-bits")
