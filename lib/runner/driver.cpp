@@ -530,6 +530,27 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     ++faults;
     const double detected_at = WallSeconds();
     const int64_t reached = std::max<int64_t>(monitor ? monitor->max_step() : -1, LastTrainStep(run_dir));
+    // Where a restart would resume. At train.steps, the last checkpoint was committed before the fault (a rank
+    // lost on its way out): the job is complete, and an attempt with no step to take is not launched.
+    const int64_t newest = RestartStep(spec);
+    if (newest >= spec.train.steps) {
+      events.Write("fault", [&](metrics::JsonObject& e) {
+        e.Add("attempt", attempt).Add("kind", f.kind).Add("rank", f.rank).Add("host", f.host).Add("detail", f.detail);
+        e.Add("detect_latency_s", f.detect_latency_s).Add("steps_reached", reached).Add("action", "none: complete");
+      });
+      const double wall = WallSeconds() - driver_start, productive = ProductiveSeconds(run_dir);
+      events.Write("summary", [&](metrics::JsonObject& e) {
+        e.Add("attempts", attempt + 1).Add("faults", faults).Add("wall_s", wall).Add("productive_s", productive);
+        e.Add("effective_training_time_ratio", wall > 0 ? productive / wall : 0);
+        e.Add("end", std::to_string(ExitCode(JobEnd::kCompleted)));
+      });
+      if (redis) redis->Stop().IgnoreError();
+      LogWarn(
+          "{} in attempt {} after its last checkpoint: {}. The job is complete: {}/{} holds step {} = train.steps, "
+          "so no attempt is restarted",
+          f.kind, attempt, f.detail, spec.checkpoint.dir, checkpoint::StepDirName(newest), newest);
+      return JobEnd::kCompleted;
+    }
     std::string action = "restart";
     std::string stop_reason;
     if (f.host_fault && !f.host.empty() && ++host_faults[f.host][f.kind] >= 2) {
@@ -562,7 +583,6 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
         e.Add("effective_training_time_ratio", wall > 0 ? productive / wall : 0).Add("end", stop_reason);
       });
       if (redis) redis->Stop().IgnoreError();
-      const int64_t newest = RestartStep(spec);
       return Aborted("{} in attempt {}: {}. Stopping: {}{}. {}", f.kind, attempt, f.detail, stop_reason,
                      recovered.empty() ? std::string() : fmt::format(" (recovered before: {})", recovered),
                      newest >= 0 ? fmt::format("The checkpoints are intact (newest: step {}): `megascale resume` "
@@ -584,7 +604,7 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    resume_step = RestartStep(spec);
+    resume_step = newest;  // the ranks are gone: nothing was committed while the driver waited
     recovering = Recovery{f.kind, detected_at, reached, resume_step};
   }
 }
@@ -628,6 +648,14 @@ Result<JobEnd> RunJob(const config::JobSpec& spec, const TrainOptions& options_i
   }
   TrainOptions options = options_in;
   MS_ASSIGN_OR_RETURN(options.resume_step, ChooseStart(spec, options));
+  if (options.resume_step >= spec.train.steps) {
+    // Nothing to train: no rank is launched (a rank with no step to take would only wait on the others).
+    LogInfo(
+        "nothing to train: the newest checkpoint, {}/{}, is at step {} and train.steps = {}; the job is complete "
+        "(raise train.steps to train on from it)",
+        spec.checkpoint.dir, checkpoint::StepDirName(options.resume_step), options.resume_step, spec.train.steps);
+    return JobEnd::kCompleted;
+  }
   // A stop signal that came while the driver was preparing: nothing was launched, nothing is lost.
   const SignalCounts early = TakeSignals();
   if (early.terminate || early.interrupt) {

@@ -16,7 +16,7 @@
 //   loader_stall rank=<r> step=<s>             the shared data loader in rank r stops publishing at step s
 // Points: resume_scan (the driver's checkpoint scan), restore_read (a rank's checkpoint read,
 // before its data-parallel peers are sent what it read), train_start (a rank, after start-up and
-// restore, before its first step).
+// restore, before its first step), train_end (a rank, after its last step and checkpoint, before it exits).
 // A malformed entry is reported once (LogWarn) and ignored.
 #pragma once
 

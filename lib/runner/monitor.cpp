@@ -106,8 +106,11 @@ std::optional<Fault> Monitor::Poll() {
       return f;
     }
   }
-  // Hang: everyone beats, nobody progresses (after the first step: start-up has its own timeouts).
-  if (first_step_done_ && now - progress_at_ > spec_.hang_timeout_s) {
+  // Hang: everyone beats, nobody progresses (after the first step: start-up has its own timeouts), and some
+  // rank still trains (ranks that finished their last step make none, and are not hung).
+  const bool training = std::any_of(ranks_.begin(), ranks_.end(),
+                                    [](const RankState& st) { return st.beat && st.beat->phase != "done"; });
+  if (first_step_done_ && training && now - progress_at_ > spec_.hang_timeout_s) {
     std::map<std::string, std::vector<int>> waiting;  // group -> ranks waiting in it
     for (int r = 0; r < world_; ++r) {
       if (ranks_[r].beat && !ranks_[r].beat->wait_group.empty()) waiting[ranks_[r].beat->wait_group].push_back(r);

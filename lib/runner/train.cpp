@@ -957,6 +957,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,
             summary.final_val_loss, run_dir);
   }
+  set_phase(Phase::kDone);            // its heartbeats from here on say so: no hang while it exits
+  InjectDelay("train_end", rt.rank);  // test hook: a rank lost on its way out, after the last checkpoint
   return summary;
 }
 

@@ -13,6 +13,9 @@ undisturbed.
                     checkpoints are intact and `megascale resume` finishes the run
   bad_host          the same fault twice on one host: the host is bad, and with no other host the job
                     stops with the reason
+  after_last_step   a rank lost after the last checkpoint, while another has already exited: the finished rank
+                    is not "lost" (its last heartbeat says done), nothing is "hung", and the job is complete
+                    (exit 0) without a restart that would have nothing to train
   straggler         a rank computing 4x as long is reported, and no other (straggler_ratio 1.5 in every case:
                     the default 0.5 flags noise on a loaded 2-core machine, whose steps here take ~6 ms)
 
@@ -216,6 +219,35 @@ def bad_host():
     last = err.strip().splitlines()[-1]
     assert rc == 1 and "the same fault (crash) happened twice on host" in last, last
     assert [e["action"] for e in events("bad_host", "fault")] == ["restart", "stop"], events("bad_host")
+
+
+@case
+def after_last_step():
+    # Rank 1 waits at its very end (after its last step and checkpoint) until it is killed; rank 0 exits meanwhile.
+    env = dict(os.environ, MEGASCALE_FAULT="delay:at=train_end:rank=1:s=120")
+    p = start(spec("after_last"), env=env)
+    log1 = os.path.join(WORK, "after_last", "logs", "rank-1.log")
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        if 0 not in ranks(p) and os.path.exists(log1) and "delaying train_end" in open(log1).read():
+            break
+        time.sleep(0.05)
+    assert p.poll() is None and 0 not in ranks(p), f"rank 0 did not finish first: {events('after_last')}"
+    time.sleep(4)  # twice fault.heartbeat_timeout_s and more than fault.hang_timeout_s: rank 0 silent, no step made
+    assert p.poll() is None, f"the job ended while rank 1 waited: {events('after_last')}"
+    os.kill(ranks(p)[1], signal.SIGKILL)
+    rc, err = finish(p)
+    loss, last = final_loss("after_last")
+    assert rc == 0 and last == STEPS and loss == REFERENCE, f"exit {rc}, loss {loss} at step {last}: {err[-1500:]}"
+    faults = events("after_last", "fault")
+    assert [(f["kind"], f["rank"], f["action"]) for f in faults] == [("crash", 1, "none: complete")], faults
+    assert len(events("after_last", "attempt")) == 1, events("after_last")
+    assert "The job is complete" in err, err[-1500:]
+    # Resuming the complete job launches nothing and says so.
+    r = subprocess.run([BIN, "resume", spec("after_last"), "--no-progress"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "nothing to train" in r.stderr, r.stderr[-800:]
+    assert len(events("after_last", "attempt")) == 1, events("after_last")
 
 
 @case

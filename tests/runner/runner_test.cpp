@@ -14,6 +14,7 @@
 #include "runner/checkpointing.h"
 #include "runner/driver.h"
 #include "runner/heartbeat.h"
+#include "runner/monitor.h"
 #include "runner/rank.h"
 #include "runner/run_dir.h"
 #include "runner/runner.h"
@@ -298,12 +299,76 @@ TEST_CASE("a heartbeat says what the rank does, and the driver reads it back") {
   auto idle = ParseHeartbeat("n=4\nt=1\nrank=1\nhost=h\npid=1\n" + b.Snapshot());
   REQUIRE(idle.ok());
   CHECK(idle->wait_group.empty());
+  // The last beat (final=1) says "done" whatever the board showed, wherever the key stands in the text.
+  b.EnterWait(tp, "all-reduce");
+  for (const std::string& last :
+       {"n=5\nt=1\nrank=1\nhost=h\npid=1\n" + b.Snapshot() + "final=1\n", "final=1\nn=5\nrank=1\n" + b.Snapshot()}) {
+    auto done = ParseHeartbeat(last);
+    REQUIRE(done.ok());
+    CHECK(done->phase == "done");
+    CHECK(done->wait_group.empty());
+  }
   CHECK_FALSE(ParseHeartbeat("n=x\nrank=1\n").ok());
 }
 
 }  // namespace ms::runner
 
 namespace ms::runner {
+
+TEST_CASE("a rank that finished is not lost while the others train on; one that went silent is") {
+  bootstrap::testing::RedisFixture fx;
+  config::FaultSpec spec;
+  spec.heartbeat_s = 0.05;
+  spec.heartbeat_timeout_s = 0.4;
+  const std::string dir = TempDir("monitor");
+  EventLog events(dir + "/events.jsonl");
+  Monitor monitor(fx.Connect("mon"), 2, spec, dir, 0, &events);
+  ProgressBoard b0, b1;
+  for (ProgressBoard* b : {&b0, &b1}) {
+    b->RegisterGroup("dp[0]");
+    b->SetStep(3);
+    b->SetPhase(Phase::kForward);
+  }
+  // Rank 0 beats through Heartbeat (its destructor publishes the final beat); rank 1's beats are written here,
+  // so that it can stop the way a killed process stops: without a final beat.
+  auto store1 = fx.Connect("mon");
+  int64_t n1 = 0;
+  auto beat1 = [&] {
+    REQUIRE(
+        store1->Set(HeartbeatKey(1), fmt::format("n={}\nt=1\nrank=1\nhost=h1\npid=1\n", ++n1) + b1.Snapshot()).ok());
+  };
+  beat1();
+  {
+    auto h0 = Heartbeat::Start(fx.Connect("mon"), 0, "h0", spec.heartbeat_s, &b0);
+    for (double until = NowSeconds() + 5; NowSeconds() < until && monitor.Where(0) == "no heartbeat yet";) {
+      CHECK_FALSE(monitor.Poll());
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(monitor.Where(0) == "step 3, forward");
+    b0.EnterWait(0, "all-reduce");  // it ends in the middle of a wait: its last beat must not show it there
+  }
+  // Rank 0 is silent for three times the timeout while rank 1 beats on: no fault.
+  for (double until = NowSeconds() + 3 * spec.heartbeat_timeout_s; NowSeconds() < until;) {
+    beat1();
+    auto f = monitor.Poll();
+    CHECK_MESSAGE(!f, (f ? f->kind + ": " + f->detail : std::string()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(monitor.Where(0) == "step 3, done");
+  CHECK(monitor.Where(1) == "step 3, forward");
+  // Rank 1 stops beating without a final beat (SIGKILL, a dead host): lost, and rank 0 is not.
+  std::optional<Fault> lost;
+  for (double until = NowSeconds() + 5; NowSeconds() < until && !lost;) {
+    lost = monitor.Poll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(lost);
+  CHECK(lost->kind == "lost_heartbeat");
+  CHECK(lost->rank == 1);
+  CHECK(lost->host == "h1");
+  CHECK(lost->detect_latency_s >= spec.heartbeat_timeout_s);
+  std::filesystem::remove_all(dir);
+}
 
 TEST_CASE("srun's reports of its tasks' ends are read as rank exits") {
   auto killed = ParseSrunTaskLine("srun: error: node1: task 3: Killed", 8);
