@@ -267,7 +267,10 @@ def loader_stall():
 
 def kill_rank(name, rank):
     ref = undisturbed()
-    p = start(spec(name, steps=STEPS_FT, extra=FT_EXTRA))
+    # The rank stops at step 14 of the first attempt (MEGASCALE_FAULT hang), so the kill cannot come after the run
+    # has finished, however loaded the machine; the restart resumes from the checkpoint of step 10.
+    env = dict(ENV, MEGASCALE_FAULT=f"hang:rank={rank}:step=14")
+    p = start(spec(name, steps=STEPS_FT, extra=FT_EXTRA), env=env)
     wait_step(name, 12, p)
     os.kill(ranks(p)[rank], signal.SIGKILL)
     faults = recovered(name, p, ref)
