@@ -7,7 +7,7 @@
 #   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages tests,kernels,train --budget 240 \
 #     --limits tests=100,kernels=60,train=15
 #   scripts/gpu_check.sh --bundle gpu-bundle.tar.xz --stages sanitizer --budget 115 --limits sanitizer=105
-# Stages (each under its own time limit, run whether or not an earlier one failed):
+# Stages (each under its own time limit, in this order, each run whether or not an earlier one failed):
 #   build      without --bundle: Release with -DMS_GPU_TESTS=ON in build-gpu/ (needs the Debian libraries)
 #   bundle     with --bundle: unpack it, find the machine's CUDA libraries, check that every program loads
 #   tests      the tests labelled gpu, not sanitizer (kernels, backend, one-rank and NCCL training against the
@@ -18,11 +18,11 @@
 #              cuBLASLt epilogues); then GPT-2 small with runtime.gemm_epilogues: false, cast and cublas: step time
 #              and MFU against the detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what
 #              was kept in bf16
-#   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 #   profile    Nsight Compute (ncu --clock-control none; it reads the counters on Firecracker machines, not on gVisor)
 #              over the tensor-core attention kernels of one kernels_bench pass at GPT-2 small's shape: per launch
 #              its duration, SM / memory / L1 throughput, occupancy, registers, shared memory and warp stall reasons
 #              (profile.csv in logs.tar.gz) — where the attention's time goes (docs/PERFORMANCE.md: half the step)
+#   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 # The machine (nvidia-smi) is printed first; after every stage $OUT/summary.txt (the table of stages, exit status and
 # seconds, and per training run its median step time, tokens/s and MFU) and $OUT/logs.tar.gz (the text files: logs,
 # metrics, specs) are rewritten, so a call cut short still brings back what ran; kernels_bench's JSON is
@@ -241,10 +241,6 @@ if want train; then
     failed=1
   fi
 fi
-if want sanitizer; then
-  tests_cmd sanitizer "$(room "${cap[sanitizer]}")" -L sanitizer
-  stage sanitizer $((cap[sanitizer] + 10)) "${cmd[@]}"
-fi
 if want profile; then
   # The sanity checks' small launches come first (their grids are small: the CSV's "Grid Size" tells them apart),
   # then one timed launch of each row at B 16, T 1024, H 12, D 64.
@@ -259,6 +255,10 @@ if want profile; then
       --section MemoryWorkloadAnalysis --csv --page details "$2" --preset gpt2-small-gpu --iters 1 --warmup 0 \
       >"$3/profile.csv" && grep -c attention "$3/profile.csv"' _ "$ncu_bin" "$bin/kernels_bench" "$work"
   fi
+fi
+if want sanitizer; then
+  tests_cmd sanitizer "$(room "${cap[sanitizer]}")" -L sanitizer
+  stage sanitizer $((cap[sanitizer] + 10)) "${cmd[@]}"
 fi
 publish
 cat "$work/summary.txt"
