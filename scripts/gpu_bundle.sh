@@ -13,6 +13,7 @@
 #   corpus/        the fortune files the training tests prepare their data from (tests/cuda/gpus.py; the GPU
 #                  machine has no /usr/share/games/fortunes): the first 4 in name order, ~0.6 MB
 #   MANIFEST.json  commit, build and source directories, glibc, CUDA, the libraries and their sizes
+# and makes data/ (the demo corpus, scripts/make_demo_data.sh with the build's megascale) when it is missing or stale.
 # Then it checks the bundle in a root that has glibc, libstdc++ and the CUDA libraries alone (chroot, when run as
 # root): every program loads, and megascale trains configs/tiny.yaml for two steps on the CPU backend (two ranks:
 # redis-server, Gloo, the data loader).
@@ -110,6 +111,10 @@ mv "$out.tmp" "$out"
 size=$(stat -c %s "$out")
 echo "gpu_bundle: $out, $((size / 1024 / 1024)) MiB ($(du -sh "$b" | cut -f1) unpacked)"
 ((size <= 40 * 1024 * 1024)) || die "$out is over 40 MiB: it would not travel with the tree and data/ (64 MiB)"
+# data/: the corpus gpu_check.sh's train stage reads (carried beside the bundle), made with this build's megascale
+# (a new machine has no build/).
+scripts/make_demo_data.sh "$build/megascale" >/dev/null || die "making data/ with $build/megascale failed (above)"
+echo "gpu_bundle: data/fortunes.{bin,idx} ready ($(du -sh data | cut -f1)): carry [\"data\", \"$out\"]"
 
 if ((do_check)); then
   if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null; then
@@ -134,7 +139,6 @@ if ((do_check)); then
   done
   tar -C "$root" -xJf "$out"
   mv "$root/gpu-bundle"/* "$root/b/"
-  [[ -f data/fortunes.bin ]] || scripts/make_demo_data.sh >/dev/null
   mkdir -p "$root/job/configs" "$root/job/data"
   cp data/fortunes.* "$root/job/data/"
   cp configs/tiny.yaml "$root/job/configs/"
