@@ -345,6 +345,7 @@ Result<Beat> ParseHeartbeat(const std::string& text) {
   // The rank's last beat (Heartbeat's destructor): it is done, whatever phase its board last showed, and
   // its silence from now on is no fault. Decided after the loop: the key's place in the text does not matter.
   if (final_beat) {
+    b.exited = true;
     b.phase = PhaseName(Phase::kDone);
     b.wait_op.clear();
     b.wait_group.clear();

@@ -105,8 +105,9 @@ struct Beat {
   int pp_rank = 0;
   std::vector<std::string> groups;
   int64_t step = 0;
-  std::string phase;
+  std::string phase;  // "done" once the rank finished its last step (and in its final beat)
   double phase_s = 0;
+  bool exited = false;              // its final beat (final=1): the rank is leaving, and silent from now on
   std::string wait_op, wait_group;  // empty when not waiting
   double wait_s = 0;
   struct Step {

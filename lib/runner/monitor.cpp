@@ -106,10 +106,26 @@ std::optional<Fault> Monitor::Poll() {
       return f;
     }
   }
-  // Hang: everyone beats, nobody progresses (after the first step: start-up has its own timeouts), and some
-  // rank still trains (ranks that finished their last step make none, and are not hung).
+  // Every rank finished its last step, yet one has not exited for fault.hang_timeout_s: stuck on its way out
+  // (a destructor, a flush). Its last checkpoint is committed; the driver stops it.
   const bool training = std::any_of(ranks_.begin(), ranks_.end(),
-                                    [](const RankState& st) { return st.beat && st.beat->phase != "done"; });
+                                    [](const RankState& st) { return !st.beat || st.beat->phase != "done"; });
+  if (first_step_done_ && !training && now - progress_at_ > spec_.hang_timeout_s) {
+    for (int r = 0; r < world_; ++r) {
+      if (ranks_[r].beat->exited) continue;
+      Fault f;
+      f.kind = "hang";
+      f.rank = r;
+      f.host = ranks_[r].beat->host;
+      f.detect_latency_s = now - progress_at_;
+      f.detail = fmt::format(
+          "every rank finished its last step, but rank {} on {} has not exited {:.0f} s after the last step began "
+          "(fault.hang_timeout_s = {}); its last: {}",
+          r, f.host, now - progress_at_, spec_.hang_timeout_s, Where(r));
+      return f;
+    }
+  }
+  // Hang: everyone beats, nobody progresses (after the first step: start-up has its own timeouts).
   if (first_step_done_ && training && now - progress_at_ > spec_.hang_timeout_s) {
     std::map<std::string, std::vector<int>> waiting;  // group -> ranks waiting in it
     for (int r = 0; r < world_; ++r) {

@@ -14,8 +14,10 @@ undisturbed.
   bad_host          the same fault twice on one host: the host is bad, and with no other host the job
                     stops with the reason
   after_last_step   a rank lost after the last checkpoint, while another has already exited: the finished rank
-                    is not "lost" (its last heartbeat says done), nothing is "hung", and the job is complete
+                    is not "lost" (its last heartbeat says done), nothing is "hung" within fault.hang_timeout_s,
+                    and the job is complete
                     (exit 0) without a restart that would have nothing to train
+  stuck_on_exit     every rank finished but one does not exit: a hang naming it; stopped; the job is complete
   straggler         a rank computing 4x as long is reported, and no other (straggler_ratio 1.5 in every case:
                     the default 0.5 flags noise on a loaded 2-core machine, whose steps here take ~6 ms)
 
@@ -225,7 +227,7 @@ def bad_host():
 def after_last_step():
     # Rank 1 waits at its very end (after its last step and checkpoint) until it is killed; rank 0 exits meanwhile.
     env = dict(os.environ, MEGASCALE_FAULT="delay:at=train_end:rank=1:s=120")
-    p = start(spec("after_last"), env=env)
+    p = start(spec("after_last"), "--set", "fault.hang_timeout_s=30", env=env)
     log1 = os.path.join(WORK, "after_last", "logs", "rank-1.log")
     deadline = time.time() + 120
     while time.time() < deadline and p.poll() is None:
@@ -233,7 +235,7 @@ def after_last_step():
             break
         time.sleep(0.05)
     assert p.poll() is None and 0 not in ranks(p), f"rank 0 did not finish first: {events('after_last')}"
-    time.sleep(4)  # twice fault.heartbeat_timeout_s and more than fault.hang_timeout_s: rank 0 silent, no step made
+    time.sleep(4)  # twice fault.heartbeat_timeout_s: rank 0 silent (it exited), rank 1 beating, no step made
     assert p.poll() is None, f"the job ended while rank 1 waited: {events('after_last')}"
     os.kill(ranks(p)[1], signal.SIGKILL)
     rc, err = finish(p)
@@ -248,6 +250,21 @@ def after_last_step():
                        timeout=60)
     assert r.returncode == 0 and "nothing to train" in r.stderr, r.stderr[-800:]
     assert len(events("after_last", "attempt")) == 1, events("after_last")
+
+
+@case
+def stuck_on_exit():
+    # Every rank finished, but rank 1 does not exit: a hang after fault.hang_timeout_s (3 s), stopped, and the job is
+    # complete (its last checkpoint was committed), without a restart.
+    env = dict(os.environ, MEGASCALE_FAULT="delay:at=train_end:rank=1:s=120")
+    t0 = time.time()
+    rc, err = finish(start(spec("stuck_exit"), env=env), timeout=100)
+    loss, last = final_loss("stuck_exit")
+    assert rc == 0 and last == STEPS and loss == REFERENCE, f"exit {rc}, loss {loss} at step {last}: {err[-1500:]}"
+    faults = events("stuck_exit", "fault")
+    assert [(f["kind"], f["rank"], f["action"]) for f in faults] == [("hang", 1, "none: complete")], faults
+    assert "has not exited" in faults[0]["detail"], faults[0]
+    assert len(events("stuck_exit", "attempt")) == 1 and time.time() - t0 < 60, events("stuck_exit")
 
 
 @case

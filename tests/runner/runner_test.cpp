@@ -299,6 +299,7 @@ TEST_CASE("a heartbeat says what the rank does, and the driver reads it back") {
   auto idle = ParseHeartbeat("n=4\nt=1\nrank=1\nhost=h\npid=1\n" + b.Snapshot());
   REQUIRE(idle.ok());
   CHECK(idle->wait_group.empty());
+  CHECK_FALSE(idle->exited);
   // The last beat (final=1) says "done" whatever the board showed, wherever the key stands in the text.
   b.EnterWait(tp, "all-reduce");
   for (const std::string& last :
@@ -306,6 +307,7 @@ TEST_CASE("a heartbeat says what the rank does, and the driver reads it back") {
     auto done = ParseHeartbeat(last);
     REQUIRE(done.ok());
     CHECK(done->phase == "done");
+    CHECK(done->exited);
     CHECK(done->wait_group.empty());
   }
   CHECK_FALSE(ParseHeartbeat("n=x\nrank=1\n").ok());
