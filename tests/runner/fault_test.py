@@ -15,8 +15,8 @@ undisturbed.
                     stops with the reason
   after_last_step   a rank lost after the last checkpoint, while another has already exited: the finished rank
                     is not "lost" (its last heartbeat says done), nothing is "hung" within fault.hang_timeout_s,
-                    and the job is complete
-                    (exit 0) without a restart that would have nothing to train
+                    and the job is complete (exit 0) without a restart that would have nothing to train; a resume
+                    of it launches nothing
   stuck_on_exit     every rank finished but one does not exit: a hang naming it; stopped; the job is complete
   straggler         a rank computing 4x as long is reported, and no other (straggler_ratio 1.5 in every case:
                     the default 0.5 flags noise on a loaded 2-core machine, whose steps here take ~6 ms)
