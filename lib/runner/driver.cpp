@@ -504,13 +504,21 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     if (monitor && result.end) monitor->Finish();
     next_look = 0;
     watch_recovery();
-    if (result.end || !result.error.ok()) {
-      const double wall = WallSeconds() - driver_start, productive = ProductiveSeconds(run_dir);
+    // The job's last event: attempts, faults and the effective training time, however it ends.
+    struct Effective {
+      double wall, productive;
+    };
+    auto write_summary = [&](const std::string& end) {
+      const Effective t{WallSeconds() - driver_start, ProductiveSeconds(run_dir)};
       events.Write("summary", [&](metrics::JsonObject& e) {
-        e.Add("attempts", attempt + 1).Add("faults", faults).Add("wall_s", wall).Add("productive_s", productive);
-        e.Add("effective_training_time_ratio", wall > 0 ? productive / wall : 0);
-        e.Add("end", result.end ? std::to_string(ExitCode(*result.end)) : result.error.message());
+        e.Add("attempts", attempt + 1).Add("faults", faults).Add("wall_s", t.wall).Add("productive_s", t.productive);
+        e.Add("effective_training_time_ratio", t.wall > 0 ? t.productive / t.wall : 0).Add("end", end);
       });
+      return t;
+    };
+    if (result.end || !result.error.ok()) {
+      const auto [wall, productive] =
+          write_summary(result.end ? std::to_string(ExitCode(*result.end)) : result.error.message());
       if (faults > 0 || attempt > 0) {
         LogInfo(
             "effective training time: {:.1f} s of steps in {:.1f} s of wall time ({:.0f}%), {} fault{} over {} "
@@ -533,17 +541,15 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
     // Where a restart would resume. At train.steps, the last checkpoint was committed before the fault (a rank
     // lost on its way out): the job is complete, and an attempt with no step to take is not launched.
     const int64_t newest = RestartStep(spec);
-    if (newest >= spec.train.steps) {
+    auto write_fault = [&](const std::string& action) {
       events.Write("fault", [&](metrics::JsonObject& e) {
         e.Add("attempt", attempt).Add("kind", f.kind).Add("rank", f.rank).Add("host", f.host).Add("detail", f.detail);
-        e.Add("detect_latency_s", f.detect_latency_s).Add("steps_reached", reached).Add("action", "none: complete");
+        e.Add("detect_latency_s", f.detect_latency_s).Add("steps_reached", reached).Add("action", action);
       });
-      const double wall = WallSeconds() - driver_start, productive = ProductiveSeconds(run_dir);
-      events.Write("summary", [&](metrics::JsonObject& e) {
-        e.Add("attempts", attempt + 1).Add("faults", faults).Add("wall_s", wall).Add("productive_s", productive);
-        e.Add("effective_training_time_ratio", wall > 0 ? productive / wall : 0);
-        e.Add("end", std::to_string(ExitCode(JobEnd::kCompleted)));
-      });
+    };
+    if (newest >= spec.train.steps) {
+      write_fault("none: complete");
+      write_summary(std::to_string(ExitCode(JobEnd::kCompleted)));
       if (redis) redis->Stop().IgnoreError();
       LogWarn(
           "{} in attempt {} after its last checkpoint: {}. The job is complete: {}/{} holds step {} = train.steps, "
@@ -570,18 +576,11 @@ Result<JobEnd> RunRanks(const config::JobSpec& spec, const TrainOptions& options
                                 spec.fault.max_restarts);
     }
     if (!stop_reason.empty()) action = "stop";
-    events.Write("fault", [&](metrics::JsonObject& e) {
-      e.Add("attempt", attempt).Add("kind", f.kind).Add("rank", f.rank).Add("host", f.host).Add("detail", f.detail);
-      e.Add("detect_latency_s", f.detect_latency_s).Add("steps_reached", reached).Add("action", action);
-    });
+    write_fault(action);
     if (stop_reason.empty())
       recovered += fmt::format("{}{} in attempt {}", recovered.empty() ? "" : ", ", f.kind, attempt);
     if (!stop_reason.empty()) {
-      const double wall = WallSeconds() - driver_start, productive = ProductiveSeconds(run_dir);
-      events.Write("summary", [&](metrics::JsonObject& e) {
-        e.Add("attempts", attempt + 1).Add("faults", faults).Add("wall_s", wall).Add("productive_s", productive);
-        e.Add("effective_training_time_ratio", wall > 0 ? productive / wall : 0).Add("end", stop_reason);
-      });
+      write_summary(stop_reason);
       if (redis) redis->Stop().IgnoreError();
       return Aborted("{} in attempt {}: {}. Stopping: {}{}. {}", f.kind, attempt, f.detail, stop_reason,
                      recovered.empty() ? std::string() : fmt::format(" (recovered before: {})", recovered),
