@@ -18,6 +18,10 @@
 #              cuBLASLt epilogues); then GPT-2 small with runtime.gemm_epilogues: false, cast and cublas: step time
 #              and MFU against the detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what
 #              was kept in bf16
+#   torch      the PyTorch baseline on the same GPU (bench/torch_gpt_bench.py, the machine's own PyTorch): both GPU
+#              configs trained eagerly under bf16 autocast with fused AdamW — step time and MFU by megascale's FLOPs
+#              and peak — and their attention through PyTorch's FlashAttention-2, cuDNN and memory-efficient
+#              backends beside kernels_bench's tensor-core attention rows (torch-*.json in logs.tar.gz)
 #   profile    Nsight Compute (ncu --clock-control none; it reads the counters on Firecracker machines, not on gVisor)
 #              over the tensor-core attention kernels of one kernels_bench pass at GPT-2 small's shape: per launch
 #              its duration, SM / memory / L1 throughput, occupancy, registers, shared memory and warp stall reasons
@@ -31,21 +35,22 @@
 # failed.
 #   scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]
 #     --bundle    gpu-bundle.tar.xz from scripts/gpu_bundle.sh (no build on the GPU machine)
-#     --stages    comma-separated among tests,kernels,train,sanitizer,profile (default: the first four, in that
-#                 order; profile only when named)
+#     --stages    comma-separated among tests,kernels,train,torch,profile,sanitizer (default: all but profile, in
+#                 that order; profile only when named)
 #     --budget    seconds for all stages (default 540: one call's 600 s, less the start and the transfers)
 #     --limits    per-stage caps in seconds, e.g. tests=120,kernels=60,train=30 (train: each training run), for a
 #                 short first call that leaves device time to rerun after a fix (defaults: tests 290, kernels 150,
-#                 train 90 (+50 for the 1.3B runs), sanitizer 890; each also capped by what the budget has left)
+#                 train 90 (+50 for the 1.3B runs), torch 90 (each of its two runs), sanitizer 890; each also
+#                 capped by what the budget has left)
 #     --no-build  without --bundle: use build-gpu/ as it is (MS_GPU_BUILD=dir to choose another)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=540
 build_it=1
 bundle_file=""
-stages="tests,kernels,train,sanitizer"  # profile only when named
+stages="tests,kernels,train,torch,sanitizer"  # profile only when named
 usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]"
-declare -A cap=([tests]=290 [kernels]=150 [train]=90 [sanitizer]=890 [profile]=120)
+declare -A cap=([tests]=290 [kernels]=150 [train]=90 [torch]=90 [sanitizer]=890 [profile]=120)
 while (($#)); do
   case "$1" in
     --budget) budget="$2"; shift 2 ;;
@@ -55,8 +60,8 @@ while (($#)); do
       for kv in ${2//,/ }; do
         k=${kv%%=*} v=${kv#*=}
         [[ -n ${cap[$k]+x} && $v =~ ^[0-9]+$ && $v -gt 0 ]] || {
-          echo "gpu_check: bad --limits entry '$kv' (STAGE=SECONDS, STAGE among tests, kernels, train, sanitizer," \
-            "profile)" >&2
+          echo "gpu_check: bad --limits entry '$kv' (STAGE=SECONDS, STAGE among tests, kernels, train, torch," \
+            "profile, sanitizer)" >&2
           exit 2
         }
         cap[$k]=$v
@@ -68,8 +73,8 @@ while (($#)); do
 done
 for s in ${stages//,/ }; do
   case "$s" in
-    tests | kernels | train | sanitizer | profile) ;;
-    *) echo "gpu_check: unknown stage '$s' in --stages (tests, kernels, train, sanitizer, profile)" >&2; exit 2 ;;
+    tests | kernels | train | torch | sanitizer | profile) ;;
+    *) echo "gpu_check: unknown stage '$s' in --stages (tests, kernels, train, torch, profile, sanitizer)" >&2; exit 2 ;;
   esac
 done
 want() { [[ ",$stages," == *",$1,"* ]]; }
@@ -121,6 +126,11 @@ PY
         "$work"/train-*/train.log \
         "$work"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
     fi
+    if compgen -G "$work/torch-*.log" >/dev/null; then
+      echo "PyTorch on the same GPU (bench/torch_gpt_bench.py: median over steps 4..; attention per backend):"
+      grep -h -e "^torch .* on " -e "^PyTorch .*median step" -e "^attention .*causal" -e "^attention .*not run" \
+        "$work"/torch-*.log 2>/dev/null | sed 's/^/  /' || true
+    fi
     echo "logs: $work${OUT:+ (and $OUT/logs.tar.gz)}"
   } >"$work/summary.txt"
   if [[ $out != "$work" ]]; then
@@ -153,9 +163,10 @@ stage() {
   timeout --kill-after=10 "$limit" "$@" >"$work/$name.log" 2>&1
   rc=$?
   tail -n 15 "$work/$name.log"
-  ((rc != 0)) && failed=1
   local what="rc $rc"
   ((rc == 124 || rc == 137)) && what="timeout"
+  ((rc == 77)) && what="skipped"  # a test program's "cannot run here" (no torch, no GPU): not a failure
+  ((rc != 0 && rc != 77)) && failed=1
   summary+=("$(printf '%-24s %-8s %6d' "$name" "$what" $(($(date +%s) - t0)))")
   publish
 }
@@ -169,6 +180,34 @@ stage() {
   else
     echo "nvidia-smi: not found (no NVIDIA driver on this machine)"
   fi
+  # cuDNN (megascale does not use it yet): which library the machine has and its version, for the fused-attention
+  # route docs/PERFORMANCE.md weighs ("What is left"). The bundle cannot carry it (its engines are ~250 MB).
+  env -u LD_LIBRARY_PATH python3 - <<'PY' 2>/dev/null || echo "cudnn: probe failed"
+import ctypes, glob, os, subprocess
+found = []
+try:
+    out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    found += [l.split("=>")[-1].strip() for l in out.splitlines() if "libcudnn.so.9" in l]
+except OSError:
+    pass
+for pat in ("/usr/local/cuda*/lib*/libcudnn.so.9", "/usr/lib/x86_64-linux-gnu/libcudnn.so.9",
+            "/opt/*/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9",
+            "/usr/local/lib/python3*/dist-packages/nvidia/cudnn/lib/libcudnn.so.9"):
+    found += glob.glob(pat)
+seen = []
+for p in found:
+    r = os.path.realpath(p)
+    if r in seen:
+        continue
+    seen.append(r)
+    try:
+        v = ctypes.CDLL(p).cudnnGetVersion()
+        print(f"cudnn: {p} version {v // 10000}.{v // 100 % 100}.{v % 100}")
+    except OSError as e:
+        print(f"cudnn: {p} does not load ({e})")
+if not seen:
+    print("cudnn: no libcudnn.so.9 found")
+PY
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown); stages $stages; budget ${budget}s"
 } | tee "$work/machine.txt"
 
@@ -240,6 +279,14 @@ if want train; then
     echo "== train: data/fortunes.bin is missing (scripts/make_demo_data.sh; carry data/ to the device machine)"
     failed=1
   fi
+fi
+if want torch; then
+  # The machine's own PyTorch (not the bundle's libraries); the same configs and step counts as the train stage.
+  for run in gpt2-small:configs/gpt2-small-gpu.yaml:12 1.3b:configs/gpt-1.3b-gpu.yaml:8; do
+    IFS=: read -r tag cfg steps <<<"$run"
+    stage "torch-$tag" "${cap[torch]}" env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 bench/torch_gpt_bench.py \
+      --config "$cfg" --steps "$steps" --attention --json "$work/torch-$tag.json"
+  done
 fi
 if want profile; then
   # The sanity checks' small launches come first (their grids are small: the CSV's "Grid Size" tells them apart),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs every Debian package megascale's build, tests and demo need.
-# Usage: scripts/setup.sh [--with-torch]   (--with-torch adds python3-torch, the test oracle)
+# Usage: scripts/setup.sh [--with-torch]   (--with-torch adds python3-torch and python3-yaml: the test oracle, the PyTorch baseline)
 # Idempotent: packages already installed are skipped without touching apt.
 set -euo pipefail
 
@@ -19,7 +19,7 @@ pkgs=(
   chromium                                  # headless browser: tests/report opens megascale report's page
 )
 if [[ "${1:-}" == "--with-torch" ]]; then
-  pkgs+=(python3-torch python3-numpy)
+  pkgs+=(python3-torch python3-numpy python3-yaml)
 fi
 
 missing=()
