@@ -432,7 +432,6 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   const std::string& peak_source = device_peak.source;
   if (rank0) {
     int64_t n_params = 0;
-    for (const auto& name : model::AllTensorNames(m)) (void)name;
     for (const auto& p : gpt->params()) n_params += p.tied_replica ? 0 : p.numel;
     LogInfo(
         "job {}: {} layers ({} block, window {}), layout tp={} pp={} dp={} (virtual stages {}, sequence parallel "
