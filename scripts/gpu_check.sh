@@ -22,6 +22,8 @@
 #              configs trained eagerly under bf16 autocast with fused AdamW — step time and MFU by megascale's FLOPs
 #              and peak — and their attention through PyTorch's FlashAttention-2, cuDNN and memory-efficient
 #              backends beside kernels_bench's tensor-core attention rows (torch-*.json in logs.tar.gz)
+#   torch_compile  (only when named) the same for GPT-2 small with torch.compile (its compilation takes a minute or
+#              more of device time): the baseline torchtitan-style trainers reach
 #   profile    Nsight Compute (ncu --clock-control none; it reads the counters on Firecracker machines, not on gVisor)
 #              over the tensor-core attention kernels of one kernels_bench pass at GPT-2 small's shape: per launch
 #              its duration, SM / memory / L1 throughput, occupancy, registers, shared memory and warp stall reasons
@@ -35,22 +37,22 @@
 # failed.
 #   scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]
 #     --bundle    gpu-bundle.tar.xz from scripts/gpu_bundle.sh (no build on the GPU machine)
-#     --stages    comma-separated among tests,kernels,train,torch,profile,sanitizer (default: all but profile, in
-#                 that order; profile only when named)
+#     --stages    comma-separated among tests,kernels,train,torch,torch_compile,profile,sanitizer (default: all
+#                 but torch_compile and profile, in that order; those two only when named)
 #     --budget    seconds for all stages (default 540: one call's 600 s, less the start and the transfers)
 #     --limits    per-stage caps in seconds, e.g. tests=120,kernels=60,train=30 (train: each training run), for a
 #                 short first call that leaves device time to rerun after a fix (defaults: tests 290, kernels 150,
-#                 train 90 (+50 for the 1.3B runs), torch 90 (each of its two runs), sanitizer 890; each also
-#                 capped by what the budget has left)
+#                 train 90 (+50 for the 1.3B runs), torch 90 (each of its two runs), torch_compile 240,
+#                 sanitizer 890; each also capped by what the budget has left)
 #     --no-build  without --bundle: use build-gpu/ as it is (MS_GPU_BUILD=dir to choose another)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=540
 build_it=1
 bundle_file=""
-stages="tests,kernels,train,torch,sanitizer"  # profile only when named
+stages="tests,kernels,train,torch,sanitizer"  # torch_compile and profile only when named
 usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]"
-declare -A cap=([tests]=290 [kernels]=150 [train]=90 [torch]=90 [sanitizer]=890 [profile]=120)
+declare -A cap=([tests]=290 [kernels]=150 [train]=90 [torch]=90 [torch_compile]=240 [sanitizer]=890 [profile]=120)
 while (($#)); do
   case "$1" in
     --budget) budget="$2"; shift 2 ;;
@@ -61,7 +63,7 @@ while (($#)); do
         k=${kv%%=*} v=${kv#*=}
         [[ -n ${cap[$k]+x} && $v =~ ^[0-9]+$ && $v -gt 0 ]] || {
           echo "gpu_check: bad --limits entry '$kv' (STAGE=SECONDS, STAGE among tests, kernels, train, torch," \
-            "profile, sanitizer)" >&2
+            "torch_compile, profile, sanitizer)" >&2
           exit 2
         }
         cap[$k]=$v
@@ -73,8 +75,9 @@ while (($#)); do
 done
 for s in ${stages//,/ }; do
   case "$s" in
-    tests | kernels | train | torch | sanitizer | profile) ;;
-    *) echo "gpu_check: unknown stage '$s' in --stages (tests, kernels, train, torch, profile, sanitizer)" >&2; exit 2 ;;
+    tests | kernels | train | torch | torch_compile | sanitizer | profile) ;;
+    *) echo "gpu_check: unknown stage '$s' in --stages (tests, kernels, train, torch, torch_compile, profile," \
+      "sanitizer)" >&2; exit 2 ;;
   esac
 done
 want() { [[ ",$stages," == *",$1,"* ]]; }
@@ -287,6 +290,11 @@ if want torch; then
     stage "torch-$tag" "${cap[torch]}" env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 bench/torch_gpt_bench.py \
       --config "$cfg" --steps "$steps" --attention --json "$work/torch-$tag.json"
   done
+fi
+if want torch_compile; then
+  stage torch-gpt2-small-compiled "${cap[torch_compile]}" env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 \
+    bench/torch_gpt_bench.py --config configs/gpt2-small-gpu.yaml --steps 12 --compile \
+    --json "$work/torch-gpt2-small-compiled.json"
 fi
 if want profile; then
   # The sanity checks' small launches come first (their grids are small: the CSV's "Grid Size" tells them apart),
