@@ -338,6 +338,8 @@ def main():
     args = ap.parse_args()
     if args.steps < 1 or args.skip < 0 or args.attention_iters < 1:
         ap.error("--steps and --attention-iters must be positive, --skip not negative")
+    if args.compile and not hasattr(torch, "compile"):
+        ap.error(f"--compile needs PyTorch 2.0 or later (this is {torch.__version__})")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: PyTorch sees no GPU")
