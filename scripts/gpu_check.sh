@@ -15,7 +15,8 @@
 #   kernels    kernels_bench --preset gpu-configs: every launcher timed against its H100 roofline (+ JSON)
 #   train      megascale train configs/gpt2-small-gpu.yaml (12 steps) and configs/gpt-1.3b-gpu.yaml (8 steps) with
 #              runtime.bf16_operands: keep, with and without runtime.activations: bf16 (the fc bias + GeLU in the
-#              cuBLASLt epilogues); then GPT-2 small with runtime.gemm_epilogues: false, cast and cublas: step time
+#              cuBLASLt epilogues), and with it the attention forward by cuDNN (-cudnn); then GPT-2 small with
+#              runtime.attention_stored_ds: false, runtime.gemm_epilogues: false, cast and cublas: step time
 #              and MFU against the detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what
 #              was kept in bf16
 #   torch      the PyTorch baseline on the same GPU (bench/torch_gpt_bench.py, the machine's own PyTorch): both GPU
@@ -125,7 +126,7 @@ PY
       # kernel fallback where it had no algorithm), what runtime.activations: bf16 kept in bf16, and which attention
       # backward ran (dS kept or formed again).
       grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "qkv GEMMs with the bias epilogue" -e "kept in bf16:" \
-        -e "tensor-core attention backwards:" \
+        -e "tensor-core attention backwards:" -e "attention forwards:" -e "attention_kernels: cudnn" \
         "$work"/train-*/train.log \
         "$work"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
     fi
@@ -225,7 +226,7 @@ t.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter")
     /tmp/ms-gpu-bundle
   bdir=/tmp/ms-gpu-bundle/gpu-bundle
   cuda_dirs=""
-  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do
     p=$(ldconfig -p 2>/dev/null | awk -v n="$lib" '$1 == n {print $NF; exit}')
     [[ -n $p ]] || p=$(find /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets /usr/lib/x86_64-linux-gnu \
       /usr/local/lib /opt -name "$lib" 2>/dev/null | head -n 1)
@@ -265,13 +266,16 @@ if want train; then
   if [[ -f data/fortunes.bin ]]; then
     # The likely fastest path first, then as built, the 1.3B config, and the ablations.
     # -nods: the attention backward forming dS again (runtime.attention_stored_ds: false, 7 products).
-    for run in keep-bf16act keep-bf16act-nods keep 1.3b-keep-bf16act 1.3b-keep keep-bf16act-noepi cast cublas; do
+    # -cudnn: the attention forward by cuDNN's fused attention (runtime.attention_kernels: cudnn).
+    for run in keep-bf16act keep-bf16act-cudnn keep-bf16act-nods keep 1.3b-keep-bf16act 1.3b-keep-bf16act-cudnn \
+      1.3b-keep keep-bf16act-noepi cast cublas; do
       cfg=configs/gpt2-small-gpu.yaml steps=12 mode=$run
       [[ $run == 1.3b-* ]] && cfg=configs/gpt-1.3b-gpu.yaml steps=8 mode=${run#1.3b-}
       extra=()
       [[ $mode == *-bf16act* ]] && extra+=(--set runtime.activations=bf16)
       [[ $mode == *-noepi ]] && extra+=(--set runtime.gemm_epilogues=false)
       [[ $mode == *-nods ]] && extra+=(--set runtime.attention_stored_ds=false)
+      [[ $mode == *-cudnn ]] && extra+=(--set runtime.attention_kernels=cudnn)
       limit=${cap[train]}
       [[ $run == 1.3b-* ]] && limit=$((limit + 50))  # its startup: ~35 s on an H200 (1.3 B parameters drawn on the host)
       stage "train-$run" "$limit" "$bin/megascale" train "$cfg" --no-progress --set train.steps=$steps \

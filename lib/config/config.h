@@ -138,17 +138,20 @@ struct RuntimeSpec {
   bool gemm_epilogues = true;       // with activations bf16 and bf16_operands keep: the fc bias + GeLU and its gradient
                                     // in the fc GEMMs' cuBLASLt epilogues, the qkv bias in the qkv GEMM's (not added by
                                     // the attention); false: in the fused kernel and the attention (an ablation)
-  std::string device_comm = "auto";    // tp/pp/dp communicators of a multi-rank CUDA job: auto | nccl | gloo
-                                       // (auto: NCCL, on GPUs or the emulated NCCL of megascale-emu; gloo:
-                                       // megascale-emu only, device memory being host memory there)
-  std::string bf16_operands = "keep";  // how bf16 GEMMs on the CUDA backend get bf16 operands: keep (cast
-                                       // kernels; the model keeps the bf16 weights for a step and each layer
-                                       // input for its backward) | cast (cast kernels at every GEMM, nothing
-                                       // kept) | cublas (fp32 operands, cuBLAS converts:
-                                       // CUBLAS_COMPUTE_32F_FAST_16BF); no effect on fp32 GEMMs or the CPU
-                                       // backend
-  std::string activations = "fp32";    // fp32 | bf16: the fc GEMM's output (pre-GeLU) kept in bf16 (CUDA backend, bf16
-                                       // GEMMs on bf16 operands, fused kernels)
+  std::string device_comm = "auto";             // tp/pp/dp communicators of a multi-rank CUDA job: auto | nccl | gloo
+                                                // (auto: NCCL, on GPUs or the emulated NCCL of megascale-emu; gloo:
+                                                // megascale-emu only, device memory being host memory there)
+  std::string bf16_operands = "keep";           // how bf16 GEMMs on the CUDA backend get bf16 operands: keep (cast
+                                                // kernels; the model keeps the bf16 weights for a step and each layer
+                                                // input for its backward) | cast (cast kernels at every GEMM, nothing
+                                                // kept) | cublas (fp32 operands, cuBLAS converts:
+                                                // CUBLAS_COMPUTE_32F_FAST_16BF); no effect on fp32 GEMMs or the CPU
+                                                // backend
+  std::string attention_kernels = "megascale";  // megascale | cudnn: the bf16 attention forward by cuDNN's fused
+                                                // attention (GPU build with cuDNN; megascale's kernel where cuDNN
+                                                // does not take a call; the backward stays megascale's)
+  std::string activations = "fp32";  // fp32 | bf16: the fc GEMM's output (pre-GeLU) kept in bf16 (CUDA backend, bf16
+                                     // GEMMs on bf16 operands, fused kernels)
   bool operator==(const RuntimeSpec&) const = default;
 };
 

@@ -403,6 +403,7 @@ std::vector<Field> BuildFields() {
   f.push_back(String("runtime.device_comm", MS_FIELD(runtime.device_comm), true, {"auto", "nccl", "gloo"}));
   f.push_back(String("runtime.bf16_operands", MS_FIELD(runtime.bf16_operands), true, {"keep", "cast", "cublas"}));
   f.push_back(String("runtime.activations", MS_FIELD(runtime.activations), true, {"fp32", "bf16"}));
+  f.push_back(String("runtime.attention_kernels", MS_FIELD(runtime.attention_kernels), true, {"megascale", "cudnn"}));
   // log
   f.push_back(String("log.run_dir", MS_FIELD(log.run_dir), true));
   f.push_back(Integer("log.interval", MS_FIELD(log.interval), AtLeast(1)));

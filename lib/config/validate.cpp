@@ -242,6 +242,11 @@ Status ValidateTraining(const JobSpec& spec) {
                 "bf16 activations need bf16 GEMMs on bf16 operands (runtime.backend: cuda, train.precision: bf16, "
                 "runtime.bf16_operands: keep or cast) and runtime.fused_kernels: true; use runtime.activations: fp32");
   }
+  if (r.attention_kernels == "cudnn" && r.activations != "bf16") {
+    return Fail(spec, Blame(spec, {"runtime.attention_kernels", "runtime.activations"}),
+                "runtime.attention_kernels: cudnn runs the attention of bf16 activations (cuDNN reads bf16 q, k, v and "
+                "writes a bf16 output); set runtime.activations: bf16, or runtime.attention_kernels: megascale");
+  }
   if (o.min_lr > o.lr) {
     return Fail(spec, Blame(spec, {"optimizer.min_lr", "optimizer.lr"}),
                 "optimizer.min_lr = {} is larger than optimizer.lr = {}; use a min_lr in [0, {}]", o.min_lr, o.lr,

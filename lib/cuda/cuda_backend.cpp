@@ -14,6 +14,9 @@
 
 #include "cuda/cuda.h"
 #include "kernels.h"
+#if defined(MS_CUDA_HAVE_CUDNN)
+#include "cuda/cudnn_sdpa.h"
+#endif
 
 namespace ms::cuda {
 
@@ -376,10 +379,65 @@ class CudaBackend final : public ops::Backend {
     if (!Bf16AttentionInputs(D))
       return ops::Backend::AttentionForward16(out, lse, qkv16, qkv_bias, B, T, H, D, window, out16);
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "AttentionForward16", out));
+    MS_ASSIGN_OR_RETURN(const bool by_cudnn, CudnnAttentionForward(out, lse, qkv16, qkv_bias, B, T, H, D, window, o16));
+    if (by_cudnn) return Status::Ok();
     return Launch(kernels::AttentionForwardBf16(out, lse, static_cast<const __nv_bfloat16*>(qkv16), B, T, H, D, window,
                                                 s_, o16, qkv_bias),
                   "attention forward (bf16 inputs, tensor cores)");
   }
+  // runtime.attention_kernels: cudnn — the forward through cuDNN's fused attention (lib/cuda/cudnn_sdpa.h) where it
+  // takes the problem: only the bf16 output asked for (cuDNN writes out16, not fp32), no qkv bias to add (it is in
+  // the qkv GEMM's epilogue), a head dim cuDNN takes, 16-byte aligned rows. Else, or when cuDNN fails (no library, no
+  // engine, a plan that does not build), megascale's kernel runs, counted, the first reason kept for the run's log
+  // and cuDNN left off after a failure. True when cuDNN ran it. Megascale's backward reads cuDNN's out16 and lse
+  // (the log-sum-exp of the scaled scores, as its own forward writes it).
+  Result<bool> CudnnAttentionForward(const float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B,
+                                     int64_t T, int64_t H, int64_t D, int64_t window, __nv_bfloat16* o16) {
+    if (!cudnn_attention_) return false;
+#if defined(MS_CUDA_HAVE_CUDNN)
+    const cudnn::SdpaShape shape{B, T, H, D, window};
+    std::string why;
+    if (out != nullptr || o16 == nullptr) {
+      why = "the fp32 attention output is asked for (cuDNN writes only its bf16 rounding)";
+    } else if (qkv_bias != nullptr) {
+      why = "the attention adds the qkv bias (runtime.gemm_epilogues: false)";
+    } else if (why = cudnn::Unsupported(shape); why.empty()) {
+      const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      if (!aligned(qkv16) || !aligned(o16) || (H * D) % 8 != 0) why = "rows not 16-byte aligned";
+    }
+    if (why.empty() && !cudnn_sdpa_) {
+      auto made = cudnn::Sdpa::Create(
+          s_, [this](size_t bytes) -> Result<void*> { return ws_[kCudnn].Get(device_, s_, bytes); });
+      if (made.ok()) {
+        cudnn_sdpa_ = std::move(made).value();
+      } else {
+        why = made.status().message();
+        cudnn_attention_ = false;
+      }
+    }
+    if (why.empty()) {
+      if (Status st = cudnn_sdpa_->Forward(qkv16, o16, lse, shape); st.ok()) {
+        if (attention_stats_.cudnn_forward++ == 0) {
+          LogInfo("attention forward: cuDNN's fused attention (B {}, T {}, H {}, D {}, window {}): {}", B, T, H, D,
+                  window, cudnn_sdpa_->Describe(shape));
+        }
+        return true;
+      } else {
+        why = st.message();
+        cudnn_attention_ = false;  // a plan that does not build or run: megascale's kernels from here on
+      }
+    }
+    if (attention_stats_.cudnn_fallback++ == 0) {
+      attention_stats_.cudnn_note = why;
+      LogWarn("runtime.attention_kernels: cudnn: this attention forward runs on megascale's kernels: {}", why);
+    }
+    return false;
+#else
+    (void)out, (void)lse, (void)qkv16, (void)qkv_bias, (void)B, (void)T, (void)H, (void)D, (void)window, (void)o16;
+    return Internal("runtime.attention_kernels: cudnn in a build without cuDNN support");
+#endif
+  }
+
   Status AttentionBackward16(float* dqkv, const void* dout16, const void* qkv16, const float* qkv_bias,
                              const float* out, const void* out16_in, const float* lse, int64_t B, int64_t T, int64_t H,
                              int64_t D, int64_t window, void* dqkv16, float* dqkv_bias) override {
@@ -449,7 +507,9 @@ class CudaBackend final : public ops::Backend {
   Status Add(float* out, const float* a, const float* b, int64_t n) override {
     return Launch(kernels::Add(out, a, b, n, s_), "add");
   }
-  Status Scale(float* x, float a, int64_t n) override { return Launch(kernels::Scale(x, a, n, s_), "scale"); }
+  Status Scale(float* x, float a, int64_t n) override {
+    return Launch(kernels::Scale(x, a, n, s_), "scale");
+  }
   Status AddRowBias(float* y, const float* b, int64_t R, int64_t C) override {
     return Launch(kernels::AddRowBias(y, b, R, C, s_), "bias add");
   }
@@ -498,10 +558,31 @@ class CudaBackend final : public ops::Backend {
     return Launch(kernels::BiasGeluBackward(dx, dbias, static_cast<float*>(scratch), x, bias, dout, R, C, s_, d16),
                   "bias + GeLU backward");
   }
-  bool bf16_activations() const override { return bf16_ && !cublas_converts_; }
-  bool gemm_gelu_epilogue() const override { return keep_; }
-  EpilogueStats epilogue_stats() const { return epilogue_stats_; }
-  AttentionStats attention_stats() const { return attention_stats_; }
+  bool bf16_activations() const override {
+    return bf16_ && !cublas_converts_;
+  }
+  bool gemm_gelu_epilogue() const override {
+    return keep_;
+  }
+  EpilogueStats epilogue_stats() const {
+    return epilogue_stats_;
+  }
+  AttentionStats attention_stats() const {
+    return attention_stats_;
+  }
+  Status EnableCudnnAttention() {
+#if defined(MS_CUDA_HAVE_CUDNN)
+    if (!bf16_) return InvalidArgument("runtime.attention_kernels: cudnn needs train.precision: bf16");
+    cudnn_attention_ = true;
+    return Status::Ok();
+#else
+    return Unimplemented(
+        "runtime.attention_kernels: cudnn needs the GPU build of megascale with cuDNN's headers (cudnn.h) found at "
+        "build time; this is the {} flavor{}",
+        FlavorName(LinkedFlavor()), LinkedFlavor() == Flavor::kEmulated ? " (the emulator cannot run cuDNN)" : "");
+#endif
+  }
+
   Status BiasGeluForward16(float* out, const void* x16, const float* bias, int64_t R, int64_t C, void* out16) override {
     if (!bf16_activations()) return ops::Backend::BiasGeluForward16(out, x16, bias, R, C, out16);
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "BiasGeluForward16", out));
@@ -619,7 +700,7 @@ class CudaBackend final : public ops::Backend {
   }
 
  private:
-  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kDsTiles, kNumWorkspaces };
+  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kDsTiles, kCudnn, kNumWorkspaces };
   static constexpr size_t kLtWorkspaceBytes = kCublasLtWorkspaceBytes;
   // Pinned staging of small host-to-device copies (token ids, targets, loss weights): a ring of kStageSlots
   // page-locked buffers of kStageBytes, each with the event of its last copy. Allocated on first use.
@@ -635,7 +716,9 @@ class CudaBackend final : public ops::Backend {
     return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
            a.weight_decay == b.weight_decay;
   }
-  Status Launch(cudaError_t e, std::string_view what) { return CudaStatus(e, what); }
+  Status Launch(cudaError_t e, std::string_view what) {
+    return CudaStatus(e, what);
+  }
   // A GEMM operand: `src` (n floats) rounded to bf16 in workspace `slot` (0..2) when bf16_ (unless cuBLAS
   // converts it), else src itself.
   Result<const void*> Bf16(int slot, const float* src, int64_t n) {
@@ -825,6 +908,10 @@ class CudaBackend final : public ops::Backend {
   cublasLtHandle_t lt_ = nullptr;
   EpilogueStats epilogue_stats_;
   AttentionStats attention_stats_;
+  bool cudnn_attention_ = false;  // runtime.attention_kernels: cudnn (EnableCudnnAttention), until cuDNN fails
+#if defined(MS_CUDA_HAVE_CUDNN)
+  std::unique_ptr<cudnn::Sdpa> cudnn_sdpa_;  // made at the first forward cuDNN takes
+#endif
   bool bf16_ = true;
   int64_t ds_max_bytes_ = kAttentionDsMaxBytes;  // runtime.attention_stored_ds (0: off)
   bool cublas_converts_ = false;                 // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
@@ -845,6 +932,12 @@ void* BackendStream(ops::Backend& backend) {
 EpilogueStats GetEpilogueStats(ops::Backend& backend) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);
   return b ? b->epilogue_stats() : EpilogueStats{};
+}
+
+Status UseCudnnAttention(ops::Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  if (!b) return InvalidArgument("runtime.attention_kernels: cudnn needs runtime.backend: cuda");
+  return b->EnableCudnnAttention();
 }
 
 AttentionStats GetAttentionStats(ops::Backend& backend) {

@@ -37,6 +37,9 @@ EpilogueStats GetEpilogueStats(ops::Backend&) {
 AttentionStats GetAttentionStats(ops::Backend&) {
   return {};
 }
+Status UseCudnnAttention(ops::Backend&) {
+  return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
+}
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands, int64_t) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }

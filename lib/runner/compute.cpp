@@ -55,6 +55,9 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
                                             : operands == "cast" ? cuda::Bf16Operands::kCast
                                                                  : cuda::Bf16Operands::kKeep,
                                             spec.runtime.attention_stored_ds ? cuda::kAttentionDsMaxBytes : 0));
+  if (spec.runtime.attention_kernels == "cudnn") {
+    MS_RETURN_IF_ERROR_CTX(cuda::UseCudnnAttention(*c.backend), "{}", spec.source);
+  }
   LogInfo("compute: {} on {} (GEMMs {})", c.backend->name(), c.device->name(),
           !c.backend->bf16_gemm() ? "fp32"
           : cublas_converts       ? "bf16 inputs converted by cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF), fp32 accumulation"

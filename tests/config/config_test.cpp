@@ -571,6 +571,14 @@ TEST_CASE("cross-field rules name the values and point at the responsible key") 
        "runtime.activations: bf16 activations need"},
       {{{"steps: 50", "steps: 50\n  precision: bf16"}, {"name: base", "runtime: {backend: cuda, activations: bf16}"}},
        ""},
+      // cuDNN's attention reads bf16 activations; an unknown value is named.
+      {{{"steps: 50", "steps: 50\n  precision: bf16"},
+        {"name: base", "runtime: {backend: cuda, activations: bf16, attention_kernels: cudnn}"}},
+       ""},
+      {{{"steps: 50", "steps: 50\n  precision: bf16"},
+        {"name: base", "runtime: {backend: cuda, attention_kernels: cudnn}"}},
+       "runtime.attention_kernels: runtime.attention_kernels: cudnn runs the attention of bf16 activations"},
+      {{{"name: base", "runtime: {attention_kernels: flash}"}}, "runtime.attention_kernels"},
       // Evaluation needs held-out data.
       {{{"steps: 50", "steps: 50\n  eval_interval: 10"}}, ""},
       {{{"steps: 50", "steps: 50\n  eval_interval: 10"}, {"path: data/x", "path: data/x\n  valid_fraction: 0"}},

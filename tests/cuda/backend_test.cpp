@@ -731,6 +731,102 @@ TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of t
   }
 }
 
+// runtime.attention_kernels: cudnn (lib/cuda/cudnn_sdpa.h). The emulator cannot run cuDNN: UseCudnnAttention is
+// refused there, naming the flavor. On a GPU the bf16 training path's forward (AttentionForward16 writing only out16,
+// no qkv bias) goes through cuDNN's fused attention and must agree with megascale's kernel on the same bf16 qkv — out16
+// within bf16 rounding, lse (the log-sum-exp megascale's backward recomputes P from) within 1e-3 — and megascale's
+// backward on cuDNN's out16 and lse with the backward on its own within bf16 tolerance, on odd shapes, a window and
+// head dims 32, 64, 128; every call taken by cuDNN (GetAttentionStats: no silent fallback), and a call with the qkv
+// bias to add falls back to megascale's kernel, counted with its reason.
+TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runtime.attention_kernels: cudnn)") {
+  Pair ours(/*bf16=*/true, Bf16Operands::kKeep), cud(/*bf16=*/true, Bf16Operands::kKeep);
+  const Status enabled = UseCudnnAttention(*cud.gpu);
+  if (LinkedFlavor() == Flavor::kEmulated) {
+    CHECK(enabled.code() == Code::kUnimplemented);
+    CHECK(enabled.message().find("emulated") != std::string::npos);
+    return;
+  }
+  REQUIRE_MESSAGE(enabled.ok(), enabled.ToString());
+  CHECK(UseCudnnAttention(*cud.cpu).code() == Code::kInvalidArgument);
+  auto widen = [](const std::vector<uint16_t>& bits) {
+    std::vector<float> w(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&w[i], &u, sizeof u);
+    }
+    return w;
+  };
+  auto round = [](const std::vector<float>& v) {
+    std::vector<uint16_t> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &v[i], sizeof u);
+      r[i] = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    }
+    return r;
+  };
+  // max |a - b| <= rtol * max |b| + atol
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b, float rtol, float atol) {
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, std::fabs(a[i] - b[i]));
+      scale = std::max(scale, std::fabs(b[i]));
+    }
+    INFO("max |diff| " << worst << ", max |want| " << scale);
+    CHECK(worst <= rtol * scale + atol);
+  };
+  struct Shape {
+    int64_t B, T, H, D, window;
+  };
+  const Shape shapes[] = {{2, 70, 3, 64, 0}, {1, 129, 2, 128, 0}, {2, 300, 2, 64, 128}, {1, 77, 4, 32, 0}};
+  int64_t calls = 0;
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.T);
+    CAPTURE(sh.D);
+    CAPTURE(sh.window);
+    const int64_t B = sh.B, T = sh.T, H = sh.H, D = sh.D, w = sh.window, n_qkv = B * T * 3 * H * D,
+                  n_out = B * T * H * D, n_lse = B * H * T;
+    const std::vector<uint16_t> qkv_h = round(Random(n_qkv, 71, -2.0f, 2.0f)), dout_h = round(Random(n_out, 72));
+    std::vector<float> got[2][3];  // [ours, cudnn][out, lse, dqkv]
+    Pair* pairs[2] = {&ours, &cud};
+    for (int k = 0; k < 2; ++k) {
+      Pair& p = *pairs[k];
+      uint16_t* qkv16 = p.On(*p.gpu, qkv_h);
+      uint16_t* dout16 = p.On(*p.gpu, dout_h);
+      uint16_t* out16 = p.On(*p.gpu, std::vector<uint16_t>(n_out, 0xFFFF));
+      float* lse = p.On(*p.gpu, std::vector<float>(n_lse, -1.0f));
+      uint16_t* dqkv16 = p.On(*p.gpu, std::vector<uint16_t>(n_qkv, 0xFFFF));
+      REQUIRE(p.gpu->AttentionForward16(nullptr, lse, qkv16, nullptr, B, T, H, D, w, out16).ok());
+      REQUIRE(p.gpu
+                  ->AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, lse, B, T, H, D, w, dqkv16,
+                                        nullptr)
+                  .ok());
+      got[k][0] = widen(p.Get(*p.gpu, out16, n_out));
+      got[k][1] = p.Get(*p.gpu, lse, n_lse);
+      got[k][2] = widen(p.Get(*p.gpu, dqkv16, n_qkv));
+    }
+    ++calls;
+    close(got[1][0], got[0][0], 2e-2f, 1e-2f);
+    close(got[1][1], got[0][1], 1e-3f, 1e-3f);
+    close(got[1][2], got[0][2], 3e-2f, 1e-2f);
+  }
+  AttentionStats st = GetAttentionStats(*cud.gpu);
+  CHECK(st.cudnn_forward == calls);
+  CHECK(st.cudnn_fallback == 0);
+  CHECK(GetAttentionStats(*ours.gpu).cudnn_forward == 0);
+  // The qkv bias to add: megascale's kernel, counted, the reason kept.
+  const int64_t B = 1, T = 40, H = 2, D = 64;
+  uint16_t* qkv16 = cud.On(*cud.gpu, round(Random(B * T * 3 * H * D, 73)));
+  float* bias = cud.On(*cud.gpu, Random(3 * H * D, 74));
+  uint16_t* out16 = cud.On(*cud.gpu, std::vector<uint16_t>(B * T * H * D));
+  float* lse = cud.On(*cud.gpu, std::vector<float>(B * H * T));
+  REQUIRE(cud.gpu->AttentionForward16(nullptr, lse, qkv16, bias, B, T, H, D, 0, out16).ok());
+  st = GetAttentionStats(*cud.gpu);
+  CHECK(st.cudnn_forward == calls);
+  CHECK(st.cudnn_fallback == 1);
+  CHECK(st.cudnn_note.find("qkv bias") != std::string::npos);
+}
+
 // The tensor-core attention backward keeps dS in a workspace between its kernels (5 products) where its tiles take at
 // most the backend's cap (runtime.attention_stored_ds: 1 GiB; 0 when off), else forms it again (7): here 2 x 2 heads
 // of T = 70, 2 64-row tiles, 3 (key, query) tile pairs of 8 KiB each = 98,304 bytes. GetAttentionStats counts each

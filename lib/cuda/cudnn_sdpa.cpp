@@ -1,0 +1,499 @@
+// cuDNN's fused attention through the backend API, libcudnn loaded at run time (cudnn_sdpa.h).
+#include "cuda/cudnn_sdpa.h"
+
+#include <cudnn.h>
+#include <dlfcn.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace ms::cuda::cudnn {
+namespace {
+
+using Desc = cudnnBackendDescriptor_t;
+
+// The library's entry points, resolved once.
+struct Api {
+  decltype(&cudnnGetVersion) GetVersion = nullptr;
+  decltype(&cudnnGetErrorString) GetErrorString = nullptr;
+  decltype(&cudnnGetLastErrorString) GetLastErrorString = nullptr;
+  decltype(&cudnnCreate) Create = nullptr;
+  decltype(&cudnnDestroy) Destroy = nullptr;
+  decltype(&cudnnSetStream) SetStream = nullptr;
+  decltype(&cudnnBackendCreateDescriptor) CreateDescriptor = nullptr;
+  decltype(&cudnnBackendDestroyDescriptor) DestroyDescriptor = nullptr;
+  decltype(&cudnnBackendSetAttribute) SetAttribute = nullptr;
+  decltype(&cudnnBackendGetAttribute) GetAttribute = nullptr;
+  decltype(&cudnnBackendFinalize) Finalize = nullptr;
+  decltype(&cudnnBackendExecute) Execute = nullptr;
+};
+
+Result<const Api*> LoadApi() {
+  static std::once_flag once;
+  static Api api;
+  static Status status;
+  std::call_once(once, [] {
+    void* lib = ::dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = ::dlerror();
+      status = Unavailable(
+          "cuDNN is not available: dlopen(libcudnn.so.9) failed ({}); install cuDNN 9 or add its folder to "
+          "LD_LIBRARY_PATH (on the GPU machine scripts/gpu_check.sh finds PyTorch's)",
+          why ? why : "no reason given");
+      return;
+    }
+    auto resolve = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+      if (fn == nullptr && status.ok()) status = Unavailable("cuDNN: libcudnn.so.9 has no symbol {}", name);
+    };
+    resolve(api.GetVersion, "cudnnGetVersion");
+    resolve(api.GetErrorString, "cudnnGetErrorString");
+    resolve(api.GetLastErrorString, "cudnnGetLastErrorString");
+    resolve(api.Create, "cudnnCreate");
+    resolve(api.Destroy, "cudnnDestroy");
+    resolve(api.SetStream, "cudnnSetStream");
+    resolve(api.CreateDescriptor, "cudnnBackendCreateDescriptor");
+    resolve(api.DestroyDescriptor, "cudnnBackendDestroyDescriptor");
+    resolve(api.SetAttribute, "cudnnBackendSetAttribute");
+    resolve(api.GetAttribute, "cudnnBackendGetAttribute");
+    resolve(api.Finalize, "cudnnBackendFinalize");
+    resolve(api.Execute, "cudnnBackendExecute");
+    if (status.ok() && api.GetVersion() < 90000) {
+      status = Unavailable("cuDNN {} is loaded; megascale's fused attention needs cuDNN 9", api.GetVersion());
+    }
+  });
+  if (!status.ok()) return status;
+  return &api;
+}
+
+// A cuDNN status as a Status naming the call, with cuDNN's own last message.
+Status Check(const Api& api, cudnnStatus_t s, std::string_view what) {
+  if (s == CUDNN_STATUS_SUCCESS) return Status::Ok();
+  char detail[1024] = {0};
+  api.GetLastErrorString(detail, sizeof detail);
+  return Internal("cuDNN {}: {}{}{}", what, api.GetErrorString(s), detail[0] ? ": " : "", detail);
+}
+
+// Owns descriptors; destroys them in reverse order.
+class Descs {
+ public:
+  explicit Descs(const Api& api) : api_(api) {}
+  ~Descs() {
+    for (auto it = all_.rbegin(); it != all_.rend(); ++it) api_.DestroyDescriptor(*it);
+  }
+  Descs(const Descs&) = delete;
+  Descs& operator=(const Descs&) = delete;
+
+  Result<Desc> Make(cudnnBackendDescriptorType_t type, std::string_view what) {
+    Desc d = nullptr;
+    MS_RETURN_IF_ERROR(Check(api_, api_.CreateDescriptor(type, &d), fmt::format("creating the {} descriptor", what)));
+    all_.push_back(d);
+    return d;
+  }
+  template <typename T>
+  Status Set(Desc d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n, const T* values,
+             std::string_view what) {
+    return Check(api_, api_.SetAttribute(d, name, type, n, values),
+                 fmt::format("setting attribute {} of {}", static_cast<int>(name), what));
+  }
+  Status Finalize(Desc d, std::string_view what) {
+    return Check(api_, api_.Finalize(d), fmt::format("finalizing {}", what));
+  }
+  const Api& api() const { return api_; }
+
+ private:
+  const Api& api_;
+  std::vector<Desc> all_;
+};
+
+struct TensorSpec {
+  std::vector<int64_t> dims, strides;
+  cudnnDataType_t type = CUDNN_DATA_FLOAT;
+  bool is_virtual = true;
+  bool by_value = false;
+};
+
+// Builds an operation graph: tensors get their uids here (virtual ones from 1000 on).
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(Descs& d) : d_(d) {}
+
+  Result<Desc> Tensor(const TensorSpec& t, int64_t uid, std::string_view what) {
+    MS_ASSIGN_OR_RETURN(Desc desc, d_.Make(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what));
+    const int64_t n = static_cast<int64_t>(t.dims.size());
+    const int64_t align = 16;
+    const bool v = t.is_virtual, bv = t.by_value;
+    MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &t.type, what));
+    MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, n, t.dims.data(), what));
+    MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, n, t.strides.data(), what));
+    MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, what));
+    MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, what));
+    MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v, what));
+    if (bv) MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(desc, what));
+    return desc;
+  }
+  // A virtual intermediate of the given dims (packed, row-major) and type.
+  Result<Desc> Virtual(std::vector<int64_t> dims, cudnnDataType_t type, std::string_view what) {
+    TensorSpec t;
+    t.dims = std::move(dims);
+    t.strides.assign(t.dims.size(), 1);
+    for (int i = static_cast<int>(t.dims.size()) - 2; i >= 0; --i) t.strides[i] = t.strides[i + 1] * t.dims[i + 1];
+    t.type = type;
+    return Tensor(t, next_virtual_++, what);
+  }
+  // A scalar passed by value at execution (its uid bound to a host pointer in the variant pack).
+  Result<Desc> Scalar(int64_t uid, cudnnDataType_t type, std::string_view what) {
+    TensorSpec t;
+    t.dims = {1, 1, 1, 1};
+    t.strides = {1, 1, 1, 1};
+    t.type = type;
+    t.is_virtual = false;
+    t.by_value = true;
+    return Tensor(t, uid, what);
+  }
+  // y = mode(x[, b][, t]) elementwise (broadcasting), computed in `math`; GEN_INDEX takes `axis`.
+  Status Pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t math, Desc x, Desc b, Desc t, Desc y,
+                   std::string_view what, int64_t axis = -1) {
+    MS_ASSIGN_OR_RETURN(Desc pw, d_.Make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what));
+    MS_RETURN_IF_ERROR(d_.Set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, what));
+    MS_RETURN_IF_ERROR(d_.Set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math, what));
+    if (axis >= 0) MS_RETURN_IF_ERROR(d_.Set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(pw, what));
+    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what));
+    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, D, 1, &pw, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, D, 1, &x, what));
+    if (b) MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, D, 1, &b, what));
+    if (t) MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, D, 1, &t, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, D, 1, &y, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
+    ops_.push_back(op);
+    return Status::Ok();
+  }
+  Status Reduction(cudnnReduceTensorOp_t mode, Desc x, Desc y, std::string_view what) {
+    MS_ASSIGN_OR_RETURN(Desc r, d_.Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, what));
+    const cudnnDataType_t f = CUDNN_DATA_FLOAT;
+    MS_RETURN_IF_ERROR(d_.Set(r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, what));
+    MS_RETURN_IF_ERROR(d_.Set(r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(r, what));
+    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what));
+    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, D, 1, &r, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, D, 1, &x, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, D, 1, &y, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
+    ops_.push_back(op);
+    return Status::Ok();
+  }
+  Status Matmul(Desc a, Desc b, Desc c, std::string_view what) {
+    MS_ASSIGN_OR_RETURN(Desc m, d_.Make(CUDNN_BACKEND_MATMUL_DESCRIPTOR, what));
+    const cudnnDataType_t f = CUDNN_DATA_FLOAT;
+    MS_RETURN_IF_ERROR(d_.Set(m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(m, what));
+    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, what));
+    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, D, 1, &a, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, D, 1, &b, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, D, 1, &c, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, D, 1, &m, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
+    ops_.push_back(op);
+    return Status::Ok();
+  }
+  Result<Desc> Graph() {
+    MS_ASSIGN_OR_RETURN(Desc g, d_.Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph"));
+    MS_RETURN_IF_ERROR(d_.Set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                              static_cast<int64_t>(ops_.size()), ops_.data(), "operation graph"));
+    MS_RETURN_IF_ERROR(d_.Finalize(g, "the attention operation graph"));
+    return g;
+  }
+
+ private:
+  Descs& d_;
+  std::vector<Desc> ops_;
+  int64_t next_virtual_ = 1000;
+};
+
+// The uids the variant pack binds.
+enum Uid : int64_t { kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kScale = 10, kNegInf = 11, kWindow = 12 };
+
+// The forward graph of cudnn_sdpa.h's header comment; Q, K, V, O in megascale's layouts.
+Result<Desc> BuildForward(Descs& d, const SdpaShape& s) {
+  GraphBuilder g(d);
+  const int64_t B = s.B, T = s.T, H = s.H, D = s.D, C = H * D;
+  const auto F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
+  // qkv (B, T, 3, H, D): head h's query at t * 3C + h * D, its key C further, its value 2C further.
+  TensorSpec q{{B, H, T, D}, {T * 3 * C, D, 3 * C, 1}, BF, false};
+  TensorSpec kt{{B, H, D, T}, {T * 3 * C, D, 1, 3 * C}, BF, false};  // Kᵀ: the same memory, T and D swapped
+  TensorSpec v = q;
+  TensorSpec o{{B, H, T, D}, {T * C, D, C, 1}, BF, false};  // out (B, T, H, D)
+  TensorSpec stats{{B, H, T, 1}, {H * T, T, 1, 1}, F, false};
+  MS_ASSIGN_OR_RETURN(Desc Q, g.Tensor(q, kQ, "Q"));
+  MS_ASSIGN_OR_RETURN(Desc K, g.Tensor(kt, kK, "K (transposed)"));
+  MS_ASSIGN_OR_RETURN(Desc V, g.Tensor(v, kV, "V"));
+  MS_ASSIGN_OR_RETURN(Desc O, g.Tensor(o, kO, "O"));
+  MS_ASSIGN_OR_RETURN(Desc Stats, g.Tensor(stats, kStats, "Stats"));
+  MS_ASSIGN_OR_RETURN(Desc scale, g.Scalar(kScale, F, "attention scale"));
+  MS_ASSIGN_OR_RETURN(Desc neg_inf, g.Scalar(kNegInf, F, "-inf"));
+  const std::vector<int64_t> bhtt = {B, H, T, T}, bht1 = {B, H, T, 1};
+
+  MS_ASSIGN_OR_RETURN(Desc S, g.Virtual(bhtt, F, "S = Q K^T"));
+  MS_RETURN_IF_ERROR(g.Matmul(Q, K, S, "S = Q K^T"));
+  MS_ASSIGN_OR_RETURN(Desc Ss, g.Virtual(bhtt, F, "S * scale"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, S, scale, nullptr, Ss, "S * scale"));
+  // Causal: keep row >= col.
+  MS_ASSIGN_OR_RETURN(Desc row, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Ss, nullptr, nullptr, row, "row index", 2));
+  MS_ASSIGN_OR_RETURN(Desc col, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Ss, nullptr, nullptr, col, "column index", 3));
+  MS_ASSIGN_OR_RETURN(Desc keep, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "row >= col"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep, "row >= col"));
+  MS_ASSIGN_OR_RETURN(Desc Sm, g.Virtual(bhtt, F, "causal mask"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, F, Ss, neg_inf, keep, Sm, "causal mask"));
+  if (s.window > 0 && s.window < T) {
+    // Sliding window: keep col + window > row (megascale's t - window < s).
+    MS_ASSIGN_OR_RETURN(Desc w, g.Scalar(kWindow, F, "window"));
+    MS_ASSIGN_OR_RETURN(Desc row2, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index (window)"));
+    MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Sm, nullptr, nullptr, row2, "row index (window)", 2));
+    MS_ASSIGN_OR_RETURN(Desc col2, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index (window)"));
+    MS_RETURN_IF_ERROR(
+        g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Sm, nullptr, nullptr, col2, "column index (window)", 3));
+    MS_ASSIGN_OR_RETURN(Desc colw, g.Virtual(bhtt, F, "col + window"));
+    MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_ADD, F, col2, w, nullptr, colw, "col + window", 3));
+    MS_ASSIGN_OR_RETURN(Desc inwin, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "col + window > row"));
+    MS_RETURN_IF_ERROR(
+        g.Pointwise(CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, colw, row2, nullptr, inwin, "col + window > row"));
+    MS_ASSIGN_OR_RETURN(Desc Sw, g.Virtual(bhtt, F, "window mask"));
+    MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, F, Sm, neg_inf, inwin, Sw, "window mask"));
+    Sm = Sw;
+  }
+  // Softmax with its statistics.
+  MS_ASSIGN_OR_RETURN(Desc m, g.Virtual(bht1, F, "row max"));
+  MS_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_MAX, Sm, m, "row max"));
+  MS_ASSIGN_OR_RETURN(Desc sub, g.Virtual(bhtt, F, "S - max"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, F, Sm, m, nullptr, sub, "S - max"));
+  MS_ASSIGN_OR_RETURN(Desc e, g.Virtual(bhtt, F, "exp(S - max)"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_EXP, F, sub, nullptr, nullptr, e, "exp(S - max)"));
+  MS_ASSIGN_OR_RETURN(Desc l, g.Virtual(bht1, F, "row sum"));
+  MS_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_ADD, e, l, "row sum"));
+  MS_ASSIGN_OR_RETURN(Desc logl, g.Virtual(bht1, F, "log(row sum)"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_LOG, F, l, nullptr, nullptr, logl, "log(row sum)"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_ADD, F, m, logl, nullptr, Stats, "Stats = max + log(sum)"));
+  MS_ASSIGN_OR_RETURN(Desc P, g.Virtual(bhtt, BF, "P"));  // bf16: the P V product's operands share a type
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_DIV, F, e, l, nullptr, P, "P = exp / sum"));
+  MS_RETURN_IF_ERROR(g.Matmul(P, V, O, "O = P V"));
+  return g.Graph();
+}
+
+// Heuristics' engine configurations for a graph, on a handle's device or a deviceprop descriptor's.
+Result<std::vector<Desc>> EngineConfigs(Descs& d, Desc graph, Desc deviceprop) {
+  const Api& api = d.api();
+  MS_ASSIGN_OR_RETURN(Desc heur, d.Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics"));
+  const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+  MS_RETURN_IF_ERROR(d.Set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, D, 1, &graph, "heuristics"));
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  MS_RETURN_IF_ERROR(d.Set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics"));
+  if (deviceprop) MS_RETURN_IF_ERROR(d.Set(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, D, 1, &deviceprop, "heuristics"));
+  MS_RETURN_IF_ERROR(d.Finalize(heur, "the heuristics for the attention graph"));
+  int64_t count = 0;
+  MS_RETURN_IF_ERROR(
+      Check(api, api.GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, D, 0, &count, nullptr), "heuristics count"));
+  std::vector<Desc> configs;
+  for (int64_t i = 0; i < count; ++i) {
+    MS_ASSIGN_OR_RETURN(Desc c, d.Make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"));
+    configs.push_back(c);
+  }
+  int64_t got = 0;
+  if (count > 0) {
+    MS_RETURN_IF_ERROR(Check(api, api.GetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, D, count, &got, configs.data()),
+                             "heuristics results"));
+  }
+  configs.resize(static_cast<size_t>(std::max<int64_t>(got, 0)));
+  return configs;
+}
+
+}  // namespace
+
+std::string Unsupported(const SdpaShape& s) {
+  if (s.B < 1 || s.T < 1 || s.H < 1) return fmt::format("an empty problem (B {}, T {}, H {})", s.B, s.T, s.H);
+  if (s.D < 8 || s.D > 128 || s.D % 8 != 0) {
+    return fmt::format("head dim {}: cuDNN's fused attention takes a multiple of 8 up to 128", s.D);
+  }
+  if (s.window < 0) return fmt::format("window {} < 0", s.window);
+  return "";
+}
+
+Result<int64_t> Version() {
+  MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
+  return static_cast<int64_t>(api->GetVersion());
+}
+
+std::string H100DeviceProperties() {
+  return R"({"maxGridSize":[2147483647,65535,65535],"maxBlockSize":[1024,1024,64],"regsPerBlock":65536,)"
+         R"("multiProcessorCount":132,"warpSize":32,"maxSharedMemoryPerBlock":49152,)"
+         R"("maxSharedMemoryPerBlockOptin":232448,"reservedSharedMemoryPerBlock":1024,"maxRegistersPerSM":65536,)"
+         R"("maxCtasPerSM":32,"maxThreadsPerBlock":1024,"maxThreadsPerSM":2048,"pciDeviceId":0,"isTccDriver":0,)"
+         R"("supportCoopLaunch":1,"totalGlobalMem":85520809984,"smClockRateKHz":1980000,"memClockRateKHz":2619000,)"
+         R"("l2CacheSize":52428800,"cudaDeviceId":0,"deviceVer":900,"driverVer":13000,)"
+         R"("deviceName":"NVIDIA H100 80GB HBM3"})";
+}
+
+Result<int> ForwardEngineConfigs(const SdpaShape& s, const std::string& deviceprop_json) {
+  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
+  MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
+  Descs d(*api);
+  MS_ASSIGN_OR_RETURN(Desc prop, d.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties"));
+  MS_RETURN_IF_ERROR(d.Set(prop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                           static_cast<int64_t>(deviceprop_json.size()), deviceprop_json.data(), "device properties"));
+  MS_RETURN_IF_ERROR(d.Finalize(prop, "the device properties"));
+  MS_ASSIGN_OR_RETURN(Desc graph, BuildForward(d, s));
+  MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
+  return static_cast<int>(configs.size());
+}
+
+Result<std::vector<std::string>> ForwardPlansDeviceless(const SdpaShape& s, const std::string& deviceprop_json) {
+  MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
+  Descs d(*api);
+  MS_ASSIGN_OR_RETURN(Desc prop, d.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties"));
+  MS_RETURN_IF_ERROR(d.Set(prop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                           static_cast<int64_t>(deviceprop_json.size()), deviceprop_json.data(), "device properties"));
+  MS_RETURN_IF_ERROR(d.Finalize(prop, "the device properties"));
+  MS_ASSIGN_OR_RETURN(Desc graph, BuildForward(d, s));
+  MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
+  std::vector<std::string> out;
+  for (Desc config : configs) {
+    MS_ASSIGN_OR_RETURN(Desc plan, d.Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
+    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, D, 1, &config, "execution plan"));
+    MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, D, 1, &prop, "execution plan"));
+    Status st = d.Finalize(plan, "plan");
+    out.push_back(st.ok() ? "ok" : st.message());
+  }
+  return out;
+}
+
+// ---- on a GPU ----
+
+struct Sdpa::Impl {
+  const Api* api = nullptr;
+  cudnnHandle_t handle = nullptr;
+  Workspace workspace;
+  struct Plan {
+    std::unique_ptr<Descs> descs;  // keeps the graph, the config and the plan alive
+    Desc plan = nullptr;
+    int64_t workspace_bytes = 0;
+    int64_t engine = -1;
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
+
+  ~Impl() {
+    plans.clear();
+    if (handle) api->Destroy(handle);
+  }
+  static auto Key(const SdpaShape& s) { return std::make_tuple(s.B, s.T, s.H, s.D, s.window); }
+
+  Result<Plan*> PlanFor(const SdpaShape& s) {
+    auto it = plans.find(Key(s));
+    if (it != plans.end()) return &it->second;
+    Plan p;
+    p.descs = std::make_unique<Descs>(*api);
+    Descs& d = *p.descs;
+    MS_ASSIGN_OR_RETURN(Desc graph, BuildForward(d, s));
+    MS_ASSIGN_OR_RETURN(Desc prop, d.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties"));
+    MS_RETURN_IF_ERROR(d.Set(prop, CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "device properties"));
+    MS_RETURN_IF_ERROR(d.Finalize(prop, "the device properties of this GPU"));
+    MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
+    if (configs.empty()) {
+      return FailedPrecondition(
+          "cuDNN's heuristics found no engine for the attention forward (B {}, T {}, H {}, D {}, window {}); "
+          "CUDNN_LOGWARN_DBG=1 CUDNN_LOGDEST_DBG=stderr shows why",
+          s.B, s.T, s.H, s.D, s.window);
+    }
+    // The first configuration whose plan builds on this GPU (heuristics order: the predicted fastest first).
+    Status last;
+    for (size_t i = 0; i < configs.size(); ++i) {
+      Desc config = configs[i];
+      MS_ASSIGN_OR_RETURN(Desc plan, d.Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
+      const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+      MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, D, 1, &config, "execution plan"));
+      MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, D, 1, &prop, "execution plan"));
+      last = d.Finalize(plan, "the attention forward's execution plan");
+      if (!last.ok()) continue;
+      int64_t n = 0;
+      MS_RETURN_IF_ERROR(Check(*api,
+                               api->GetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                                 &n, &p.workspace_bytes),
+                               "workspace size"));
+      p.plan = plan;
+      p.engine = static_cast<int64_t>(i);
+      break;
+    }
+    if (p.plan == nullptr) return last.WithContext("no engine configuration of the attention forward builds");
+    return &plans.emplace(Key(s), std::move(p)).first->second;
+  }
+};
+
+Sdpa::Sdpa(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Sdpa::~Sdpa() = default;
+
+Result<std::unique_ptr<Sdpa>> Sdpa::Create(void* cuda_stream, Workspace workspace) {
+  MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
+  auto impl = std::make_unique<Impl>();
+  impl->api = api;
+  impl->workspace = std::move(workspace);
+  MS_RETURN_IF_ERROR(Check(*api, api->Create(&impl->handle), "creating a handle (cudnnCreate)"));
+  MS_RETURN_IF_ERROR(
+      Check(*api, api->SetStream(impl->handle, static_cast<cudaStream_t>(cuda_stream)), "cudnnSetStream"));
+  return std::unique_ptr<Sdpa>(new Sdpa(std::move(impl)));
+}
+
+Status Sdpa::Forward(const void* qkv16, void* out16, float* lse, const SdpaShape& s) {
+  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
+  const Api& api = *impl_->api;
+  MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s));
+  void* ws = nullptr;
+  if (p->workspace_bytes > 0) {
+    MS_ASSIGN_OR_RETURN(ws, impl_->workspace(static_cast<size_t>(p->workspace_bytes)));
+  }
+  const int64_t C = s.H * s.D;
+  auto* q = static_cast<const uint16_t*>(qkv16);
+  float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  float window = static_cast<float>(s.window);
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<void*> ptrs = {const_cast<uint16_t*>(q),
+                             const_cast<uint16_t*>(q + C),
+                             const_cast<uint16_t*>(q + 2 * C),
+                             out16,
+                             lse,
+                             &scale,
+                             &neg_inf};
+  if (s.window > 0 && s.window < s.T) {
+    uids.push_back(kWindow);
+    ptrs.push_back(&window);
+  }
+  Descs d(api);
+  MS_ASSIGN_OR_RETURN(Desc pack, d.Make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
+  const auto n = static_cast<int64_t>(uids.size());
+  MS_RETURN_IF_ERROR(d.Set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data(), "variant pack"));
+  MS_RETURN_IF_ERROR(
+      d.Set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data(), "variant pack"));
+  MS_RETURN_IF_ERROR(d.Set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "variant pack"));
+  MS_RETURN_IF_ERROR(d.Finalize(pack, "the variant pack"));
+  return Check(api, api.Execute(impl_->handle, p->plan, pack), "executing the attention forward");
+}
+
+std::string Sdpa::Describe(const SdpaShape& s) const {
+  auto it = impl_->plans.find(Impl::Key(s));
+  if (it == impl_->plans.end()) return "no plan yet";
+  return fmt::format("engine configuration {} of the heuristics' list, {} bytes of workspace", it->second.engine,
+                     it->second.workspace_bytes);
+}
+
+}  // namespace ms::cuda::cudnn

@@ -1,0 +1,96 @@
+// cuDNN's fused attention graph (lib/cuda/cudnn_sdpa.cpp), device-less: the forward graph megascale builds must be
+// one that cuDNN's heuristics find engines for on an H100 (sm_90), at the GPU configs' shapes, odd shapes and with a
+// sliding window — checked on a machine without a GPU through cuDNN's device properties (JSON) and the toolkit's stub
+// libcuda (ctest sets LD_LIBRARY_PATH). A Volta (sm_70), where cuDNN has no fused flash attention, must get none:
+// the check discriminates. The numbers themselves only a GPU computes (cuda_backend_gpu).
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "cuda/cudnn_sdpa.h"
+
+namespace cudnn = ms::cuda::cudnn;
+
+namespace {
+
+std::string Volta() {
+  std::string j = cudnn::H100DeviceProperties();
+  auto swap = [&](const std::string& from, const std::string& to) {
+    const auto at = j.find(from);
+    REQUIRE(at != std::string::npos);
+    j.replace(at, from.size(), to);
+  };
+  swap(R"("deviceVer":900)", R"("deviceVer":700)");
+  swap(R"("multiProcessorCount":132)", R"("multiProcessorCount":80)");
+  swap(R"("maxSharedMemoryPerBlockOptin":232448)", R"("maxSharedMemoryPerBlockOptin":98304)");
+  swap(R"("NVIDIA H100 80GB HBM3")", R"("Tesla V100-SXM2-32GB")");
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("cuDNN loads (libcudnn.so.9, version 9)") {
+  auto v = cudnn::Version();
+  const std::string why = v.ok() ? std::string() : v.status().message();
+  INFO(why);
+  REQUIRE(v.ok());
+  CHECK(*v >= 90000);
+  MESSAGE("cuDNN " << *v);
+}
+
+TEST_CASE("the attention forward graph has engines on an H100") {
+  const cudnn::SdpaShape shapes[] = {
+      {16, 1024, 12, 64, 0},  // configs/gpt2-small-gpu.yaml
+      {4, 2048, 16, 128, 0},  // configs/gpt-1.3b-gpu.yaml
+      {2, 70, 3, 64, 0},      // T not a multiple of 64
+      {1, 77, 2, 32, 0},      // another head dim
+      {2, 300, 4, 64, 128},   // a sliding window
+      {3, 33, 5, 128, 7},     // odd everything, window below one tile
+  };
+  for (const auto& s : shapes) {
+    CAPTURE(s.B);
+    CAPTURE(s.T);
+    CAPTURE(s.H);
+    CAPTURE(s.D);
+    CAPTURE(s.window);
+    auto n = cudnn::ForwardEngineConfigs(s, cudnn::H100DeviceProperties());
+    const std::string why = n.ok() ? std::string() : n.status().message();
+    INFO(why);
+    REQUIRE(n.ok());
+    // None: cuDNN refused the graph (or libcuda.so.1, the stub, did not load): rerun with
+    // CUDNN_LOGWARN_DBG=1 CUDNN_LOGDEST_DBG=stderr for its reasons.
+    CHECK(*n >= 1);
+  }
+}
+
+// The plans' kernels (cuDNN compiles them at run time, NVRTC): each plan of GPT-2 small's shape gets as far as the
+// driver's module load, which the stub cannot do — so cuDNN built and compiled every one (about 3 s).
+TEST_CASE("every engine's plan of the attention forward compiles for an H100") {
+  auto plans = cudnn::ForwardPlansDeviceless({16, 1024, 12, 64, 0}, cudnn::H100DeviceProperties());
+  const std::string why = plans.ok() ? std::string() : plans.status().message();
+  INFO(why);
+  REQUIRE(plans.ok());
+  CHECK(!plans->empty());
+  for (const std::string& p : *plans) {
+    CAPTURE(p);
+    CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
+  }
+}
+
+TEST_CASE("no fused-attention engine on a Volta: the check discriminates") {
+  auto n = cudnn::ForwardEngineConfigs({2, 128, 4, 64, 0}, Volta());
+  const std::string why = n.ok() ? std::string() : n.status().message();
+  INFO(why);
+  REQUIRE(n.ok());
+  CHECK(*n == 0);
+}
+
+TEST_CASE("shapes cuDNN's fused attention does not take are named, not built") {
+  CHECK(cudnn::Unsupported({2, 64, 4, 64, 0}).empty());
+  CHECK(cudnn::Unsupported({2, 64, 4, 60, 0}).find("head dim 60") != std::string::npos);
+  CHECK(cudnn::Unsupported({2, 64, 4, 256, 0}).find("head dim 256") != std::string::npos);
+  CHECK(cudnn::Unsupported({0, 64, 4, 64, 0}).find("empty") != std::string::npos);
+  auto r = cudnn::ForwardEngineConfigs({2, 64, 4, 60, 0}, cudnn::H100DeviceProperties());
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().find("head dim 60") != std::string::npos);
+}
