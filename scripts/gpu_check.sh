@@ -15,7 +15,7 @@
 #   kernels    kernels_bench --preset gpu-configs: every launcher timed against its H100 roofline (+ JSON)
 #   train      megascale train configs/gpt2-small-gpu.yaml (12 steps) and configs/gpt-1.3b-gpu.yaml (8 steps) with
 #              runtime.bf16_operands: keep, with and without runtime.activations: bf16 (the fc bias + GeLU in the
-#              cuBLASLt epilogues), and with it the attention forward by cuDNN (-cudnn); then GPT-2 small with
+#              cuBLASLt epilogues), and with it the attention by cuDNN (-cudnn); then GPT-2 small with
 #              runtime.attention_stored_ds: false, runtime.gemm_epilogues: false, cast and cublas: step time
 #              and MFU against the detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what
 #              was kept in bf16
@@ -126,7 +126,8 @@ PY
       # kernel fallback where it had no algorithm), what runtime.activations: bf16 kept in bf16, and which attention
       # backward ran (dS kept or formed again).
       grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "qkv GEMMs with the bias epilogue" -e "kept in bf16:" \
-        -e "tensor-core attention backwards:" -e "attention forwards:" -e "attention_kernels: cudnn" \
+        -e "tensor-core attention backwards:" -e "attention by cuDNN" -e "attention_kernels: cudnn" \
+        -e "fused attention (B" \
         "$work"/train-*/train.log \
         "$work"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
     fi
@@ -266,7 +267,7 @@ if want train; then
   if [[ -f data/fortunes.bin ]]; then
     # The likely fastest path first, then as built, the 1.3B config, and the ablations.
     # -nods: the attention backward forming dS again (runtime.attention_stored_ds: false, 7 products).
-    # -cudnn: the attention forward by cuDNN's fused attention (runtime.attention_kernels: cudnn).
+    # -cudnn: the attention by cuDNN's fused attention (runtime.attention_kernels: cudnn).
     for run in keep-bf16act keep-bf16act-cudnn keep-bf16act-nods keep 1.3b-keep-bf16act 1.3b-keep-bf16act-cudnn \
       1.3b-keep keep-bf16act-noepi cast cublas; do
       cfg=configs/gpt2-small-gpu.yaml steps=12 mode=$run

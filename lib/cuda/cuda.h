@@ -94,19 +94,20 @@ EpilogueStats GetEpilogueStats(ops::Backend& backend);
 // The tensor-core attention backwards a backend made by MakeCudaBackend has run: with dS kept between the kernels
 // (5 products), and forming it again (7: runtime.attention_stored_ds false, or tiles above attention_ds_max_bytes).
 // Zeros for other backends.
-// cudnn_*: the attention forwards cuDNN ran (runtime.attention_kernels: cudnn) and those that fell back to megascale's
-// kernel, with the first fallback's reason.
+// cudnn_*: the attention forwards and backwards cuDNN ran (runtime.attention_kernels: cudnn), and the calls that fell
+// back to megascale's kernels, with the first fallback's reason.
 struct AttentionStats {
   int64_t stored_ds = 0;
   int64_t recompute = 0;
   int64_t cudnn_forward = 0;
+  int64_t cudnn_backward = 0;
   int64_t cudnn_fallback = 0;
   std::string cudnn_note;
 };
 AttentionStats GetAttentionStats(ops::Backend& backend);
-// runtime.attention_kernels: cudnn — the bf16 training path's attention forward through cuDNN's fused attention
-// (lib/cuda/cudnn_sdpa.h; libcudnn.so.9 loaded at the first forward), megascale's backward after it; where cuDNN does
-// not take a call or fails, megascale's kernel runs and GetAttentionStats counts it. Unimplemented in a build without
+// runtime.attention_kernels: cudnn — the bf16 training path's attention, forward and backward, through cuDNN's fused
+// attention (lib/cuda/cudnn_sdpa.h; libcudnn.so.9 loaded at the first call); where cuDNN does not take a call or
+// fails, megascale's kernel runs and GetAttentionStats counts it. Unimplemented in a build without
 // cuDNN support (the emulated flavor, or no cudnn.h at build time); InvalidArgument for a backend that is not a CUDA
 // one or has fp32 GEMMs.
 Status UseCudnnAttention(ops::Backend& backend);

@@ -385,59 +385,101 @@ class CudaBackend final : public ops::Backend {
                                                 s_, o16, qkv_bias),
                   "attention forward (bf16 inputs, tensor cores)");
   }
-  // runtime.attention_kernels: cudnn — the forward through cuDNN's fused attention (lib/cuda/cudnn_sdpa.h) where it
-  // takes the problem: only the bf16 output asked for (cuDNN writes out16, not fp32), no qkv bias to add (it is in
-  // the qkv GEMM's epilogue), a head dim cuDNN takes, 16-byte aligned rows. Else, or when cuDNN fails (no library, no
-  // engine, a plan that does not build), megascale's kernel runs, counted, the first reason kept for the run's log
-  // and cuDNN left off after a failure. True when cuDNN ran it. Megascale's backward reads cuDNN's out16 and lse
-  // (the log-sum-exp of the scaled scores, as its own forward writes it).
+  // runtime.attention_kernels: cudnn — the attention through cuDNN's fused attention (lib/cuda/cudnn_sdpa.h) where it
+  // takes the call: bf16 outputs only (cuDNN writes out16 and dqkv16, not fp32), no qkv bias to add (it is in the qkv
+  // GEMM's epilogue), the backward reading the forward's bf16 output, a head dim cuDNN takes, 16-byte aligned rows.
+  // Else, or when cuDNN fails (no library, no engine, a plan that does not build), megascale's kernel runs, counted,
+  // the first reason kept for the run's log, and cuDNN is left off after a failure. The forward's lse is the
+  // log-sum-exp of the scaled scores either way, so either backward follows either forward.
+#if defined(MS_CUDA_HAVE_CUDNN)
+  // Empty when cuDNN can run this call (its Sdpa made), else why not.
+  std::string CudnnRefusal(bool fp32_out, const float* qkv_bias, const void* qkv16, const void* out16, int64_t B,
+                           int64_t T, int64_t H, int64_t D, int64_t window) {
+    if (fp32_out || out16 == nullptr) return "the fp32 output is asked for (cuDNN writes only its bf16 rounding)";
+    if (qkv_bias != nullptr) return "the attention adds the qkv bias (runtime.gemm_epilogues: false)";
+    if (std::string why = cudnn::Unsupported({B, T, H, D, window}); !why.empty()) return why;
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(qkv16) || !aligned(out16) || (H * D) % 8 != 0) return "rows not 16-byte aligned";
+    if (!cudnn_sdpa_) {
+      auto made = cudnn::Sdpa::Create(
+          s_, [this](size_t bytes) -> Result<void*> { return ws_[kCudnn].Get(device_, s_, bytes); });
+      if (!made.ok()) {
+        cudnn_attention_ = false;
+        return made.status().message();
+      }
+      cudnn_sdpa_ = std::move(made).value();
+    }
+    return "";
+  }
+  // After a call cuDNN ran (ok) or could not: counts it, logs the first plan and the first fallback.
+  bool CudnnRan(const Status& ran, std::string why, cudnn::Pass pass, const cudnn::SdpaShape& shape) {
+    if (why.empty() && ran.ok()) {
+      int64_t& n = pass == cudnn::Pass::kForward ? attention_stats_.cudnn_forward : attention_stats_.cudnn_backward;
+      if (n++ == 0) {
+        LogInfo("attention {}: cuDNN's fused attention (B {}, T {}, H {}, D {}, window {}): {}",
+                pass == cudnn::Pass::kForward ? "forward" : "backward", shape.B, shape.T, shape.H, shape.D,
+                shape.window, cudnn_sdpa_->Describe(shape, pass));
+      }
+      return true;
+    }
+    if (why.empty()) {
+      why = ran.message();
+      cudnn_attention_ = false;  // a plan that does not build or run: megascale's kernels from here on
+    }
+    if (attention_stats_.cudnn_fallback++ == 0) {
+      attention_stats_.cudnn_note = why;
+      LogWarn("runtime.attention_kernels: cudnn: this attention {} runs on megascale's kernels: {}",
+              pass == cudnn::Pass::kForward ? "forward" : "backward", why);
+    }
+    return false;
+  }
+#endif
+  // True when cuDNN ran the forward.
   Result<bool> CudnnAttentionForward(const float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B,
                                      int64_t T, int64_t H, int64_t D, int64_t window, __nv_bfloat16* o16) {
     if (!cudnn_attention_) return false;
 #if defined(MS_CUDA_HAVE_CUDNN)
     const cudnn::SdpaShape shape{B, T, H, D, window};
-    std::string why;
-    if (out != nullptr || o16 == nullptr) {
-      why = "the fp32 attention output is asked for (cuDNN writes only its bf16 rounding)";
-    } else if (qkv_bias != nullptr) {
-      why = "the attention adds the qkv bias (runtime.gemm_epilogues: false)";
-    } else if (why = cudnn::Unsupported(shape); why.empty()) {
-      const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-      if (!aligned(qkv16) || !aligned(o16) || (H * D) % 8 != 0) why = "rows not 16-byte aligned";
-    }
-    if (why.empty() && !cudnn_sdpa_) {
-      auto made = cudnn::Sdpa::Create(
-          s_, [this](size_t bytes) -> Result<void*> { return ws_[kCudnn].Get(device_, s_, bytes); });
-      if (made.ok()) {
-        cudnn_sdpa_ = std::move(made).value();
-      } else {
-        why = made.status().message();
-        cudnn_attention_ = false;
-      }
-    }
-    if (why.empty()) {
-      if (Status st = cudnn_sdpa_->Forward(qkv16, o16, lse, shape); st.ok()) {
-        if (attention_stats_.cudnn_forward++ == 0) {
-          LogInfo("attention forward: cuDNN's fused attention (B {}, T {}, H {}, D {}, window {}): {}", B, T, H, D,
-                  window, cudnn_sdpa_->Describe(shape));
-        }
-        return true;
-      } else {
-        why = st.message();
-        cudnn_attention_ = false;  // a plan that does not build or run: megascale's kernels from here on
-      }
-    }
-    if (attention_stats_.cudnn_fallback++ == 0) {
-      attention_stats_.cudnn_note = why;
-      LogWarn("runtime.attention_kernels: cudnn: this attention forward runs on megascale's kernels: {}", why);
-    }
-    return false;
+    const std::string why = CudnnRefusal(out != nullptr, qkv_bias, qkv16, o16, B, T, H, D, window);
+    Status ran;
+    if (why.empty()) ran = cudnn_sdpa_->Forward(qkv16, o16, lse, shape);
+    return CudnnRan(ran, why, cudnn::Pass::kForward, shape);
 #else
     (void)out, (void)lse, (void)qkv16, (void)qkv_bias, (void)B, (void)T, (void)H, (void)D, (void)window, (void)o16;
     return Internal("runtime.attention_kernels: cudnn in a build without cuDNN support");
 #endif
   }
-
+  // True when cuDNN ran the backward (dqkv16 written; dqkv_bias += its column sums, by BiasGrad over dqkv16).
+  Result<bool> CudnnAttentionBackward(const float* dqkv, const void* dout16, const void* qkv16, const float* qkv_bias,
+                                      const void* out16_in, const float* lse, int64_t B, int64_t T, int64_t H,
+                                      int64_t D, int64_t window, __nv_bfloat16* d16, float* dqkv_bias) {
+    if (!cudnn_attention_) return false;
+#if defined(MS_CUDA_HAVE_CUDNN)
+    const cudnn::SdpaShape shape{B, T, H, D, window};
+    std::string why = CudnnRefusal(dqkv != nullptr, qkv_bias, qkv16, d16, B, T, H, D, window);
+    if (why.empty() && out16_in == nullptr) why = "the backward reads the fp32 attention output";
+    if (why.empty() && reinterpret_cast<uintptr_t>(dout16) % 16 != 0) why = "dout rows not 16-byte aligned";
+    Status ran;
+    if (why.empty()) {
+      auto rows = ws_[kCudnnRows].Get(device_, s_, sizeof(float) * static_cast<size_t>(B * H * T));
+      ran = rows.ok() ? cudnn_sdpa_->Backward(qkv16, out16_in, dout16, lse, d16, static_cast<float*>(*rows), shape)
+                      : rows.status();
+    }
+    if (!CudnnRan(ran, why, cudnn::Pass::kBackward, shape)) return false;
+    if (dqkv_bias != nullptr) {
+      const int64_t R = B * T, C = 3 * H * D;
+      MS_ASSIGN_OR_RETURN(void* scratch,
+                          ws_[kScratch].Get(device_, s_, sizeof(float) * kernels::BiasGradScratchFloats(R, C)));
+      MS_RETURN_IF_ERROR(Launch(kernels::BiasGrad(dqkv_bias, static_cast<float*>(scratch), d16, R, C, s_),
+                                "qkv bias gradient (after cuDNN's attention backward)"));
+    }
+    return true;
+#else
+    (void)dqkv, (void)dout16, (void)qkv16, (void)qkv_bias, (void)out16_in, (void)lse, (void)B, (void)T, (void)H,
+        (void)D, (void)window, (void)d16, (void)dqkv_bias;
+    return Internal("runtime.attention_kernels: cudnn in a build without cuDNN support");
+#endif
+  }
   Status AttentionBackward16(float* dqkv, const void* dout16, const void* qkv16, const float* qkv_bias,
                              const float* out, const void* out16_in, const float* lse, int64_t B, int64_t T, int64_t H,
                              int64_t D, int64_t window, void* dqkv16, float* dqkv_bias) override {
@@ -449,6 +491,9 @@ class CudaBackend final : public ops::Backend {
       return InvalidArgument("AttentionBackward16: exactly one of out (fp32) and its bf16 rounding is read");
     }
     MS_ASSIGN_OR_RETURN(auto* d16, KeptOutput(dqkv16, "AttentionBackward16", dqkv));
+    MS_ASSIGN_OR_RETURN(const bool by_cudnn, CudnnAttentionBackward(dqkv, dout16, qkv16, qkv_bias, out16_in, lse, B, T,
+                                                                    H, D, window, d16, dqkv_bias));
+    if (by_cudnn) return Status::Ok();
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
     MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
     return Launch(kernels::AttentionBackwardBf16(dqkv, drow, static_cast<const __nv_bfloat16*>(dout16),
@@ -700,7 +745,7 @@ class CudaBackend final : public ops::Backend {
   }
 
  private:
-  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kDsTiles, kCudnn, kNumWorkspaces };
+  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kDsTiles, kCudnn, kCudnnRows, kNumWorkspaces };
   static constexpr size_t kLtWorkspaceBytes = kCublasLtWorkspaceBytes;
   // Pinned staging of small host-to-device copies (token ids, targets, loss weights): a ring of kStageSlots
   // page-locked buffers of kStageBytes, each with the event of its last copy. Allocated on first use.

@@ -17,6 +17,14 @@ namespace {
 
 using Desc = cudnnBackendDescriptor_t;
 
+// The handle attributes cuDNN 9.19 deprecates in favour of device-property descriptors, which older cuDNN 9 releases
+// (such as the one a GPU machine's PyTorch may bring) do not have: on a GPU megascale sets the handle.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+constexpr cudnnBackendAttributeName_t kGraphHandle = CUDNN_ATTR_OPERATIONGRAPH_HANDLE;
+constexpr cudnnBackendAttributeName_t kPlanHandle = CUDNN_ATTR_EXECUTION_PLAN_HANDLE;
+#pragma GCC diagnostic pop
+
 // The library's entry points, resolved once.
 struct Api {
   decltype(&cudnnGetVersion) GetVersion = nullptr;
@@ -206,8 +214,29 @@ class GraphBuilder {
     ops_.push_back(op);
     return Status::Ok();
   }
-  Result<Desc> Graph() {
+  // y = x with other dims and strides (a transpose, as cuDNN's attention graphs express one), or another type.
+  Status Reshape(Desc x, Desc y, std::string_view what) {
+    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what));
+    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, D, 1, &x, what));
+    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, D, 1, &y, what));
+    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
+    ops_.push_back(op);
+    return Status::Ok();
+  }
+  // A virtual intermediate with explicit strides.
+  Result<Desc> VirtualStrided(std::vector<int64_t> dims, std::vector<int64_t> strides, cudnnDataType_t type,
+                              std::string_view what) {
+    TensorSpec t{std::move(dims), std::move(strides), type, true};
+    return Tensor(t, next_virtual_++, what);
+  }
+  // The graph of the operations added; on a GPU with the handle (cuDNN before 9.x's device-property descriptors
+  // needs it; later ones accept it, deprecated), device-less without.
+  Result<Desc> Graph(cudnnHandle_t handle) {
     MS_ASSIGN_OR_RETURN(Desc g, d_.Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph"));
+    if (handle != nullptr) {
+      MS_RETURN_IF_ERROR(d_.Set(g, kGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph (its handle)"));
+    }
     MS_RETURN_IF_ERROR(d_.Set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                               static_cast<int64_t>(ops_.size()), ops_.data(), "operation graph"));
     MS_RETURN_IF_ERROR(d_.Finalize(g, "the attention operation graph"));
@@ -221,10 +250,55 @@ class GraphBuilder {
 };
 
 // The uids the variant pack binds.
-enum Uid : int64_t { kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kScale = 10, kNegInf = 11, kWindow = 12 };
+enum Uid : int64_t {
+  kQ = 1,
+  kK = 2,
+  kV = 3,
+  kO = 4,
+  kStats = 5,
+  kDO = 6,
+  kDQ = 7,
+  kDK = 8,
+  kDV = 9,
+  kScale = 10,
+  kNegInf = 11,
+  kWindow = 12,
+  kRowTerms = 13,  // the backward's sum_d dO O per query (fp32, in the caller's scratch)
+};
+
+// The causal (and window) mask of scores x (B, H, T, T): kept where row >= col (and col + window > row), else -inf.
+Result<Desc> Mask(GraphBuilder& g, Desc x, Desc neg_inf, const SdpaShape& s) {
+  const auto F = CUDNN_DATA_FLOAT;
+  const std::vector<int64_t> bhtt = {s.B, s.H, s.T, s.T};
+  MS_ASSIGN_OR_RETURN(Desc row, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, x, nullptr, nullptr, row, "row index", 2));
+  MS_ASSIGN_OR_RETURN(Desc col, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, x, nullptr, nullptr, col, "column index", 3));
+  MS_ASSIGN_OR_RETURN(Desc keep, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "row >= col"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep, "row >= col"));
+  MS_ASSIGN_OR_RETURN(Desc masked, g.Virtual(bhtt, F, "causal mask"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, F, x, neg_inf, keep, masked, "causal mask"));
+  if (s.window <= 0 || s.window >= s.T) return masked;
+  // Sliding window: keep col + window > row (megascale's t - window < s).
+  MS_ASSIGN_OR_RETURN(Desc w, g.Scalar(kWindow, F, "window"));
+  MS_ASSIGN_OR_RETURN(Desc row2, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index (window)"));
+  MS_RETURN_IF_ERROR(
+      g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, masked, nullptr, nullptr, row2, "row index (window)", 2));
+  MS_ASSIGN_OR_RETURN(Desc col2, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index (window)"));
+  MS_RETURN_IF_ERROR(
+      g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, masked, nullptr, nullptr, col2, "column index (window)", 3));
+  MS_ASSIGN_OR_RETURN(Desc colw, g.Virtual(bhtt, F, "col + window"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_ADD, F, col2, w, nullptr, colw, "col + window", 3));
+  MS_ASSIGN_OR_RETURN(Desc inwin, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "col + window > row"));
+  MS_RETURN_IF_ERROR(
+      g.Pointwise(CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, colw, row2, nullptr, inwin, "col + window > row"));
+  MS_ASSIGN_OR_RETURN(Desc windowed, g.Virtual(bhtt, F, "window mask"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, F, masked, neg_inf, inwin, windowed, "window mask"));
+  return windowed;
+}
 
 // The forward graph of cudnn_sdpa.h's header comment; Q, K, V, O in megascale's layouts.
-Result<Desc> BuildForward(Descs& d, const SdpaShape& s) {
+Result<Desc> BuildForward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
   GraphBuilder g(d);
   const int64_t B = s.B, T = s.T, H = s.H, D = s.D, C = H * D;
   const auto F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
@@ -247,32 +321,7 @@ Result<Desc> BuildForward(Descs& d, const SdpaShape& s) {
   MS_RETURN_IF_ERROR(g.Matmul(Q, K, S, "S = Q K^T"));
   MS_ASSIGN_OR_RETURN(Desc Ss, g.Virtual(bhtt, F, "S * scale"));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, S, scale, nullptr, Ss, "S * scale"));
-  // Causal: keep row >= col.
-  MS_ASSIGN_OR_RETURN(Desc row, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Ss, nullptr, nullptr, row, "row index", 2));
-  MS_ASSIGN_OR_RETURN(Desc col, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Ss, nullptr, nullptr, col, "column index", 3));
-  MS_ASSIGN_OR_RETURN(Desc keep, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "row >= col"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep, "row >= col"));
-  MS_ASSIGN_OR_RETURN(Desc Sm, g.Virtual(bhtt, F, "causal mask"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, F, Ss, neg_inf, keep, Sm, "causal mask"));
-  if (s.window > 0 && s.window < T) {
-    // Sliding window: keep col + window > row (megascale's t - window < s).
-    MS_ASSIGN_OR_RETURN(Desc w, g.Scalar(kWindow, F, "window"));
-    MS_ASSIGN_OR_RETURN(Desc row2, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index (window)"));
-    MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Sm, nullptr, nullptr, row2, "row index (window)", 2));
-    MS_ASSIGN_OR_RETURN(Desc col2, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index (window)"));
-    MS_RETURN_IF_ERROR(
-        g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, Sm, nullptr, nullptr, col2, "column index (window)", 3));
-    MS_ASSIGN_OR_RETURN(Desc colw, g.Virtual(bhtt, F, "col + window"));
-    MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_ADD, F, col2, w, nullptr, colw, "col + window", 3));
-    MS_ASSIGN_OR_RETURN(Desc inwin, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "col + window > row"));
-    MS_RETURN_IF_ERROR(
-        g.Pointwise(CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, colw, row2, nullptr, inwin, "col + window > row"));
-    MS_ASSIGN_OR_RETURN(Desc Sw, g.Virtual(bhtt, F, "window mask"));
-    MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, F, Sm, neg_inf, inwin, Sw, "window mask"));
-    Sm = Sw;
-  }
+  MS_ASSIGN_OR_RETURN(Desc Sm, Mask(g, Ss, neg_inf, s));
   // Softmax with its statistics.
   MS_ASSIGN_OR_RETURN(Desc m, g.Virtual(bht1, F, "row max"));
   MS_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_MAX, Sm, m, "row max"));
@@ -288,7 +337,70 @@ Result<Desc> BuildForward(Descs& d, const SdpaShape& s) {
   MS_ASSIGN_OR_RETURN(Desc P, g.Virtual(bhtt, BF, "P"));  // bf16: the P V product's operands share a type
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_DIV, F, e, l, nullptr, P, "P = exp / sum"));
   MS_RETURN_IF_ERROR(g.Matmul(P, V, O, "O = P V"));
-  return g.Graph();
+  return g.Graph(handle);
+}
+
+// The backward graph (FlashAttention's, as cuDNN's frontend composes it, with the dP workspace: deterministic, no
+// atomics): from Q, K, V, O, dO (bf16, megascale's layouts) and Stats,
+//   D_t = sum_d dO O (fp32, uid kRowTerms: written by the graph into the caller's scratch);
+//   P = exp(mask(scale Q Kᵀ) - Stats);  dV = Pᵀ dO;  dS = P (dO Vᵀ - D) scale;  dK = dSᵀ Q;  dQ = dS K
+// dQ, dK, dV written in bf16 into megascale's dqkv (B, T, 3, H, D).
+Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
+  GraphBuilder g(d);
+  const int64_t B = s.B, T = s.T, H = s.H, D = s.D, C = H * D;
+  const auto F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
+  const std::vector<int64_t> qkv_bhtd = {T * 3 * C, D, 3 * C, 1}, qkv_bhdt = {T * 3 * C, D, 1, 3 * C};
+  const std::vector<int64_t> out_bhtd = {T * C, D, C, 1};
+  MS_ASSIGN_OR_RETURN(Desc Q, (g.Tensor({{B, H, T, D}, qkv_bhtd, BF, false}, kQ, "Q")));
+  MS_ASSIGN_OR_RETURN(Desc Kt, (g.Tensor({{B, H, D, T}, qkv_bhdt, BF, false}, kK, "K (transposed)")));
+  MS_ASSIGN_OR_RETURN(Desc Vt, (g.Tensor({{B, H, D, T}, qkv_bhdt, BF, false}, kV, "V (transposed)")));
+  MS_ASSIGN_OR_RETURN(Desc O, (g.Tensor({{B, H, T, D}, out_bhtd, BF, false}, kO, "O")));
+  MS_ASSIGN_OR_RETURN(Desc dO, (g.Tensor({{B, H, T, D}, out_bhtd, BF, false}, kDO, "dO")));
+  MS_ASSIGN_OR_RETURN(Desc Stats, (g.Tensor({{B, H, T, 1}, {H * T, T, 1, 1}, F, false}, kStats, "Stats")));
+  MS_ASSIGN_OR_RETURN(Desc dQ, (g.Tensor({{B, H, T, D}, qkv_bhtd, BF, false}, kDQ, "dQ")));
+  MS_ASSIGN_OR_RETURN(Desc dK, (g.Tensor({{B, H, T, D}, qkv_bhtd, BF, false}, kDK, "dK")));
+  MS_ASSIGN_OR_RETURN(Desc dV, (g.Tensor({{B, H, T, D}, qkv_bhtd, BF, false}, kDV, "dV")));
+  MS_ASSIGN_OR_RETURN(Desc rows, (g.Tensor({{B, H, T, 1}, {H * T, T, 1, 1}, F, false}, kRowTerms, "row terms")));
+  MS_ASSIGN_OR_RETURN(Desc scale, g.Scalar(kScale, F, "attention scale"));
+  MS_ASSIGN_OR_RETURN(Desc neg_inf, g.Scalar(kNegInf, F, "-inf"));
+  const std::vector<int64_t> bhtt = {B, H, T, T}, transposed = {H * T * T, T * T, 1, T};
+
+  // D_t = sum_d dO O
+  MS_ASSIGN_OR_RETURN(Desc dOO, (g.VirtualStrided({B, H, T, D}, {H * T * D, T * D, H * D, 1}, F, "dO O")));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, dO, O, nullptr, dOO, "dO O"));
+  MS_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rows, "row terms"));
+  // P = exp(mask(scale Q Kᵀ) - Stats)
+  MS_ASSIGN_OR_RETURN(Desc S, g.Virtual(bhtt, F, "S = Q K^T"));
+  MS_RETURN_IF_ERROR(g.Matmul(Q, Kt, S, "S = Q K^T"));
+  MS_ASSIGN_OR_RETURN(Desc Ss, g.Virtual(bhtt, F, "S * scale"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, S, scale, nullptr, Ss, "S * scale"));
+  MS_ASSIGN_OR_RETURN(Desc Sl, g.Virtual(bhtt, F, "S - Stats"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, F, Ss, Stats, nullptr, Sl, "S - Stats"));
+  MS_ASSIGN_OR_RETURN(Desc Sm, Mask(g, Sl, neg_inf, s));
+  MS_ASSIGN_OR_RETURN(Desc P, g.Virtual(bhtt, F, "P"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_EXP, F, Sm, nullptr, nullptr, P, "P = exp"));
+  // dV = Pᵀ dO
+  MS_ASSIGN_OR_RETURN(Desc Pt, g.VirtualStrided(bhtt, transposed, BF, "P^T"));
+  MS_RETURN_IF_ERROR(g.Reshape(P, Pt, "P^T"));
+  MS_RETURN_IF_ERROR(g.Matmul(Pt, dO, dV, "dV = P^T dO"));
+  // dS = P (dO Vᵀ - D) scale
+  MS_ASSIGN_OR_RETURN(Desc dP, g.Virtual(bhtt, F, "dP = dO V^T"));
+  MS_RETURN_IF_ERROR(g.Matmul(dO, Vt, dP, "dP = dO V^T"));
+  MS_ASSIGN_OR_RETURN(Desc dPd, g.Virtual(bhtt, F, "dP - D"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, F, dP, rows, nullptr, dPd, "dP - D"));
+  MS_ASSIGN_OR_RETURN(Desc dSu, g.Virtual(bhtt, F, "P (dP - D)"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, dPd, P, nullptr, dSu, "P (dP - D)"));
+  MS_ASSIGN_OR_RETURN(Desc dS, g.Virtual(bhtt, F, "dS"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, dSu, scale, nullptr, dS, "dS = P (dP - D) scale"));
+  // dK = dSᵀ Q
+  MS_ASSIGN_OR_RETURN(Desc dSt, g.VirtualStrided(bhtt, transposed, BF, "dS^T"));
+  MS_RETURN_IF_ERROR(g.Reshape(dS, dSt, "dS^T"));
+  MS_RETURN_IF_ERROR(g.Matmul(dSt, Q, dK, "dK = dS^T Q"));
+  // dQ = dS K (K: Kᵀ transposed back)
+  MS_ASSIGN_OR_RETURN(Desc K, (g.VirtualStrided({B, H, T, D}, qkv_bhtd, BF, "K")));
+  MS_RETURN_IF_ERROR(g.Reshape(Kt, K, "K"));
+  MS_RETURN_IF_ERROR(g.Matmul(dS, K, dQ, "dQ = dS K"));
+  return g.Graph(handle);
 }
 
 // Heuristics' engine configurations for a graph, on a handle's device or a deviceprop descriptor's.
@@ -344,27 +456,38 @@ std::string H100DeviceProperties() {
          R"("deviceName":"NVIDIA H100 80GB HBM3"})";
 }
 
-Result<int> ForwardEngineConfigs(const SdpaShape& s, const std::string& deviceprop_json) {
+namespace {
+
+Result<Desc> Build(Descs& d, const SdpaShape& s, Pass pass, cudnnHandle_t handle = nullptr) {
+  return pass == Pass::kForward ? BuildForward(d, s, handle) : BuildBackward(d, s, handle);
+}
+
+Result<Desc> JsonDevice(Descs& d, const std::string& json) {
+  MS_ASSIGN_OR_RETURN(Desc prop, d.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties"));
+  MS_RETURN_IF_ERROR(d.Set(prop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                           static_cast<int64_t>(json.size()), json.data(), "device properties"));
+  MS_RETURN_IF_ERROR(d.Finalize(prop, "the device properties"));
+  return prop;
+}
+
+}  // namespace
+
+Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
   if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
   MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
   Descs d(*api);
-  MS_ASSIGN_OR_RETURN(Desc prop, d.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties"));
-  MS_RETURN_IF_ERROR(d.Set(prop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
-                           static_cast<int64_t>(deviceprop_json.size()), deviceprop_json.data(), "device properties"));
-  MS_RETURN_IF_ERROR(d.Finalize(prop, "the device properties"));
-  MS_ASSIGN_OR_RETURN(Desc graph, BuildForward(d, s));
+  MS_ASSIGN_OR_RETURN(Desc prop, JsonDevice(d, deviceprop_json));
+  MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass));
   MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
   return static_cast<int>(configs.size());
 }
 
-Result<std::vector<std::string>> ForwardPlansDeviceless(const SdpaShape& s, const std::string& deviceprop_json) {
+Result<std::vector<std::string>> PlansDeviceless(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
+  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
   MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
   Descs d(*api);
-  MS_ASSIGN_OR_RETURN(Desc prop, d.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties"));
-  MS_RETURN_IF_ERROR(d.Set(prop, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
-                           static_cast<int64_t>(deviceprop_json.size()), deviceprop_json.data(), "device properties"));
-  MS_RETURN_IF_ERROR(d.Finalize(prop, "the device properties"));
-  MS_ASSIGN_OR_RETURN(Desc graph, BuildForward(d, s));
+  MS_ASSIGN_OR_RETURN(Desc prop, JsonDevice(d, deviceprop_json));
+  MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass));
   MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
   std::vector<std::string> out;
   for (Desc config : configs) {
@@ -380,6 +503,10 @@ Result<std::vector<std::string>> ForwardPlansDeviceless(const SdpaShape& s, cons
 
 // ---- on a GPU ----
 
+const char* PassName(Pass pass) {
+  return pass == Pass::kForward ? "forward" : "backward";
+}
+
 struct Sdpa::Impl {
   const Api* api = nullptr;
   cudnnHandle_t handle = nullptr;
@@ -390,30 +517,29 @@ struct Sdpa::Impl {
     int64_t workspace_bytes = 0;
     int64_t engine = -1;
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
 
   ~Impl() {
     plans.clear();
     if (handle) api->Destroy(handle);
   }
-  static auto Key(const SdpaShape& s) { return std::make_tuple(s.B, s.T, s.H, s.D, s.window); }
+  static auto Key(const SdpaShape& s, Pass pass) {
+    return std::make_tuple(static_cast<int>(pass), s.B, s.T, s.H, s.D, s.window);
+  }
 
-  Result<Plan*> PlanFor(const SdpaShape& s) {
-    auto it = plans.find(Key(s));
+  Result<Plan*> PlanFor(const SdpaShape& s, Pass pass) {
+    auto it = plans.find(Key(s, pass));
     if (it != plans.end()) return &it->second;
     Plan p;
     p.descs = std::make_unique<Descs>(*api);
     Descs& d = *p.descs;
-    MS_ASSIGN_OR_RETURN(Desc graph, BuildForward(d, s));
-    MS_ASSIGN_OR_RETURN(Desc prop, d.Make(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, "device properties"));
-    MS_RETURN_IF_ERROR(d.Set(prop, CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "device properties"));
-    MS_RETURN_IF_ERROR(d.Finalize(prop, "the device properties of this GPU"));
-    MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
+    MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass, handle));
+    MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, nullptr));
     if (configs.empty()) {
       return FailedPrecondition(
-          "cuDNN's heuristics found no engine for the attention forward (B {}, T {}, H {}, D {}, window {}); "
+          "cuDNN's heuristics found no engine for the attention {} (B {}, T {}, H {}, D {}, window {}); "
           "CUDNN_LOGWARN_DBG=1 CUDNN_LOGDEST_DBG=stderr shows why",
-          s.B, s.T, s.H, s.D, s.window);
+          PassName(pass), s.B, s.T, s.H, s.D, s.window);
     }
     // The first configuration whose plan builds on this GPU (heuristics order: the predicted fastest first).
     Status last;
@@ -422,8 +548,8 @@ struct Sdpa::Impl {
       MS_ASSIGN_OR_RETURN(Desc plan, d.Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
       const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
       MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, D, 1, &config, "execution plan"));
-      MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, D, 1, &prop, "execution plan"));
-      last = d.Finalize(plan, "the attention forward's execution plan");
+      MS_RETURN_IF_ERROR(d.Set(plan, kPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle, "execution plan (its handle)"));
+      last = d.Finalize(plan, fmt::format("the attention {}'s execution plan", PassName(pass)));
       if (!last.ok()) continue;
       int64_t n = 0;
       MS_RETURN_IF_ERROR(Check(*api,
@@ -434,8 +560,10 @@ struct Sdpa::Impl {
       p.engine = static_cast<int64_t>(i);
       break;
     }
-    if (p.plan == nullptr) return last.WithContext("no engine configuration of the attention forward builds");
-    return &plans.emplace(Key(s), std::move(p)).first->second;
+    if (p.plan == nullptr) {
+      return last.WithContext(fmt::format("no engine configuration of the attention {} builds", PassName(pass)));
+    }
+    return &plans.emplace(Key(s, pass), std::move(p)).first->second;
   }
 };
 
@@ -453,44 +581,82 @@ Result<std::unique_ptr<Sdpa>> Sdpa::Create(void* cuda_stream, Workspace workspac
   return std::unique_ptr<Sdpa>(new Sdpa(std::move(impl)));
 }
 
-Status Sdpa::Forward(const void* qkv16, void* out16, float* lse, const SdpaShape& s) {
-  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
-  const Api& api = *impl_->api;
-  MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s));
-  void* ws = nullptr;
-  if (p->workspace_bytes > 0) {
-    MS_ASSIGN_OR_RETURN(ws, impl_->workspace(static_cast<size_t>(p->workspace_bytes)));
-  }
-  const int64_t C = s.H * s.D;
-  auto* q = static_cast<const uint16_t*>(qkv16);
-  float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  float neg_inf = -std::numeric_limits<float>::infinity();
-  float window = static_cast<float>(s.window);
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> ptrs = {const_cast<uint16_t*>(q),
-                             const_cast<uint16_t*>(q + C),
-                             const_cast<uint16_t*>(q + 2 * C),
-                             out16,
-                             lse,
-                             &scale,
-                             &neg_inf};
-  if (s.window > 0 && s.window < s.T) {
-    uids.push_back(kWindow);
-    ptrs.push_back(&window);
-  }
+namespace {
+
+// Runs `plan` with the tensors uids[i] at ptrs[i] and the plan's workspace.
+Status Execute(const Api& api, cudnnHandle_t handle, Desc plan, std::vector<int64_t> uids, std::vector<void*> ptrs,
+               void* workspace, const char* what) {
   Descs d(api);
   MS_ASSIGN_OR_RETURN(Desc pack, d.Make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack"));
   const auto n = static_cast<int64_t>(uids.size());
   MS_RETURN_IF_ERROR(d.Set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids.data(), "variant pack"));
   MS_RETURN_IF_ERROR(
       d.Set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs.data(), "variant pack"));
-  MS_RETURN_IF_ERROR(d.Set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws, "variant pack"));
+  MS_RETURN_IF_ERROR(
+      d.Set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "variant pack"));
   MS_RETURN_IF_ERROR(d.Finalize(pack, "the variant pack"));
-  return Check(api, api.Execute(impl_->handle, p->plan, pack), "executing the attention forward");
+  return Check(api, api.Execute(handle, plan, pack), what);
 }
 
-std::string Sdpa::Describe(const SdpaShape& s) const {
-  auto it = impl_->plans.find(Impl::Key(s));
+}  // namespace
+
+Status Sdpa::Forward(const void* qkv16, void* out16, float* lse, const SdpaShape& s) {
+  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
+  MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s, Pass::kForward));
+  void* ws = nullptr;
+  if (p->workspace_bytes > 0) {
+    MS_ASSIGN_OR_RETURN(ws, impl_->workspace(static_cast<size_t>(p->workspace_bytes)));
+  }
+  const int64_t C = s.H * s.D;
+  auto* q = const_cast<uint16_t*>(static_cast<const uint16_t*>(qkv16));
+  float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  float window = static_cast<float>(s.window);
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kNegInf};
+  std::vector<void*> ptrs = {q, q + C, q + 2 * C, out16, lse, &scale, &neg_inf};
+  if (s.window > 0 && s.window < s.T) {
+    uids.push_back(kWindow);
+    ptrs.push_back(&window);
+  }
+  return Execute(*impl_->api, impl_->handle, p->plan, uids, ptrs, ws, "executing the attention forward");
+}
+
+Status Sdpa::Backward(const void* qkv16, const void* out16, const void* dout16, const float* lse, void* dqkv16,
+                      float* row_terms, const SdpaShape& s) {
+  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
+  MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s, Pass::kBackward));
+  void* ws = nullptr;
+  if (p->workspace_bytes > 0) {
+    MS_ASSIGN_OR_RETURN(ws, impl_->workspace(static_cast<size_t>(p->workspace_bytes)));
+  }
+  const int64_t C = s.H * s.D;
+  auto* q = const_cast<uint16_t*>(static_cast<const uint16_t*>(qkv16));
+  auto* dq = static_cast<uint16_t*>(dqkv16);
+  float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  float neg_inf = -std::numeric_limits<float>::infinity();
+  float window = static_cast<float>(s.window);
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kRowTerms, kScale, kNegInf};
+  std::vector<void*> ptrs = {q,
+                             q + C,
+                             q + 2 * C,
+                             const_cast<void*>(out16),
+                             const_cast<void*>(dout16),
+                             const_cast<float*>(lse),
+                             dq,
+                             dq + C,
+                             dq + 2 * C,
+                             row_terms,
+                             &scale,
+                             &neg_inf};
+  if (s.window > 0 && s.window < s.T) {
+    uids.push_back(kWindow);
+    ptrs.push_back(&window);
+  }
+  return Execute(*impl_->api, impl_->handle, p->plan, uids, ptrs, ws, "executing the attention backward");
+}
+
+std::string Sdpa::Describe(const SdpaShape& s, Pass pass) const {
+  auto it = impl_->plans.find(Impl::Key(s, pass));
   if (it == impl_->plans.end()) return "no plan yet";
   return fmt::format("engine configuration {} of the heuristics' list, {} bytes of workspace", it->second.engine,
                      it->second.workspace_bytes);

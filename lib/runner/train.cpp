@@ -952,9 +952,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       LogInfo("tensor-core attention backwards: {} with dS kept (5 products), {} forming dS again (7 products)",
               as.stored_ds, as.recompute);
     }
-    if (as.cudnn_forward + as.cudnn_fallback > 0) {
-      LogInfo("attention forwards: {} by cuDNN's fused attention, {} by megascale's kernel{}", as.cudnn_forward,
-              as.cudnn_fallback, as.cudnn_note.empty() ? "" : " (first fallback: " + as.cudnn_note + ")");
+    if (as.cudnn_forward + as.cudnn_backward + as.cudnn_fallback > 0) {
+      LogInfo("attention by cuDNN's fused attention: {} forwards, {} backwards; {} calls by megascale's kernels{}",
+              as.cudnn_forward, as.cudnn_backward, as.cudnn_fallback,
+              as.cudnn_note.empty() ? "" : " (first fallback: " + as.cudnn_note + ")");
     }
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,

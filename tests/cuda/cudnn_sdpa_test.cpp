@@ -38,7 +38,7 @@ TEST_CASE("cuDNN loads (libcudnn.so.9, version 9)") {
   MESSAGE("cuDNN " << *v);
 }
 
-TEST_CASE("the attention forward graph has engines on an H100") {
+TEST_CASE("the attention forward and backward graphs have engines on an H100") {
   const cudnn::SdpaShape shapes[] = {
       {16, 1024, 12, 64, 0},  // configs/gpt2-small-gpu.yaml
       {4, 2048, 16, 128, 0},  // configs/gpt-1.3b-gpu.yaml
@@ -53,32 +53,41 @@ TEST_CASE("the attention forward graph has engines on an H100") {
     CAPTURE(s.H);
     CAPTURE(s.D);
     CAPTURE(s.window);
-    auto n = cudnn::ForwardEngineConfigs(s, cudnn::H100DeviceProperties());
-    const std::string why = n.ok() ? std::string() : n.status().message();
-    INFO(why);
-    REQUIRE(n.ok());
-    // None: cuDNN refused the graph (or libcuda.so.1, the stub, did not load): rerun with
-    // CUDNN_LOGWARN_DBG=1 CUDNN_LOGDEST_DBG=stderr for its reasons.
-    CHECK(*n >= 1);
+    for (cudnn::Pass pass : {cudnn::Pass::kForward, cudnn::Pass::kBackward}) {
+      CAPTURE(pass == cudnn::Pass::kForward ? "forward" : "backward");
+      auto n = cudnn::EngineConfigs(s, pass, cudnn::H100DeviceProperties());
+      const std::string why = n.ok() ? std::string() : n.status().message();
+      INFO(why);
+      REQUIRE(n.ok());
+      // None: cuDNN refused the graph (or libcuda.so.1, the stub, did not load): rerun with
+      // CUDNN_LOGWARN_DBG=1 CUDNN_LOGDEST_DBG=stderr for its reasons.
+      CHECK(*n >= 1);
+    }
   }
 }
 
 // The plans' kernels (cuDNN compiles them at run time, NVRTC): each plan of GPT-2 small's shape gets as far as the
-// driver's module load, which the stub cannot do — so cuDNN built and compiled every one (about 3 s).
-TEST_CASE("every engine's plan of the attention forward compiles for an H100") {
-  auto plans = cudnn::ForwardPlansDeviceless({16, 1024, 12, 64, 0}, cudnn::H100DeviceProperties());
-  const std::string why = plans.ok() ? std::string() : plans.status().message();
-  INFO(why);
-  REQUIRE(plans.ok());
-  CHECK(!plans->empty());
-  for (const std::string& p : *plans) {
-    CAPTURE(p);
-    CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
+// driver's module load, which the stub cannot do — so cuDNN built and compiled every one.
+TEST_CASE("every engine's plan of the attention forward and backward compiles for an H100") {
+  for (cudnn::Pass pass : {cudnn::Pass::kForward, cudnn::Pass::kBackward}) {
+    CAPTURE(pass == cudnn::Pass::kForward ? "forward" : "backward");
+    auto plans = cudnn::PlansDeviceless({16, 1024, 12, 64, 0}, pass, cudnn::H100DeviceProperties());
+    const std::string why = plans.ok() ? std::string() : plans.status().message();
+    INFO(why);
+    REQUIRE(plans.ok());
+    CHECK(!plans->empty());
+    for (const std::string& p : *plans) {
+      CAPTURE(p);
+      CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
+    }
   }
 }
 
 TEST_CASE("no fused-attention engine on a Volta: the check discriminates") {
-  auto n = cudnn::ForwardEngineConfigs({2, 128, 4, 64, 0}, Volta());
+  auto b = cudnn::EngineConfigs({2, 128, 4, 64, 0}, cudnn::Pass::kBackward, Volta());
+  REQUIRE(b.ok());
+  CHECK(*b == 0);
+  auto n = cudnn::EngineConfigs({2, 128, 4, 64, 0}, cudnn::Pass::kForward, Volta());
   const std::string why = n.ok() ? std::string() : n.status().message();
   INFO(why);
   REQUIRE(n.ok());
@@ -90,7 +99,7 @@ TEST_CASE("shapes cuDNN's fused attention does not take are named, not built") {
   CHECK(cudnn::Unsupported({2, 64, 4, 60, 0}).find("head dim 60") != std::string::npos);
   CHECK(cudnn::Unsupported({2, 64, 4, 256, 0}).find("head dim 256") != std::string::npos);
   CHECK(cudnn::Unsupported({0, 64, 4, 64, 0}).find("empty") != std::string::npos);
-  auto r = cudnn::ForwardEngineConfigs({2, 64, 4, 60, 0}, cudnn::H100DeviceProperties());
+  auto r = cudnn::EngineConfigs({2, 64, 4, 60, 0}, cudnn::Pass::kBackward, cudnn::H100DeviceProperties());
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().find("head dim 60") != std::string::npos);
 }
