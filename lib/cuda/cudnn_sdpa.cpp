@@ -503,9 +503,11 @@ Result<std::vector<std::string>> PlansDeviceless(const SdpaShape& s, Pass pass, 
 
 // ---- on a GPU ----
 
+namespace {
 const char* PassName(Pass pass) {
   return pass == Pass::kForward ? "forward" : "backward";
 }
+}  // namespace
 
 struct Sdpa::Impl {
   const Api* api = nullptr;
