@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -165,6 +166,18 @@ class GraphBuilder {
     t.by_value = true;
     return Tensor(t, uid, what);
   }
+  // An operation of `type` with its descriptor-valued attributes (null ones left out), finalized and added.
+  Status Operation(cudnnBackendDescriptorType_t type,
+                   std::initializer_list<std::pair<cudnnBackendAttributeName_t, Desc>> attributes,
+                   std::string_view what) {
+    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(type, what));
+    for (const auto& [name, value] : attributes) {
+      if (value != nullptr) MS_RETURN_IF_ERROR(d_.Set(op, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value, what));
+    }
+    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
+    ops_.push_back(op);
+    return Status::Ok();
+  }
   // y = mode(x[, b][, t]) elementwise (broadcasting), computed in `math`; GEN_INDEX takes `axis`.
   Status Pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t math, Desc x, Desc b, Desc t, Desc y,
                    std::string_view what, int64_t axis = -1) {
@@ -173,16 +186,13 @@ class GraphBuilder {
     MS_RETURN_IF_ERROR(d_.Set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math, what));
     if (axis >= 0) MS_RETURN_IF_ERROR(d_.Set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, what));
     MS_RETURN_IF_ERROR(d_.Finalize(pw, what));
-    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what));
-    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, D, 1, &pw, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, D, 1, &x, what));
-    if (b) MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, D, 1, &b, what));
-    if (t) MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, D, 1, &t, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, D, 1, &y, what));
-    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
-    ops_.push_back(op);
-    return Status::Ok();
+    return Operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+                     {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw},
+                      {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
+                      {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b},
+                      {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
+                      {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y}},
+                     what);
   }
   Status Reduction(cudnnReduceTensorOp_t mode, Desc x, Desc y, std::string_view what) {
     MS_ASSIGN_OR_RETURN(Desc r, d_.Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, what));
@@ -190,39 +200,28 @@ class GraphBuilder {
     MS_RETURN_IF_ERROR(d_.Set(r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, what));
     MS_RETURN_IF_ERROR(d_.Set(r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, what));
     MS_RETURN_IF_ERROR(d_.Finalize(r, what));
-    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what));
-    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, D, 1, &r, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, D, 1, &x, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, D, 1, &y, what));
-    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
-    ops_.push_back(op);
-    return Status::Ok();
+    return Operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+                     {{CUDNN_ATTR_OPERATION_REDUCTION_DESC, r},
+                      {CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
+                      {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y}},
+                     what);
   }
   Status Matmul(Desc a, Desc b, Desc c, std::string_view what) {
     MS_ASSIGN_OR_RETURN(Desc m, d_.Make(CUDNN_BACKEND_MATMUL_DESCRIPTOR, what));
     const cudnnDataType_t f = CUDNN_DATA_FLOAT;
     MS_RETURN_IF_ERROR(d_.Set(m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, what));
     MS_RETURN_IF_ERROR(d_.Finalize(m, what));
-    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, what));
-    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, D, 1, &a, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, D, 1, &b, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, D, 1, &c, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, D, 1, &m, what));
-    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
-    ops_.push_back(op);
-    return Status::Ok();
+    return Operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                     {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+                      {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+                      {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
+                      {CUDNN_ATTR_OPERATION_MATMUL_DESC, m}},
+                     what);
   }
   // y = x with other dims and strides (a transpose, as cuDNN's attention graphs express one), or another type.
   Status Reshape(Desc x, Desc y, std::string_view what) {
-    MS_ASSIGN_OR_RETURN(Desc op, d_.Make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what));
-    const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, D, 1, &x, what));
-    MS_RETURN_IF_ERROR(d_.Set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, D, 1, &y, what));
-    MS_RETURN_IF_ERROR(d_.Finalize(op, what));
-    ops_.push_back(op);
-    return Status::Ok();
+    return Operation(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                     {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}}, what);
   }
   // A virtual intermediate with explicit strides.
   Result<Desc> VirtualStrided(std::vector<int64_t> dims, std::vector<int64_t> strides, cudnnDataType_t type,
@@ -472,29 +471,41 @@ Result<Desc> JsonDevice(Descs& d, const std::string& json) {
 
 }  // namespace
 
-Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
+namespace {
+
+// The graph of `pass` for `s` and the heuristics' configurations for it on the JSON-described device.
+struct Deviceless {
+  std::unique_ptr<Descs> d;
+  Desc prop = nullptr;
+  std::vector<Desc> configs;
+};
+Result<Deviceless> HeuristicsFor(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
   if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
   MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
-  Descs d(*api);
-  MS_ASSIGN_OR_RETURN(Desc prop, JsonDevice(d, deviceprop_json));
-  MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass));
-  MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
-  return static_cast<int>(configs.size());
+  Deviceless out;
+  out.d = std::make_unique<Descs>(*api);
+  MS_ASSIGN_OR_RETURN(out.prop, JsonDevice(*out.d, deviceprop_json));
+  MS_ASSIGN_OR_RETURN(Desc graph, Build(*out.d, s, pass));
+  MS_ASSIGN_OR_RETURN(out.configs, EngineConfigs(*out.d, graph, out.prop));
+  return out;
+}
+
+}  // namespace
+
+Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
+  MS_ASSIGN_OR_RETURN(Deviceless h, HeuristicsFor(s, pass, deviceprop_json));
+  return static_cast<int>(h.configs.size());
 }
 
 Result<std::vector<std::string>> PlansDeviceless(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
-  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
-  MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
-  Descs d(*api);
-  MS_ASSIGN_OR_RETURN(Desc prop, JsonDevice(d, deviceprop_json));
-  MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass));
-  MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, prop));
+  MS_ASSIGN_OR_RETURN(Deviceless h, HeuristicsFor(s, pass, deviceprop_json));
   std::vector<std::string> out;
-  for (Desc config : configs) {
+  for (Desc config : h.configs) {
+    Descs& d = *h.d;
     MS_ASSIGN_OR_RETURN(Desc plan, d.Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan"));
     const auto D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
     MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, D, 1, &config, "execution plan"));
-    MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, D, 1, &prop, "execution plan"));
+    MS_RETURN_IF_ERROR(d.Set(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, D, 1, &h.prop, "execution plan"));
     Status st = d.Finalize(plan, "plan");
     out.push_back(st.ok() ? "ok" : st.message());
   }
@@ -602,59 +613,53 @@ Status Execute(const Api& api, cudnnHandle_t handle, Desc plan, std::vector<int6
 
 }  // namespace
 
-Status Sdpa::Forward(const void* qkv16, void* out16, float* lse, const SdpaShape& s) {
+namespace {
+// The scalars a plan's variant pack points at (host memory, read when the plan is executed).
+struct Scalars {
+  float scale, neg_inf, window;
+  explicit Scalars(const SdpaShape& s)
+      : scale(1.0f / std::sqrt(static_cast<float>(s.D))),
+        neg_inf(-std::numeric_limits<float>::infinity()),
+        window(static_cast<float>(s.window)) {}
+  // Their uids and pointers appended (the window only where the graph masks by it).
+  void Bind(const SdpaShape& s, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
+    uids.insert(uids.end(), {kScale, kNegInf});
+    ptrs.insert(ptrs.end(), {&scale, &neg_inf});
+    if (s.window > 0 && s.window < s.T) {
+      uids.push_back(kWindow);
+      ptrs.push_back(&window);
+    }
+  }
+};
+}  // namespace
+
+Status Sdpa::Run(Pass pass, const SdpaShape& s, std::vector<int64_t> uids, std::vector<void*> ptrs) {
   if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
-  MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s, Pass::kForward));
+  MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s, pass));
   void* ws = nullptr;
   if (p->workspace_bytes > 0) {
     MS_ASSIGN_OR_RETURN(ws, impl_->workspace(static_cast<size_t>(p->workspace_bytes)));
   }
-  const int64_t C = s.H * s.D;
+  Scalars scalars(s);
+  scalars.Bind(s, uids, ptrs);
+  return Execute(*impl_->api, impl_->handle, p->plan, std::move(uids), std::move(ptrs), ws,
+                 pass == Pass::kForward ? "executing the attention forward" : "executing the attention backward");
+}
+
+Status Sdpa::Forward(const void* qkv16, void* out16, float* lse, const SdpaShape& s) {
   auto* q = const_cast<uint16_t*>(static_cast<const uint16_t*>(qkv16));
-  float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  float neg_inf = -std::numeric_limits<float>::infinity();
-  float window = static_cast<float>(s.window);
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kNegInf};
-  std::vector<void*> ptrs = {q, q + C, q + 2 * C, out16, lse, &scale, &neg_inf};
-  if (s.window > 0 && s.window < s.T) {
-    uids.push_back(kWindow);
-    ptrs.push_back(&window);
-  }
-  return Execute(*impl_->api, impl_->handle, p->plan, uids, ptrs, ws, "executing the attention forward");
+  const int64_t C = s.H * s.D;
+  return Run(Pass::kForward, s, {kQ, kK, kV, kO, kStats}, {q, q + C, q + 2 * C, out16, lse});
 }
 
 Status Sdpa::Backward(const void* qkv16, const void* out16, const void* dout16, const float* lse, void* dqkv16,
                       float* row_terms, const SdpaShape& s) {
-  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
-  MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s, Pass::kBackward));
-  void* ws = nullptr;
-  if (p->workspace_bytes > 0) {
-    MS_ASSIGN_OR_RETURN(ws, impl_->workspace(static_cast<size_t>(p->workspace_bytes)));
-  }
-  const int64_t C = s.H * s.D;
   auto* q = const_cast<uint16_t*>(static_cast<const uint16_t*>(qkv16));
   auto* dq = static_cast<uint16_t*>(dqkv16);
-  float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  float neg_inf = -std::numeric_limits<float>::infinity();
-  float window = static_cast<float>(s.window);
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kRowTerms, kScale, kNegInf};
-  std::vector<void*> ptrs = {q,
-                             q + C,
-                             q + 2 * C,
-                             const_cast<void*>(out16),
-                             const_cast<void*>(dout16),
-                             const_cast<float*>(lse),
-                             dq,
-                             dq + C,
-                             dq + 2 * C,
-                             row_terms,
-                             &scale,
-                             &neg_inf};
-  if (s.window > 0 && s.window < s.T) {
-    uids.push_back(kWindow);
-    ptrs.push_back(&window);
-  }
-  return Execute(*impl_->api, impl_->handle, p->plan, uids, ptrs, ws, "executing the attention backward");
+  const int64_t C = s.H * s.D;
+  return Run(Pass::kBackward, s, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kRowTerms},
+             {q, q + C, q + 2 * C, const_cast<void*>(out16), const_cast<void*>(dout16), const_cast<float*>(lse), dq,
+              dq + C, dq + 2 * C, row_terms});
 }
 
 std::string Sdpa::Describe(const SdpaShape& s, Pass pass) const {

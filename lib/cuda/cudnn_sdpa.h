@@ -83,6 +83,8 @@ class Sdpa {
 
  private:
   explicit Sdpa(std::unique_ptr<Impl> impl);
+  // Executes the plan of (pass, s) — built at its first use — with these tensors bound and the scalars added.
+  Status Run(Pass pass, const SdpaShape& s, std::vector<int64_t> uids, std::vector<void*> ptrs);
   std::unique_ptr<Impl> impl_;
 };
 
