@@ -732,12 +732,12 @@ TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of t
 }
 
 // runtime.attention_kernels: cudnn (lib/cuda/cudnn_sdpa.h). The emulator cannot run cuDNN: UseCudnnAttention is
-// refused there, naming the flavor. On a GPU the bf16 training path's forward (AttentionForward16 writing only out16,
-// no qkv bias) goes through cuDNN's fused attention and must agree with megascale's kernel on the same bf16 qkv — out16
-// within bf16 rounding, lse (the log-sum-exp megascale's backward recomputes P from) within 1e-3 — and megascale's
-// backward on cuDNN's out16 and lse with the backward on its own within bf16 tolerance, on odd shapes, a window and
-// head dims 32, 64, 128; every call taken by cuDNN (GetAttentionStats: no silent fallback), and a call with the qkv
-// bias to add falls back to megascale's kernel, counted with its reason.
+// refused there, naming the flavor. On a GPU the bf16 training path (AttentionForward16 writing only out16, no qkv
+// bias; AttentionBackward16 reading out16, writing dqkv16 and the qkv bias gradient) goes through cuDNN's fused
+// attention and must agree with megascale's kernels on the same bf16 inputs — out16 and dqkv16 within bf16 rounding,
+// lse (the log-sum-exp either backward recomputes P from) within 1e-3, the bias gradient within 3e-2 — on odd shapes,
+// a window and head dims 32, 64, 128; every call taken by cuDNN (GetAttentionStats: no silent fallback), and a call
+// with the qkv bias to add falls back to megascale's kernel, counted with its reason.
 TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runtime.attention_kernels: cudnn)") {
   Pair ours(/*bf16=*/true, Bf16Operands::kKeep), cud(/*bf16=*/true, Bf16Operands::kKeep);
   const Status enabled = UseCudnnAttention(*cud.gpu);
@@ -787,7 +787,7 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
     const int64_t B = sh.B, T = sh.T, H = sh.H, D = sh.D, w = sh.window, n_qkv = B * T * 3 * H * D,
                   n_out = B * T * H * D, n_lse = B * H * T;
     const std::vector<uint16_t> qkv_h = round(Random(n_qkv, 71, -2.0f, 2.0f)), dout_h = round(Random(n_out, 72));
-    std::vector<float> got[2][3];  // [ours, cudnn][out, lse, dqkv]
+    std::vector<float> got[2][4];  // [ours, cudnn][out, lse, dqkv, qkv bias gradient]
     Pair* pairs[2] = {&ours, &cud};
     for (int k = 0; k < 2; ++k) {
       Pair& p = *pairs[k];
@@ -796,22 +796,26 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
       uint16_t* out16 = p.On(*p.gpu, std::vector<uint16_t>(n_out, 0xFFFF));
       float* lse = p.On(*p.gpu, std::vector<float>(n_lse, -1.0f));
       uint16_t* dqkv16 = p.On(*p.gpu, std::vector<uint16_t>(n_qkv, 0xFFFF));
+      float* dbias = p.On(*p.gpu, std::vector<float>(3 * H * D, 0.5f));  // accumulated into
       REQUIRE(p.gpu->AttentionForward16(nullptr, lse, qkv16, nullptr, B, T, H, D, w, out16).ok());
-      REQUIRE(p.gpu
-                  ->AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, lse, B, T, H, D, w, dqkv16,
-                                        nullptr)
-                  .ok());
+      REQUIRE(
+          p.gpu->AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, lse, B, T, H, D, w, dqkv16, dbias)
+              .ok());
       got[k][0] = widen(p.Get(*p.gpu, out16, n_out));
       got[k][1] = p.Get(*p.gpu, lse, n_lse);
       got[k][2] = widen(p.Get(*p.gpu, dqkv16, n_qkv));
+      got[k][3] = p.Get(*p.gpu, dbias, 3 * H * D);
     }
     ++calls;
     close(got[1][0], got[0][0], 2e-2f, 1e-2f);
     close(got[1][1], got[0][1], 1e-3f, 1e-3f);
     close(got[1][2], got[0][2], 3e-2f, 1e-2f);
+    close(got[1][3], got[0][3], 3e-2f, 1e-2f);
   }
   AttentionStats st = GetAttentionStats(*cud.gpu);
+  INFO("first fallback: " << st.cudnn_note);  // why cuDNN did not run (no library, no engine, ...)
   CHECK(st.cudnn_forward == calls);
+  CHECK(st.cudnn_backward == calls);
   CHECK(st.cudnn_fallback == 0);
   CHECK(GetAttentionStats(*ours.gpu).cudnn_forward == 0);
   // The qkv bias to add: megascale's kernel, counted, the reason kept.
