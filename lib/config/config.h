@@ -147,9 +147,9 @@ struct RuntimeSpec {
                                                 // kept) | cublas (fp32 operands, cuBLAS converts:
                                                 // CUBLAS_COMPUTE_32F_FAST_16BF); no effect on fp32 GEMMs or the CPU
                                                 // backend
-  std::string attention_kernels = "megascale";  // megascale | cudnn: the bf16 attention forward by cuDNN's fused
-                                                // attention (GPU build with cuDNN; megascale's kernel where cuDNN
-                                                // does not take a call; the backward stays megascale's)
+  std::string attention_kernels = "megascale";  // megascale | cudnn: the attention of bf16 activations, forward
+                                                // and backward, by cuDNN's fused attention (GPU build with cuDNN;
+                                                // megascale's kernels where cuDNN does not take a call)
   std::string activations = "fp32";  // fp32 | bf16: the fc GEMM's output (pre-GeLU) kept in bf16 (CUDA backend, bf16
                                      // GEMMs on bf16 operands, fused kernels)
   bool operator==(const RuntimeSpec&) const = default;
