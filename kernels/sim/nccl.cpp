@@ -66,6 +66,9 @@ size_t TypeBytes(ncclDataType_t t) {
   switch (t) {
     case ncclFloat32:
       return 4;
+    case ncclBfloat16:
+    case ncclFloat16:
+      return 2;
     case ncclFloat64:
     case ncclInt64:
       return 8;
@@ -420,6 +423,8 @@ ncclResult_t AddColl(Coll kind, const void* in, void* out, size_t count, ncclDat
   auto c = Get(h);
   if (!c) return ncclInvalidArgument;
   if (TypeBytes(type) == 0 || (op != ncclSum && op != ncclMax && op != ncclMin)) return ncclInvalidArgument;
+  // 16-bit types are moved (all-gather, broadcast) but never reduced here: refuse rather than sum nothing.
+  if (TypeBytes(type) == 2 && (kind == Coll::kAllReduce || kind == Coll::kReduceScatter)) return ncclInvalidArgument;
   if (root < 0 || root >= c->size) return ncclInvalidArgument;
   CollOp o{kind, in, out, count, type, op, root, 0};
   {

@@ -40,7 +40,7 @@
 //   all-reduce into scratch would move twice that). Deterministic: every chunk is summed
 //   in the same ring order on every run. Scratch: 2*count floats, kept by the
 //   communicator. `out` must not overlap `in`.
-// * AllGather: gloo::allgather (ring). Broadcast: gloo::broadcast (binomial tree).
+// * AllGather, AllGather16: gloo::allgather (ring). Broadcast: gloo::broadcast (binomial tree).
 //   Barrier: gloo::barrier, queued behind earlier collectives and waited for.
 // * Send/Recv do not go through the queue: the call posts the transfer to Gloo at once
 //   (context->createUnboundBuffer + send/recv on slot = (p2p prefix, tag)), Gloo's
@@ -126,6 +126,10 @@ class Communicator {
   virtual std::unique_ptr<Work> ReduceScatter(const float* in, float* out, int64_t count) = 0;
   // in: `count` floats of this rank; out: size()*count floats, rank-major.
   virtual std::unique_ptr<Work> AllGather(const float* in, float* out, int64_t count) = 0;
+  // The same over 16-bit elements (bf16 activations; moved as they are, no arithmetic: the result is the bits of an
+  // fp32 all-gather rounded afterwards, at half the bytes). In place when `in` is this rank's slot of `out`. The
+  // default reports Unimplemented; the shipped communicators (self, Gloo, NCCL) implement it.
+  virtual std::unique_ptr<Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t count);
   virtual std::unique_ptr<Work> Broadcast(float* data, int64_t count, int root) = 0;
   // Point to point; tag >= 0. Not ordered with collectives (see the Gloo notes above).
   virtual std::unique_ptr<Work> Send(const float* data, int64_t count, int peer, int tag) = 0;

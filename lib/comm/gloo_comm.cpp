@@ -294,24 +294,10 @@ class GlooCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Work> AllGather(const float* in, float* out, int64_t count) override {
-    if (Status s = CheckBuffer(in, count, "all-gather input"); !s.ok()) return Done(s);
-    if (Status s = CheckBuffer(out, count * size(), "all-gather output"); !s.ok()) return Done(s);
-    const uint32_t tag = seq_++;
-    std::string what = fmt::format("all-gather #{} ({} floats per rank)", tag, count);
-    const size_t n = static_cast<size_t>(count);
-    return Enqueue(what, [this, in, out, n, tag, what] {
-      if (n == 0) return Status::Ok();
-      return Guarded(*shared_, what, fmt::format("ring peers {} (recv) and {} (send)", left_, right_), [&] {
-        gloo::AllgatherOptions opts(shared_->context);
-        // In place when `in` is already this rank's slot of `out` (no self-overlapping memcpy).
-        if (in != out + n * static_cast<size_t>(rank())) opts.setInput(const_cast<float*>(in), n);
-        opts.setOutput(out, n * static_cast<size_t>(size()));
-        opts.setTag(tag);
-        opts.setTimeout(shared_->options.timeout);
-        gloo::allgather(opts);
-        return Status::Ok();
-      });
-    });
+    return AllGatherT(in, out, count, "floats");
+  }
+  std::unique_ptr<Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t count) override {
+    return AllGatherT(in, out, count, "16-bit elements");
   }
 
   std::unique_ptr<Work> Broadcast(float* data, int64_t count, int root) override {
@@ -374,6 +360,28 @@ class GlooCommunicator final : public Communicator {
     if (count < 0) return InvalidArgument("{}: {}: negative count {}", shared_->Where(), what, count);
     if (count > 0 && data == nullptr) return InvalidArgument("{}: {}: null pointer", shared_->Where(), what);
     return Status::Ok();
+  }
+
+  template <typename T>
+  std::unique_ptr<Work> AllGatherT(const T* in, T* out, int64_t count, const char* unit) {
+    if (Status s = CheckBuffer(in, count, "all-gather input"); !s.ok()) return Done(s);
+    if (Status s = CheckBuffer(out, count * size(), "all-gather output"); !s.ok()) return Done(s);
+    const uint32_t tag = seq_++;
+    std::string what = fmt::format("all-gather #{} ({} {} per rank)", tag, count, unit);
+    const size_t n = static_cast<size_t>(count);
+    return Enqueue(what, [this, in, out, n, tag, what] {
+      if (n == 0) return Status::Ok();
+      return Guarded(*shared_, what, fmt::format("ring peers {} (recv) and {} (send)", left_, right_), [&] {
+        gloo::AllgatherOptions opts(shared_->context);
+        // In place when `in` is already this rank's slot of `out` (no self-overlapping memcpy).
+        if (in != out + n * static_cast<size_t>(rank())) opts.setInput(const_cast<T*>(in), n);
+        opts.setOutput(out, n * static_cast<size_t>(size()));
+        opts.setTag(tag);
+        opts.setTimeout(shared_->options.timeout);
+        gloo::allgather(opts);
+        return Status::Ok();
+      });
+    });
   }
 
   template <typename T>

@@ -203,6 +203,12 @@ class NcclCommunicator : public comm::Communicator {
     return Run("all-gather", n, -1,
                [&](ncclComm_t c) { return ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat, c, stream_); });
   }
+  std::unique_ptr<comm::Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    return Run(
+        "all-gather", n, -1,
+        [&](ncclComm_t c) { return ncclAllGather(in, out, static_cast<size_t>(n), ncclBfloat16, c, stream_); },
+        "bf16 elements");
+  }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
     return Run("broadcast", n, -1,
                [&](ncclComm_t c) { return ncclBroadcast(d, d, static_cast<size_t>(n), ncclFloat, root, c, stream_); });
@@ -244,7 +250,8 @@ class NcclCommunicator : public comm::Communicator {
  private:
   // peer >= 0: point to point with that group rank; -1: a collective; -2: a group naming its peers itself.
   template <typename F>
-  std::unique_ptr<comm::Work> Run(const std::string& op_name, int64_t count, int peer, F&& op) {
+  std::unique_ptr<comm::Work> Run(const std::string& op_name, int64_t count, int peer, F&& op,
+                                  const char* unit = "floats") {
     const uint64_t seq = ++seq_;
     std::string peers;
     if (peer >= 0) {
@@ -256,7 +263,7 @@ class NcclCommunicator : public comm::Communicator {
       }
       peers = fmt::format(" (peers {})", fmt::join(others, ","));
     }
-    const std::string what = fmt::format("{}{} #{} of {} floats on {} (rank {} of {})", op_name, peers, seq, count,
+    const std::string what = fmt::format("{}{} #{} of {} {} on {} (rank {} of {})", op_name, peers, seq, count, unit,
                                          options_.name, shared_->rank, shared_->size);
     auto fail = [&](Status s) { return std::make_unique<NcclWork>(shared_, nullptr, what, std::move(s)); };
     if (Status f = shared_->Failed(); !f.ok()) return fail(f.WithContext(what));

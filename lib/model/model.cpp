@@ -154,15 +154,17 @@ struct Gpt::LayerBf16 {
   const void* w[4] = {};  // qkv, attn.proj, mlp.fc, mlp.proj
   const DeviceArray<float>*ln1 = nullptr, *fc_in = nullptr, *atty = nullptr, *fch_gelu = nullptr;
   int64_t C = 0, HlD = 0, Fl = 0;
+  int64_t mine = 0;  // this rank's first row of the [N, C] LayerNorm outputs (tp_rank * R under SpGather16, else 0)
   ops::Bf16Copies Make(int j, const DeviceArray<float>* in, int64_t at, bool ready) const {
     if (!in) return {};
     return {w[j], Bf16At(*in, at), ready};
   }
   // Where a producer writes its output's rounding (from row0 on; null when nothing is kept): the LayerNorm
-  // feeding qkv (and fc in the parallel block), the one feeding fc (sequential block), the bias + GeLU, the
-  // attention (all N rows of the local heads, with or without sequence parallelism).
-  void* Ln1Out() const { return ln1 ? Bf16At(*ln1, 0) : nullptr; }
-  void* FcInOut() const { return fc_in ? Bf16At(*fc_in, 0) : nullptr; }
+  // feeding qkv (and fc in the parallel block), the one feeding fc (sequential block) — this rank's rows, under
+  // sequence parallelism the gather writes the others' — the bias + GeLU, the attention (all N rows of the local
+  // heads, with or without sequence parallelism).
+  void* Ln1Out() const { return ln1 ? Bf16At(*ln1, mine * C) : nullptr; }
+  void* FcInOut() const { return fc_in ? Bf16At(*fc_in, mine * C) : nullptr; }
   void* GeluOut(int64_t row0) const { return fch_gelu ? Bf16At(*fch_gelu, row0 * Fl) : nullptr; }
   void* AttyOut() const { return atty ? Bf16At(*atty, 0) : nullptr; }  // the attention forward's rounding
   // For the GEMM rows from row0 on; `ready`: those input rows are already rounded (by their producer or an earlier
@@ -343,7 +345,7 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->keep_bf16_ = true;
     MS_RETURN_IF_ERROR(AllocateBf16(g->bf16_params_, g->be_, g->num_params_).WithContext("bf16 weight copies"));
     g->bf16_made_in_.assign(g->params_.size(), 0);
-    MS_RETURN_IF_ERROR(AllocateBf16(g->dres_16_, g->be_, g->rows_ * C));
+    MS_RETURN_IF_ERROR(AllocateBf16(g->dres_16_, g->be_, N * C));  // all N rows: gathered under SP
     MS_RETURN_IF_ERROR(AllocateBf16(g->dfch_16_, g->be_, N * g->Fl_));
     MS_RETURN_IF_ERROR(AllocateBf16(g->dqkv_16_, g->be_, N * 3 * g->Hl_ * (C / spec.heads)));
     // Test hook (docs/cuda.md): MEGASCALE_PLANT=kept_bf16_stale keeps the first step's bf16 weights for every
@@ -449,6 +451,7 @@ Result<Gpt::LayerBf16> Gpt::KeptLayer(const LayerW& w, const Acts& a, int i) {
   k.C = C;
   k.HlD = HlD;
   k.Fl = Fl_;
+  k.mine = LocalRow0();
   k.ln1 = &y.ln1_16;
   k.fc_in = spec_.block == config::BlockKind::kSequential ? &y.ln2_16 : &y.ln1_16;
   k.atty = &y.atty_16;
@@ -523,7 +526,7 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
     if (ln_fp32) MS_RETURN_IF_ERROR(y.ln1.Allocate(be, R * C));
     MS_RETURN_IF_ERROR(y.ln1_mean.Allocate(be, R));
     MS_RETURN_IF_ERROR(y.ln1_rstd.Allocate(be, R));
-    if (sp) MS_RETURN_IF_ERROR(y.ln1_full.Allocate(be, N * C));
+    if (sp && ln_fp32) MS_RETURN_IF_ERROR(y.ln1_full.Allocate(be, N * C));  // SpGather16: ln1_16 gathered
     if (Bf16AttnIO(spec_.hidden / spec_.heads)) {  // written by the qkv GEMM in bf16, read by the attention
       MS_RETURN_IF_ERROR(AllocateBf16(y.qkv, be, N * 3 * HlD));
     } else {
@@ -548,14 +551,14 @@ Result<Gpt::Acts*> Gpt::SlotActs(int chunk, int slot) {
       if (ln_fp32) MS_RETURN_IF_ERROR(y.ln2.Allocate(be, R * C));
       MS_RETURN_IF_ERROR(y.ln2_mean.Allocate(be, R));
       MS_RETURN_IF_ERROR(y.ln2_rstd.Allocate(be, R));
-      if (sp) MS_RETURN_IF_ERROR(y.ln2_full.Allocate(be, N * C));
+      if (sp && ln_fp32) MS_RETURN_IF_ERROR(y.ln2_full.Allocate(be, N * C));
     }
   }
   if (ch.head) {
     if (ln_fp32) MS_RETURN_IF_ERROR(a.lnf.Allocate(be, R * C));
     MS_RETURN_IF_ERROR(a.lnf_mean.Allocate(be, R));
     MS_RETURN_IF_ERROR(a.lnf_rstd.Allocate(be, R));
-    if (sp) MS_RETURN_IF_ERROR(a.lnf_full.Allocate(be, N * C));
+    if (sp && ln_fp32) MS_RETURN_IF_ERROR(a.lnf_full.Allocate(be, N * C));
     if (Bf16Logits()) {
       MS_RETURN_IF_ERROR(AllocateBf16(a.logits_16, be, N * Vl_));
     } else {
@@ -619,9 +622,10 @@ int64_t ChunkBegin(int64_t rows, int chunks, int j) {
 }  // namespace
 
 Status Gpt::TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
-                             const ConsumeFn& consume) {
+                             const ConsumeFn& consume, void* full16) {
   const int tp = shard_.tp_size;
   const int64_t C = spec_.hidden, R = rows_;
+  if (full16 && SpGather16()) return TpGatherRows16Then(what, full16, consume);
   if (!(shard_.sequence_parallel && tp > 1)) {  // `local` already holds all N rows
     const double t0 = NowSeconds();
     MS_RETURN_IF_ERROR(consume(0, N_, local));
@@ -668,6 +672,53 @@ Status Gpt::TpGatherRowsThen(std::string_view what, const float* local, float* f
         src = full + row0 * C;
       }
       MS_RETURN_IF_ERROR(consume(row0, rc, src));
+    }
+    GemmSpan(what, j, k, t0);
+  }
+  return Status::Ok();
+}
+
+Status Gpt::TpGatherRows16Then(std::string_view what, void* full16, const ConsumeFn& consume) {
+  const int tp = shard_.tp_size, me = shard_.tp_rank;
+  const int64_t C = spec_.hidden, R = rows_;
+  uint16_t* const full = static_cast<uint16_t*>(full16);
+  uint16_t* const mine = full + me * R * C;
+  const int k = sp_chunks_;
+  if (k == 1) {  // in place: this rank's rows are its slot of the gathered tensor
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
+    const double posted = NowSeconds();
+    auto work = comms_.tp->AllGather16(mine, full, R * C);
+    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather (bf16)", what, 0, 1, posted));
+    const double t0 = NowSeconds();
+    MS_RETURN_IF_ERROR(consume(0, N_, nullptr));
+    GemmSpan(what, 0, 1, t0);
+    return Status::Ok();
+  }
+  // As the fp32 chunks (TpGatherRowsThen): chunk j = local rows [r0, r0 + rc) of every rank, gathered rank-major
+  // into stage j % 2 (bf16: the first half of the fp32 stage), each other rank's block copied to its rows of full16,
+  // consumed while chunk j + 1 is gathered.
+  uint16_t* const stage = reinterpret_cast<uint16_t*>(stage_.data());
+  const int64_t S = stage_rows_ * C;
+  std::unique_ptr<comm::Work> work;
+  double posted = 0;
+  auto post = [&](int j) -> Status {
+    const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
+    posted = NowSeconds();
+    work = comms_.tp->AllGather16(mine + r0 * C, stage + (j % 2) * S, rc * C);
+    return Status::Ok();
+  };
+  MS_RETURN_IF_ERROR(post(0));
+  for (int j = 0; j < k; ++j) {
+    const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
+    const uint16_t* st = stage + (j % 2) * S;
+    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather (bf16)", what, j, k, posted));
+    if (j + 1 < k) MS_RETURN_IF_ERROR(post(j + 1));
+    const double t0 = NowSeconds();
+    for (int r = 0; r < tp; ++r) {
+      const int64_t row0 = r * R + r0;
+      if (r != me) MS_RETURN_IF_ERROR(be_->Copy(full + row0 * C, st + r * rc * C, sizeof(uint16_t) * rc * C));
+      MS_RETURN_IF_ERROR(consume(row0, rc, nullptr));
     }
     GemmSpan(what, j, k, t0);
   }
@@ -899,7 +950,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
                                P(wn.ln1w), P(wn.ln1b), ln_rounds ? kn.Ln1Out() : nullptr);
     };
     if (seq) {
-      MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows));
+      MS_RETURN_IF_ERROR(
+          TpGatherRowsThen("ln1>qkv", y.ln1.data(), y.ln1_full.data(), true, qkv_rows, Gathered16(y.ln1_16)));
       MS_RETURN_IF_ERROR(attention());
       // Bf16BranchOut: each projection writes its output in bf16 alone (part16, in part's scratch), which the
       // residual add reads.
@@ -917,7 +969,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
                                              y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
                                              ln_rounds ? k16.FcInOut() : nullptr));
       }
-      MS_RETURN_IF_ERROR(TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows));
+      MS_RETURN_IF_ERROR(
+          TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows, Gathered16(y.ln2_16)));
       if (part16) {
         const double t0 = NowSeconds();
         MS_RETURN_IF_ERROR(mproj_rows(0, N, nullptr, false, part16));
@@ -934,7 +987,8 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
         MS_RETURN_IF_ERROR(qkv_rows(row0, rows, src));
         return fc_rows(row0, rows, src);
       };
-      MS_RETURN_IF_ERROR(TpGatherRowsThen("ln1>qkv+fc", y.ln1.data(), y.ln1_full.data(), true, qkv_fc_rows));
+      MS_RETURN_IF_ERROR(
+          TpGatherRowsThen("ln1>qkv+fc", y.ln1.data(), y.ln1_full.data(), true, qkv_fc_rows, Gathered16(y.ln1_16)));
       MS_RETURN_IF_ERROR(attention());
       // Attention + MLP partial sums: ONE reduction; the MLP's GEMM adds its product to the attention's.
       auto both_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {
@@ -960,7 +1014,7 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
   const bool ln_rounds = RoundedLn();  // then lnf is not allocated: only its rounding is written
   MS_RETURN_IF_ERROR(be_->LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x,
                                            P("final_norm.weight"), P("final_norm.bias"), R, C, spec_.norm_eps,
-                                           ln_rounds ? Bf16At(a.lnf_16, 0) : nullptr));
+                                           ln_rounds ? Bf16At(a.lnf_16, LocalRow0() * C) : nullptr));
   const float* head = P(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight");
   const float* mask = masked_logits_ ? logit_mask_.data() : nullptr;  // the vocabulary padding, as a bias
   MS_ASSIGN_OR_RETURN(const void* head16,
@@ -973,7 +1027,8 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
     }
     return be_->MatmulForward(a.logits.data() + row0 * Vl, src, head, mask, rows, C, Vl, kc);
   };
-  MS_RETURN_IF_ERROR(TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows));
+  MS_RETURN_IF_ERROR(
+      TpGatherRowsThen("lnf>head", a.lnf.data(), a.lnf_full.data(), true, logit_rows, Gathered16(a.lnf_16)));
   a.dlogits_ready = false;
   const int64_t Vv = std::min<int64_t>(Vl, spec_.vocab);        // at tp 1: the columns that are not padding
   if (Bf16Logits() && deferred_cap_ > 0 && fused_dloss_ > 0) {  // as below, the gradient written over the logits
@@ -1122,20 +1177,22 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
     GemmSpan("head>dlnf", 0, 1, t0);
     MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
     return be_->LayerNormBackward16(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf16, x,
-                                    P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C, Dres16(), dsum,
-                                    dsum2);
+                                    P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C, Dres16Mine(),
+                                    dsum, dsum2);
   }
   MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, tp ? dln_full : dln, dln));
   MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
   MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x,
                                             P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C,
-                                            Dres16(), dsum, dsum2));
+                                            Dres16Mine(), dsum, dsum2));
   return Status::Ok();
 }
 
 void* Gpt::Dres16() const {
-  // Under sequence parallelism dres holds this rank's rows while the GEMMs read gathered rows: nothing to keep.
-  return keep_bf16_ && !(shard_.sequence_parallel && shard_.tp_size > 1) ? Bf16At(dres_16_, 0) : nullptr;
+  return keep_bf16_ ? Bf16At(dres_16_, 0) : nullptr;
+}
+void* Gpt::Dres16Mine() const {
+  return keep_bf16_ ? Bf16At(dres_16_, LocalRow0() * spec_.hidden) : nullptr;
 }
 
 Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
@@ -1169,10 +1226,11 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   };
 
   // Kept bf16 operands: the output gradients' roundings, written by the ops that make them — dres's by the
-  // LayerNorm backwards (dres16: null under SP), the fc output gradient's by the bias + GeLU backward, qkv's by the
-  // attention backward — and read by the GEMMs that take them as dout. `dres_rounded`: dres16 holds dres's rounding
-  // now.
-  void* const dres16 = Dres16();
+  // LayerNorm backwards (this rank's rows, at dres16; under SP the others' gathered in bf16 into dres16_all), the fc
+  // output gradient's by the bias + GeLU backward, qkv's by the attention backward — and read by the GEMMs that take
+  // them as dout. `dres_rounded`: dres16 holds dres's rounding now.
+  void* const dres16 = Dres16Mine();
+  void* const dres16_all = Dres16();
   void* const dfch16 = Dfch32() ? nullptr : Bf16At(dfch_16_, 0);
   void* const dqkv16 = keep_bf16_ ? Bf16At(dqkv_16_, 0) : nullptr;  // written by the attention backward
   // Bf16LnGrad and the sequential block: the LayerNorm input gradients in bf16, in dln_full's scratch.
@@ -1208,8 +1266,10 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     MS_RETURN_IF_ERROR(be_->Copy(dres, dout, sizeof(float) * R * C));
   }
   auto dres_at = [&](int64_t row0) -> const void* {
-    return dres_rounded ? static_cast<const void*>(static_cast<uint16_t*>(dres16) + row0 * C) : nullptr;
+    return dres_rounded ? static_cast<const void*>(static_cast<uint16_t*>(dres16_all) + row0 * C) : nullptr;
   };
+  // The gathered rows' rounding, where it is gathered in bf16 (SpGather16, once dres16 holds this rank's rows).
+  auto dres_gathered16 = [&]() { return dres_rounded ? Gathered16(dres_16_) : nullptr; };
   // dres [R,C] (all N rows without SP) is gathered to the row-parallel backward GEMMs (attn.proj, mlp.proj:
   // identity conjugate of their forward reduction); the column-parallel GEMMs produce partial LayerNorm-input
   // gradients reduced across tp into dln [R,C] (SP) or dln_full (the conjugate of the forward gather). Both
@@ -1292,7 +1352,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
     float* dln1 = nullptr;
     if (seq) {
       if (!dres_summed) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
-      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows));
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows, dres_gathered16()));
       // dres is then dL/d(mid): attn.proj's output gradient, whose bias gradient the LayerNorm backward sums
       float* const dsum_proj = BiasGradsInLn() ? G(w.projb) : nullptr;
       if (dln16) {  // the fc GEMM writes the LayerNorm input gradient in bf16 alone
@@ -1310,7 +1370,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
       }
       dres_rounded = dres16 != nullptr;
       if (!BiasGradsInLn()) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
-      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows));
+      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>attn.proj", dres, dy_full_buf, false, proj_rows, dres_gathered16()));
       MS_RETURN_IF_ERROR(attention());
       if (dln16) {  // the qkv GEMM likewise, read by the first LayerNorm's backward below
         const double t0 = NowSeconds();
@@ -1329,7 +1389,8 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
         MS_RETURN_IF_ERROR(mproj_rows(row0, rows, dy));
         return proj_rows(row0, rows, dy);
       };
-      MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj+attn.proj", dres, dy_full_buf, false, both_dy_rows));
+      MS_RETURN_IF_ERROR(
+          TpGatherRowsThen("dy>mlp.proj+attn.proj", dres, dy_full_buf, false, both_dy_rows, dres_gathered16()));
       MS_RETURN_IF_ERROR(attention());
       // Both branches' LayerNorm-input gradients add up per row: ONE reduction.
       auto both_dln_rows = [&](int64_t row0, int64_t rows, float* dst) -> Status {

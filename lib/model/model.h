@@ -283,8 +283,12 @@ class Gpt {
   // rstd / out16: one kernel with the fused kernels (Backend::ResidualLayerNormForward), else the ablation's passes.
   Status ResidualLayerNorm(float* res, const float* x, const float* part, const float* bias, const float* bias2,
                            float* out, float* mean, float* rstd, const float* w, const float* b, void* out16);
+  // With `full16` (only under SpGather16): this rank's rows are already rounded into the [N, C] bf16 tensor
+  // full16 (at tp_rank * rows_), the gather fills in the other ranks' rows in bf16 (TpGatherRows16Then), and
+  // `consume` gets src = null: it reads the rows' rounding in full16 (Bf16Copies::inp / dout).
   Status TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
-                          const ConsumeFn& consume);
+                          const ConsumeFn& consume, void* full16 = nullptr);
+  Status TpGatherRows16Then(std::string_view what, void* full16, const ConsumeFn& consume);
   // Runs `produce` for partial outputs of all N rows (it writes every row: a producer that accumulates writes its
   // first term with MatmulBackward's dinp_overwrite) and reduces them across tp, chunked and pipelined likewise:
   // returns `local` [rows_, C] under SP (reduce-scatter), else `full` [N, C] (all-reduce in place).
@@ -296,11 +300,25 @@ class Gpt {
   // step; outside a step cast at every call.
   Result<const void*> KeptWeight(const ParamInfo* p);
   Result<LayerBf16> KeptLayer(const LayerW& w, const Acts& a, int i);  // layer i of a chunk's activations a
-  void* Dres16() const;  // where the LayerNorm backwards round dres for the GEMMs (null: nothing kept, or SP)
+  // The rounding of dres for the GEMMs (null: nothing kept): [N, C] bf16, whose rows the LayerNorm backwards write
+  // at Dres16Mine() (this rank's rows: all of them without sequence parallelism; under it the rest come from the
+  // bf16 all-gather of SpGather16).
+  void* Dres16() const;
+  void* Dres16Mine() const;
+  // Kept bf16 operands under sequence parallelism (tp > 1): the column-parallel GEMMs' inputs (the LayerNorm outputs)
+  // and the row-parallel backward GEMMs' output gradient (dres) are all-gathered in bf16 — each rank's producer
+  // rounds its own rows into the [N, C] bf16 tensor, the gather fills in the others' (Communicator::AllGather16):
+  // half the bytes of gathering fp32 rows, no fp32 [N, C] copy kept for the backward, and the same bits as rounding
+  // the gathered fp32 rows at the GEMM (which `cast`, without kept operands, still does).
+  bool SpGather16() const { return keep_bf16_ && shard_.sequence_parallel && shard_.tp_size > 1; }
+  // `a` (bf16 [N, C]) where it is gathered in bf16 (SpGather16), else null: TpGatherRowsThen's full16.
+  void* Gathered16(const DeviceArray<float>& a) const { return SpGather16() ? static_cast<void*>(a.data()) : nullptr; }
+  // This rank's first row of an [N, C] tensor: under sequence parallelism it holds rows tp_rank * rows_ .. (+ rows_).
+  int64_t LocalRow0() const { return shard_.sequence_parallel && shard_.tp_size > 1 ? shard_.tp_rank * rows_ : 0; }
   // Kept bf16 operands (keep_bf16_) whose producers write the rounding of every row the GEMMs read: the LayerNorms
-  // (not under sequence parallelism, where the GEMMs read gathered fp32 rows) and the fused bias + GeLU. Their fp32
-  // outputs then feed nothing and are neither allocated nor written.
-  bool RoundedLn() const { return keep_bf16_ && !(shard_.sequence_parallel && shard_.tp_size > 1); }
+  // (under sequence parallelism this rank's rows, the rest gathered in bf16: SpGather16) and the fused bias + GeLU.
+  // Their fp32 outputs then feed nothing and are neither allocated nor written.
+  bool RoundedLn() const { return keep_bf16_; }
   bool RoundedGelu() const { return keep_bf16_ && shard_.fused_kernels; }
   // The attention adds the qkv bias as it loads q, k, v (the backend takes it for head dimension D; a fused
   // epilogue, off in the runtime.fused_kernels: false ablation): the qkv GEMM then adds none.

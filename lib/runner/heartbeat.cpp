@@ -136,6 +136,10 @@ class TrackedComm final : public comm::Communicator {
     WaitClock clock;
     return Wrap(inner_->AllGather(in, out, n), "all-gather");
   }
+  std::unique_ptr<comm::Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    WaitClock clock;
+    return Wrap(inner_->AllGather16(in, out, n), "all-gather");
+  }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
     WaitClock clock;
     return Wrap(inner_->Broadcast(d, n, root), "broadcast");

@@ -241,6 +241,9 @@ class TimedComm : public comm::Communicator {
   std::unique_ptr<comm::Work> AllGather(const float* in, float* out, int64_t n) override {
     return Wrap(inner_->AllGather(in, out, n));
   }
+  std::unique_ptr<comm::Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    return Wrap(inner_->AllGather16(in, out, n));
+  }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
     return Wrap(inner_->Broadcast(d, n, root));
   }
@@ -913,6 +916,15 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     rusage ru{};
     if (getrusage(RUSAGE_SELF, &ru) == 0) {
       LogFileOnly(fmt::format("peak resident memory of rank {}: {:.1f} MiB", rt.rank, ru.ru_maxrss / 1024.0));
+    }
+    // The CUDA backend's caching allocator (also in the emulated build, whose device memory is host memory: the
+    // same allocations, so the same peak as on a GPU).
+    const cuda::AllocatorStats mem = cuda::GetAllocatorStats(*device);
+    if (mem.peak_in_use > 0) {
+      LogFileOnly(
+          fmt::format("peak device memory of rank {}: {:.1f} MiB in use ({} cudaMalloc calls, {} allocations "
+                      "served from the cache)",
+                      rt.rank, mem.peak_in_use / 1048576.0, mem.cuda_mallocs, mem.cache_hits));
     }
   }
   if (spec.log.trace) {

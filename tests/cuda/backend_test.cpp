@@ -103,6 +103,25 @@ void Compare(Pair& p, const Inputs& in, const std::function<void(ops::Backend&, 
 }
 
 // Attention forward and backward (qkv random, dout random) on both backends, out, lse and dqkv compared.
+std::vector<float> Widen16(const std::vector<uint16_t>& h) {
+  std::vector<float> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+    std::memcpy(&out[i], &bits, sizeof bits);
+  }
+  return out;
+}
+uint16_t Round16(float f) {  // nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+std::vector<uint16_t> Round16(const std::vector<float>& v) {
+  std::vector<uint16_t> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = Round16(v[i]);
+  return r;
+}
+
 void CompareAttention(Pair& p, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, float rtol, float atol) {
   Compare(
       p,
@@ -420,16 +439,10 @@ config::ModelSpec SpecOf(int layers, int hidden, int heads, int ffn, int vocab, 
 // Returns got16 widened to fp32.
 std::vector<float> ExpectBf16GemmOutput(const std::vector<float>& fp32, const std::vector<uint16_t>& got16,
                                         const char* what) {
-  std::vector<float> widened(got16.size());
-  for (size_t i = 0; i < got16.size(); ++i) {
-    const uint32_t bits = static_cast<uint32_t>(got16[i]) << 16;
-    std::memcpy(&widened[i], &bits, sizeof bits);
+  const std::vector<float> widened = Widen16(got16);
 #if !defined(MS_TEST_GPU)
-    uint32_t f;
-    std::memcpy(&f, &fp32[i], sizeof f);
-    CHECK(got16[i] == static_cast<uint16_t>((f + 0x7FFF + ((f >> 16) & 1)) >> 16));  // nearest even
+  for (size_t i = 0; i < got16.size(); ++i) CHECK(got16[i] == Round16(fp32[i]));
 #endif
-  }
 #if defined(MS_TEST_GPU)
   ExpectClose(fp32, widened, 1e-2f, 1e-2f, what);
 #else
@@ -632,25 +645,8 @@ TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of t
   REQUIRE(p.gpu->bf16_activations());
   REQUIRE(cast.gpu->bf16_activations());
   const int64_t B = 2, T = 37, H = 2, D = 16, window = 5, N = B * T, IC = 20, OC = 3 * H * D, n_out = N * H * D;
-  auto widen = [](const std::vector<uint16_t>& bits) {
-    std::vector<float> w(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) {
-      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(&w[i], &u, sizeof u);
-    }
-    return w;
-  };
-  auto round = [](const std::vector<float>& v) {
-    std::vector<uint16_t> r(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {  // nearest even (finite values)
-      uint32_t u;
-      std::memcpy(&u, &v[i], sizeof u);
-      r[i] = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-    }
-    return r;
-  };
   const std::vector<float> bias_h = Random(OC, 53, -1.0f, 1.0f);
-  const std::vector<uint16_t> dout16_h = round(Random(n_out, 54));
+  const std::vector<uint16_t> dout16_h = Round16(Random(n_out, 54));
   float* inp = p.On(*p.gpu, Random(N * IC, 51));
   float* w = p.On(*p.gpu, Random(OC * IC, 52));
   float* bias = p.On(*p.gpu, bias_h);
@@ -659,8 +655,8 @@ TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of t
   kc.out16 = qkv16;
   REQUIRE(p.gpu->MatmulForward(nullptr, inp, w, nullptr, N, IC, OC, kc).ok());
   const std::vector<uint16_t> qkv16_h = p.Get(*p.gpu, qkv16, N * OC);
-  float* widened = p.On(*p.gpu, widen(qkv16_h));
-  float* dout_w = p.On(*p.gpu, widen(dout16_h));
+  float* widened = p.On(*p.gpu, Widen16(qkv16_h));
+  float* dout_w = p.On(*p.gpu, Widen16(dout16_h));
   uint16_t* dout16 = p.On(*p.gpu, dout16_h);
 
   // The oracle: fp32 calls on the widened values, the backward reading out widened from its rounding.
@@ -670,8 +666,8 @@ TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of t
   uint16_t* dqkv16 = p.On(*p.gpu, std::vector<uint16_t>(N * OC));
   float* dbias = p.On(*p.gpu, std::vector<float>(OC));
   REQUIRE(p.gpu->AttentionForward(out, lse, widened, bias, B, T, H, D, window, nullptr).ok());
-  const std::vector<uint16_t> out16_want = round(p.Get(*p.gpu, out, n_out));
-  float* out_w = p.On(*p.gpu, widen(out16_want));
+  const std::vector<uint16_t> out16_want = Round16(p.Get(*p.gpu, out, n_out));
+  float* out_w = p.On(*p.gpu, Widen16(out16_want));
   REQUIRE(p.gpu->AttentionBackward(dqkv, dout_w, widened, bias, out_w, lse, B, T, H, D, window, dqkv16, dbias).ok());
 
   // keep: only out16 written, read back by the backward.
@@ -748,23 +744,6 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
   }
   REQUIRE_MESSAGE(enabled.ok(), enabled.ToString());
   CHECK(UseCudnnAttention(*cud.cpu).code() == Code::kInvalidArgument);
-  auto widen = [](const std::vector<uint16_t>& bits) {
-    std::vector<float> w(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) {
-      const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(&w[i], &u, sizeof u);
-    }
-    return w;
-  };
-  auto round = [](const std::vector<float>& v) {
-    std::vector<uint16_t> r(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      uint32_t u;
-      std::memcpy(&u, &v[i], sizeof u);
-      r[i] = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-    }
-    return r;
-  };
   // max |a - b| <= rtol * max |b| + atol
   auto close = [](const std::vector<float>& a, const std::vector<float>& b, float rtol, float atol) {
     float worst = 0, scale = 0;
@@ -786,7 +765,7 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
     CAPTURE(sh.window);
     const int64_t B = sh.B, T = sh.T, H = sh.H, D = sh.D, w = sh.window, n_qkv = B * T * 3 * H * D,
                   n_out = B * T * H * D, n_lse = B * H * T;
-    const std::vector<uint16_t> qkv_h = round(Random(n_qkv, 71, -2.0f, 2.0f)), dout_h = round(Random(n_out, 72));
+    const std::vector<uint16_t> qkv_h = Round16(Random(n_qkv, 71, -2.0f, 2.0f)), dout_h = Round16(Random(n_out, 72));
     std::vector<float> got[2][4];  // [ours, cudnn][out, lse, dqkv, qkv bias gradient]
     Pair* pairs[2] = {&ours, &cud};
     for (int k = 0; k < 2; ++k) {
@@ -801,9 +780,9 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
       REQUIRE(
           p.gpu->AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, lse, B, T, H, D, w, dqkv16, dbias)
               .ok());
-      got[k][0] = widen(p.Get(*p.gpu, out16, n_out));
+      got[k][0] = Widen16(p.Get(*p.gpu, out16, n_out));
       got[k][1] = p.Get(*p.gpu, lse, n_lse);
-      got[k][2] = widen(p.Get(*p.gpu, dqkv16, n_qkv));
+      got[k][2] = Widen16(p.Get(*p.gpu, dqkv16, n_qkv));
       got[k][3] = p.Get(*p.gpu, dbias, 3 * H * D);
     }
     ++calls;
@@ -820,7 +799,7 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
   CHECK(GetAttentionStats(*ours.gpu).cudnn_forward == 0);
   // The qkv bias to add: megascale's kernel, counted, the reason kept.
   const int64_t B = 1, T = 40, H = 2, D = 64;
-  uint16_t* qkv16 = cud.On(*cud.gpu, round(Random(B * T * 3 * H * D, 73)));
+  uint16_t* qkv16 = cud.On(*cud.gpu, Round16(Random(B * T * 3 * H * D, 73)));
   float* bias = cud.On(*cud.gpu, Random(3 * H * D, 74));
   uint16_t* out16 = cud.On(*cud.gpu, std::vector<uint16_t>(B * T * H * D));
   float* lse = cud.On(*cud.gpu, std::vector<float>(B * H * T));
@@ -1088,19 +1067,6 @@ float HostGeluGrad(float v) {
   const float one = 1.0f;
   ops::ref::GeluBackward(&dx, &v, &one, 1);
   return dx;
-}
-std::vector<float> Widen16(const std::vector<uint16_t>& h) {
-  std::vector<float> out(h.size());
-  for (size_t i = 0; i < h.size(); ++i) {
-    const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
-    std::memcpy(&out[i], &bits, sizeof bits);
-  }
-  return out;
-}
-uint16_t Round16(float f) {  // nearest even (finite inputs)
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
 // runtime.activations: bf16 at tp 1: the LayerNorm backward reads its output gradient as the GEMM wrote it, in bf16

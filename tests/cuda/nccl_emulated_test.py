@@ -8,7 +8,9 @@ the CPU backend's losses:
               sequence parallelism and chunked communication, and 2x2x2 ZeRO-1 once more with the deferred
               emulated streams (work runs only when waited for); pp 2 with runtime.device_comm: gloo;
   bf16 kept   runtime.bf16_operands: keep gives the bits of cast (bf16 GEMMs) on tp 2 with sequence parallelism
-              and chunks, and on tp 2 x pp 2 x dp 2 ZeRO-1 (sequential block), with the deferred streams;
+              (chunked, and unchunked with the sequential block; keep all-gathers the LayerNorm outputs and dres in
+              bf16, as the trace must show, cast in fp32), and on tp 2 x pp 2 x dp 2 ZeRO-1 (sequential block),
+              with the deferred streams;
   deadlock    the pipeline's former order (receive of the next action posted before the current send:
               MEGASCALE_PP_P2P=ungrouped) deadlocks on NCCL semantics; the watchdog ends the job within the
               timeout, naming the group, the operation and the peer;
@@ -129,10 +131,20 @@ def compare(name, parallel, layers=2, env=None, sets=(), expect_differ=False):
     return None
 
 
-def same_bits(name, parallel, sets, env=None, layers=2):
+def tp_gathers(run_dir):
+    """The tensor-parallel all-gathers on rank 0's trace: {span name without its chunk suffix}."""
+    events = json.load(open(os.path.join(run_dir, "trace", "rank-0.json")))
+    names = {e["name"] for e in events if e.get("ph") == "X" and e["name"].startswith("tp all-gather")}
+    return {" ".join(n.split()[:-1]) if n.split()[-1][0].isdigit() and "/" in n.split()[-1] else n for n in names}
+
+
+def same_bits(name, parallel, sets, env=None, layers=2, gathers16=False):
     """bf16 on the CUDA backend: runtime.bf16_operands keep (the default: bf16 weights cast once per step, each
     layer input once per micro-batch and kept for the backward, through the layout's row chunks) must give the
-    bits of cast (every GEMM casts its own operands)."""
+    bits of cast (every GEMM casts its own operands).
+    gathers16 (sequence parallelism): with keep the LayerNorm outputs (forward) and dres (backward) must be
+    all-gathered in bf16 — rank 0's trace shows "tp all-gather (bf16) ..." spans for them and no fp32 gather of
+    them — and with cast in fp32; the embedding's input gradient is gathered in fp32 by both."""
     got = {}
     for variant in ("keep", "cast"):
         d = os.path.join(WORK, f"{name}-{variant}")
@@ -140,13 +152,27 @@ def same_bits(name, parallel, sets, env=None, layers=2):
         spec(path, d, parallel, layers)
         args = ["train", path, "--set", "runtime.backend=cuda", "--set", "train.precision=bf16", "--set",
                 f"runtime.bf16_operands={variant}"]
-        for s in sets:
+        for s in [*sets, *(["log.trace=true"] if gathers16 else [])]:
             args += ["--set", s]
         rc, _, err, wall = run(EMU, args, env)
         if rc != 0:
             return f"{variant} run failed: {err.strip()[-1200:]}"
         got[variant] = (series(d, "loss"), series(d, "grad_norm"))
         print(f"     {name} {variant}: {wall:.1f} s")
+        if gathers16:
+            names = tp_gathers(d)
+            bf16 = {n for n in names if n.startswith("tp all-gather (bf16) ")}
+            fp32 = names - bf16
+            want16 = {"ln", "lnf>head", "dy>"} if variant == "keep" else set()
+            want32 = {"dx>embed"} | ({"ln", "lnf>head", "dy>"} if variant == "cast" else set())
+            for kind, have, want in (("bf16", bf16, want16), ("fp32", fp32, want32)):
+                labels = {n.split()[-1] for n in have}
+                for w in want:
+                    if not any(l.startswith(w) for l in labels):
+                        return f"{variant}: no {kind} all-gather of {w}* on the trace: {sorted(names)}"
+                extra = [l for l in labels if not any(l.startswith(w) for w in want)]
+                if extra:
+                    return f"{variant}: {kind} all-gathers of {extra} on the trace: {sorted(names)}"
     if not got["keep"][0]:
         return "no train steps"
     if got["keep"] != got["cast"]:
@@ -212,9 +238,19 @@ if not QUICK:
         report(name, compare(name, par, layers, env=DEFERRED))
     report("pp2-gloo", compare("pp2-gloo", "{pp: 2, micro_batches: 4}", sets=["runtime.device_comm=gloo"]))
     # Kept bf16 operands across the layouts' row chunks, stages, micro-batches and ZeRO's parameter gathers.
+    # Under sequence parallelism keep gathers the GEMM inputs in bf16 and cast in fp32: the same bits, chunked
+    # (parallel block) and unchunked (sequential block, in place).
     report("bf16-keep-is-cast-tp2-sp-chunks",
            same_bits("keep-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}", [],
-                     env=DEFERRED))
+                     env=DEFERRED, gathers16=True))
+    report("bf16-keep-is-cast-tp2-sp-sequential-unchunked",
+           same_bits("keep-tp2-sp-seq", "{tp: 2, sequence_parallel: true, micro_batches: 2}",
+                     ["model.block=sequential"], env=DEFERRED, gathers16=True))
+    # A stage without the head: its last layer's output gradient arrives in fp32 (gathered so, the GEMMs round it),
+    # the LayerNorm backwards' roundings are gathered in bf16 from there on.
+    report("bf16-keep-is-cast-tp2-pp2-sp",
+           same_bits("keep-tp2-pp2-sp", "{tp: 2, pp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}",
+                     [], env=DEFERRED))
     report("bf16-keep-is-cast-tp2-pp2-dp2-zero1",
            same_bits("keep-2x2x2", "{tp: 2, pp: 2, dp: 2, zero: 1, micro_batches: 2}", ["model.block=sequential"],
                      env=DEFERRED))
@@ -223,7 +259,7 @@ if not QUICK:
     # row chunks of the projection's backward; fp32 logits, the vocab-parallel loss): keep = cast, bit for bit.
     report("bf16-activations-keep-is-cast-tp2-sp",
            same_bits("bf16act-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}",
-                     ["runtime.activations=bf16", "runtime.gemm_epilogues=false"], env=DEFERRED))
+                     ["runtime.activations=bf16", "runtime.gemm_epilogues=false"], env=DEFERRED, gathers16=True))
 DEADLOCK = ["no completion after 3.0 s", "nccl-pp[0]", "from peer", "runtime.collective_timeout_s"]
 UNGROUPED = {"MEGASCALE_PP_P2P": "ungrouped"}
 report("deadlock-of-the-former-order", must_fail("deadlock", "{pp: 2, micro_batches: 4}", UNGROUPED, DEADLOCK))
