@@ -110,7 +110,7 @@ publish() {
     echo "stage                    result   seconds"
     printf '%s\n' "${summary[@]}"
     if compgen -G "$work/train-*/metrics.jsonl" >/dev/null; then
-      echo "training (median over steps 4..: step time, tokens/s, MFU against the detected GPU's datasheet peak):"
+      echo "training (median over steps 4..: step time, tokens/s, MFU against the detected GPU's datasheet peak; peak device memory):"
       for m in "$work"/train-*/metrics.jsonl; do
         env -u LD_LIBRARY_PATH python3 - "$m" <<'PY' || true
 import json, statistics, sys
@@ -118,8 +118,9 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"mfu"' in l]
 rows = [r for r in rows if r.get("step", 0) >= 4] or rows
 med = lambda k: statistics.median(r[k] for r in rows if k in r)
 if rows:
+    mem = max((r.get("device_mem_peak_mib", 0) for r in rows), default=0)
     print(f"  {sys.argv[1].split('/')[-2]:24s} {med('step_s') * 1e3:8.1f} ms  {med('tokens_per_s'):10.0f} tokens/s  "
-          f"MFU {100 * med('mfu'):5.1f} %  ({len(rows)} steps)")
+          f"MFU {100 * med('mfu'):5.1f} %  {mem / 1024:6.2f} GiB  ({len(rows)} steps)")
 PY
       done
       # Which path ran the fc GEMMs' GeLU epilogues and the qkv GEMMs' bias epilogues (cuBLASLt, or the GEMM +

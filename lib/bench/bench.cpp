@@ -222,6 +222,8 @@ void Summarize(const std::string& run_dir, const std::string& log, int warmup, P
     comm.push_back(NumberField(line, "comm_exposed_s"));
     bubble.push_back(NumberField(line, "bubble_s"));
     data.push_back(NumberField(line, "data_wait_s"));
+    const double mem = NumberField(line, "device_mem_peak_mib");  // NaN where absent
+    if (mem > p->device_mem_peak_mib) p->device_mem_peak_mib = mem;
   }
   p->measured_steps = static_cast<int>(step.size());
   if (step.empty()) {
@@ -280,6 +282,10 @@ void PrintTable(const std::vector<PointResult>& points, const std::vector<Axis>&
   for (size_t i = 0; i < axes.size(); ++i) line += fmt::format("{:<{}}  ", head[i], w[i]);
   line += fmt::format("{:>16} {:>11} {:>14} {:>7} {:>8} {:>7} {:>7} {:>7}", "step ms (spread)", "tokens/s",
                       "FLOP/s/device", "MFU", "compute", "comm", "bubble", "data");
+  // Peak device memory, where some point reports it (the CUDA backend).
+  const bool mem = std::any_of(points.begin(), points.end(),
+                               [](const PointResult& p) { return p.status == "ok" && p.device_mem_peak_mib > 0; });
+  if (mem) line += fmt::format(" {:>9}", "mem MiB");
   std::printf("%s\n", line.c_str());
   for (const auto& p : points) {
     line = cases ? fmt::format("{:<{}}  ", p.case_name, wc) : std::string();
@@ -292,6 +298,9 @@ void PrintTable(const std::vector<PointResult>& points, const std::vector<Axis>&
                           p.step_s * 1e3, 50 * p.step_spread, p.tokens_per_s, Rate(p.flops_per_device) + "FLOP/s",
                           100 * p.mfu, 100 * p.compute_s / s, 100 * p.comm_exposed_s / s, 100 * p.bubble_s / s,
                           100 * p.data_wait_s / s);
+      if (mem)
+        line +=
+            p.device_mem_peak_mib > 0 ? fmt::format(" {:>9.0f}", p.device_mem_peak_mib) : fmt::format(" {:>9}", "-");
     }
     std::printf("%s\n", line.c_str());
   }
@@ -303,17 +312,20 @@ Status WriteOutputs(const std::string& dir, const std::vector<PointResult>& poin
   for (const auto& a : axes) csv += CsvQuote(a.key) + ",";
   csv +=
       "status,reason,world,measured_steps,step_s,step_spread,tokens_per_s,flops_per_device,mfu,peak_flops,peak_source,"
-      "compute_s,comm_exposed_s,bubble_s,data_wait_s,wall_s\n";
+      "compute_s,comm_exposed_s,bubble_s,data_wait_s,wall_s,device_mem_peak_mib\n";
   std::string json = "{\n  \"machine\": {\"host\": \"" + JsonEscape(HostName()) +
                      fmt::format("\", \"cores\": {}}},\n  \"points\": [", NumCores());
   for (size_t i = 0; i < points.size(); ++i) {
     const auto& p = points[i];
     csv += CsvQuote(p.case_name) + ",";
     for (const auto& [k, v] : p.settings) csv += CsvQuote(v) + ",";
-    csv += fmt::format("{},{},{},{},{:.6g},{:.4g},{:.6g},{:.6g},{:.6g},{:.6g},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.3f}\n",
-                       p.status, CsvQuote(p.reason), p.world, p.measured_steps, p.step_s, p.step_spread, p.tokens_per_s,
-                       p.flops_per_device, p.mfu, p.peak_flops, CsvQuote(p.peak_source), p.compute_s, p.comm_exposed_s,
-                       p.bubble_s, p.data_wait_s, p.wall_s);
+    // Peak device memory: empty in the CSV and null in the JSON where not reported (the CPU backend).
+    const std::string mem = p.device_mem_peak_mib > 0 ? fmt::format("{:.1f}", p.device_mem_peak_mib) : "";
+    csv +=
+        fmt::format("{},{},{},{},{:.6g},{:.4g},{:.6g},{:.6g},{:.6g},{:.6g},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.3f},{}\n",
+                    p.status, CsvQuote(p.reason), p.world, p.measured_steps, p.step_s, p.step_spread, p.tokens_per_s,
+                    p.flops_per_device, p.mfu, p.peak_flops, CsvQuote(p.peak_source), p.compute_s, p.comm_exposed_s,
+                    p.bubble_s, p.data_wait_s, p.wall_s, mem);
     std::string settings;
     for (const auto& [k, v] : p.settings) {
       settings += fmt::format("{}\"{}\": \"{}\"", settings.empty() ? "" : ", ", JsonEscape(k), JsonEscape(v));
@@ -323,10 +335,11 @@ Status WriteOutputs(const std::string& dir, const std::vector<PointResult>& poin
         "\"measured_steps\": {}, "
         "\"step_s\": {:.6g}, \"step_spread\": {:.4g}, \"tokens_per_s\": {:.6g}, \"flops_per_device\": {:.6g}, "
         "\"mfu\": {:.6g}, \"peak_flops\": {:.6g}, \"peak_source\": \"{}\", \"compute_s\": {:.6g}, "
-        "\"comm_exposed_s\": {:.6g}, \"bubble_s\": {:.6g}, \"data_wait_s\": {:.6g}, \"wall_s\": {:.3f}}}",
+        "\"comm_exposed_s\": {:.6g}, \"bubble_s\": {:.6g}, \"data_wait_s\": {:.6g}, \"wall_s\": {:.3f}, "
+        "\"device_mem_peak_mib\": {}}}",
         i ? "," : "", JsonEscape(p.case_name), settings, p.status, JsonEscape(p.reason), p.world, p.measured_steps,
         p.step_s, p.step_spread, p.tokens_per_s, p.flops_per_device, p.mfu, p.peak_flops, JsonEscape(p.peak_source),
-        p.compute_s, p.comm_exposed_s, p.bubble_s, p.data_wait_s, p.wall_s);
+        p.compute_s, p.comm_exposed_s, p.bubble_s, p.data_wait_s, p.wall_s, mem.empty() ? "null" : mem);
   }
   json += "\n  ]\n}\n";
   MS_RETURN_IF_ERROR(WriteFileAtomic(dir + "/bench.csv", csv));

@@ -58,6 +58,7 @@ struct PointResult {
   double tokens_per_s = 0, flops_per_device = 0, mfu = 0, peak_flops = 0;
   std::string peak_source;
   double compute_s = 0, comm_exposed_s = 0, bubble_s = 0, data_wait_s = 0;  // medians per step
+  double device_mem_peak_mib = 0;  // rank 0's peak device memory (CUDA backend); 0: not reported (CPU backend)
   double wall_s = 0;
 };
 

@@ -808,6 +808,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       row.Add("bubble_s", pipe.wait_s()).Add("data_wait_s", data_s);
       row.Add("dp_collectives", dpe->stats().dp_launched)
           .Add("dp_launched_during_backward", dpe->stats().dp_launched_during_backward);
+      // The CUDA backend's peak device memory so far on rank 0 (its caching allocator; absent on the CPU backend).
+      if (const size_t peak_mem = cuda::GetAllocatorStats(*device).peak_in_use; peak_mem > 0) {
+        row.Add("device_mem_peak_mib", static_cast<double>(peak_mem) / 1048576.0);
+      }
       MS_RETURN_IF_ERROR(jsonl->Write(row));
       if (show) progress.Update(step, loss, tokens / dt, mfu, ema_step);
       if (step % spec.log.interval == 0 || step == 1) {

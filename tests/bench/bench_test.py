@@ -64,6 +64,8 @@ check("CSV: four rows", len(table) == 4, table)
 for col in ("model.heads", "parallel.tp", "status", "reason", "step_s", "step_spread", "tokens_per_s",
             "flops_per_device", "mfu", "compute_s", "comm_exposed_s", "bubble_s", "data_wait_s"):
     check(f"CSV column {col}", table and col in table[0], table[0].keys() if table else None)
+check("CSV column device_mem_peak_mib, empty on the CPU backend",
+      table and all(t.get("device_mem_peak_mib", None) == "" for t in table), table[0] if table else None)
 ok = [t for t in table if t["status"] == "ok"]
 bad = [t for t in table if t["status"] != "ok"]
 check("three measured points", len(ok) == 3, table)

@@ -15,13 +15,16 @@ resumes on the emulated CUDA backend, both continuing on the uninterrupted run's
 operands (runtime.bf16_operands: keep, the default: roundings written by the LayerNorms and the bias + GeLU or by
 the GEMMs, weights once per step, or by the optimizer with its update) give the bits of casting at every GEMM
 (`cast`), fused and unfused, on one rank and on two, while a planted stale copy (MEGASCALE_PLANT=kept_bf16_stale,
-MEGASCALE_PLANT=optimizer_bf16_unwritten) is caught.
+MEGASCALE_PLANT=optimizer_bf16_unwritten) is caught. Every CUDA-backend train row carries rank 0's peak device
+memory so far (device_mem_peak_mib, never falling; none on the CPU backend), and `megascale bench` on the CUDA
+backend reports it per point (table, CSV, JSON).
 
 Usage: train_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--gpu] [--quick] [--sanitizer COMPUTE_SANITIZER]
   (--gpu: MEGASCALE_EMU is a megascale built with nvcc and the runs use the real GPU: the `gpu` ctest label; the
    two-rank cases then use NCCL groups and two GPUs, and are skipped on a machine with one;
    --sanitizer: every run of MEGASCALE_EMU under compute-sanitizer --tool memcheck, its child processes included)
 """
+import csv
 import glob
 import json
 import os
@@ -94,6 +97,13 @@ def compare(name, extra, sets, rtol, emu_sets=(), log_has=None):
         alternatives = want if isinstance(want, tuple) else (want,)  # a tuple: any one of them
         if not any(w in log for w in alternatives):
             return f"the run's log has no line with '{' or '.join(alternatives)}'"
+    # Rank 0's peak device memory so far, in every train row of the CUDA backend (never falling), none on the CPU's.
+    mem = [r.get("device_mem_peak_mib") for r in map(json.loads, open(os.path.join(emu_dir, "metrics.jsonl")))
+           if r["phase"] == "train"]
+    if not mem or not all(isinstance(m, float) and m > 0 for m in mem) or mem != sorted(mem):
+        return f"the CUDA backend's train rows do not all carry a growing device_mem_peak_mib: {mem}"
+    if any("device_mem_peak_mib" in l for l in open(os.path.join(cpu_dir, "metrics.jsonl"))):
+        return "the CPU backend's metrics carry a device_mem_peak_mib"
     for key, tol in (("loss", rtol), ("grad_norm", rtol)):
         a, b = series(cpu_dir, key), series(emu_dir, key)
         if sorted(a) != sorted(b) or not a:
@@ -297,9 +307,27 @@ def checkpoint_crossover():
     return None
 
 
+def bench_memory():
+    """`megascale bench` on the CUDA backend reports each point's peak device memory (table, CSV, JSON)."""
+    path, out = os.path.join(WORK, "bench.yaml"), os.path.join(WORK, "bench-out")
+    spec(path, os.path.join(WORK, "bench-run"), "")
+    rc, stdout, err = run(EMU, "bench", path, "--set", "runtime.backend=cuda", "--set", "train.precision=fp32",
+                          "--steps", "2", "--warmup", "0", "--no-progress", "--output", out)
+    if rc != 0:
+        return f"bench failed (exit {rc}): {err.strip()[-800:]}"
+    if "mem MiB" not in stdout:
+        return f"the table has no memory column: {stdout}"
+    row = next(csv.DictReader(open(os.path.join(out, "bench.csv"))))
+    point = json.load(open(os.path.join(out, "bench.json")))["points"][0]
+    if not (float(row["device_mem_peak_mib"] or 0) > 0 and point["device_mem_peak_mib"] == float(row["device_mem_peak_mib"])):
+        return f"CSV {row.get('device_mem_peak_mib')!r} / JSON {point.get('device_mem_peak_mib')!r}: no peak memory"
+    return None
+
+
 if not GPU:
-    err = checkpoint_crossover()
-    print(("ok   " if err is None else "FAIL ") + "checkpoint-crossover" + ("" if err is None else ": " + err))
-    (passed if err is None else failures).append("checkpoint-crossover")
+    for name, fn in (("checkpoint-crossover", checkpoint_crossover), ("bench-reports-device-memory", bench_memory)):
+        err = fn()
+        print(("ok   " if err is None else "FAIL ") + name + ("" if err is None else ": " + err))
+        (passed if err is None else failures).append(name)
 print(f"{len(passed)} passed, {len(failures)} failed, {len(skipped)} skipped")
 sys.exit(1 if failures else 0)
