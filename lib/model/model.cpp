@@ -621,32 +621,55 @@ int64_t ChunkBegin(int64_t rows, int chunks, int j) {
 }
 }  // namespace
 
+namespace {
+std::unique_ptr<comm::Work> AllGatherOf(comm::Communicator& c, const float* in, float* out, int64_t n) {
+  return c.AllGather(in, out, n);
+}
+std::unique_ptr<comm::Work> AllGatherOf(comm::Communicator& c, const uint16_t* in, uint16_t* out, int64_t n) {
+  return c.AllGather16(in, out, n);
+}
+}  // namespace
+
 Status Gpt::TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
                              const ConsumeFn& consume, void* full16) {
-  const int tp = shard_.tp_size;
-  const int64_t C = spec_.hidden, R = rows_;
-  if (full16 && SpGather16()) return TpGatherRows16Then(what, full16, consume);
-  if (!(shard_.sequence_parallel && tp > 1)) {  // `local` already holds all N rows
+  if (full16 && SpGather16()) {
+    // In place: this rank's rows are already its slot of full16; the GEMMs read the rounding there (src null).
+    uint16_t* const f16 = static_cast<uint16_t*>(full16);
+    return TpGatherLoop<uint16_t>("all-gather (bf16)", what, f16 + shard_.tp_rank * rows_ * spec_.hidden, f16,
+                                  reinterpret_cast<uint16_t*>(stage_.data()), /*copy=*/true, /*keep=*/shard_.tp_rank,
+                                  /*pass_src=*/false, consume);
+  }
+  if (!(shard_.sequence_parallel && shard_.tp_size > 1)) {  // `local` already holds all N rows
     const double t0 = NowSeconds();
     MS_RETURN_IF_ERROR(consume(0, N_, local));
     GemmSpan(what, 0, 1, t0);
     return Status::Ok();
   }
+  return TpGatherLoop<float>("all-gather", what, local, full, stage_.data(), keep_full, /*keep=*/-1,
+                             /*pass_src=*/true, consume);
+}
+
+template <typename T>
+Status Gpt::TpGatherLoop(std::string_view op, std::string_view what, const T* local, T* full, T* stage, bool copy,
+                         int keep, bool pass_src, const ConsumeFn& consume) {
+  const int tp = shard_.tp_size;
+  const int64_t C = spec_.hidden, R = rows_;
+  auto src_of = [&](const T* p) { return pass_src ? reinterpret_cast<const float*>(p) : nullptr; };
   const int k = sp_chunks_;
   if (k == 1) {
     MS_RETURN_IF_ERROR(TpCollectiveReady());
     const double posted = NowSeconds();
-    auto work = comms_.tp->AllGather(local, full, R * C);
-    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather", what, 0, 1, posted));
+    auto work = AllGatherOf(*comms_.tp, local, full, R * C);
+    MS_RETURN_IF_ERROR(TpWait(*work, op, what, 0, 1, posted));
     const double t0 = NowSeconds();
-    MS_RETURN_IF_ERROR(consume(0, N_, full));
+    MS_RETURN_IF_ERROR(consume(0, N_, src_of(full)));
     GemmSpan(what, 0, 1, t0);
     return Status::Ok();
   }
-  // Chunk j = local rows [r0, r0 + rc) of every rank, gathered rank-major into stage j % 2: rank r's
-  // block is rows r * R + r0 .. of the full tensor. The gather of chunk j + 1 runs while chunk j is
-  // consumed; stage (j + 1) % 2 was last read by chunk j - 1, finished by the backend sync before
-  // the gather is posted.
+  // Chunk j = local rows [r0, r0 + rc) of every rank, gathered rank-major into stage j % 2 (bf16: the first half of
+  // the fp32 staging buffer): rank r's block is rows r * R + r0 .. of the full tensor. The gather of chunk j + 1
+  // runs while chunk j is consumed; stage (j + 1) % 2 was last read by chunk j - 1, finished by the backend sync
+  // before the gather is posted.
   const int64_t S = stage_rows_ * C;
   std::unique_ptr<comm::Work> work;
   double posted = 0;
@@ -654,71 +677,24 @@ Status Gpt::TpGatherRowsThen(std::string_view what, const float* local, float* f
     const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
     MS_RETURN_IF_ERROR(TpCollectiveReady());
     posted = NowSeconds();
-    work = comms_.tp->AllGather(local + r0 * C, stage_.data() + (j % 2) * S, rc * C);
+    work = AllGatherOf(*comms_.tp, local + r0 * C, stage + (j % 2) * S, rc * C);
     return Status::Ok();
   };
   MS_RETURN_IF_ERROR(post(0));
   for (int j = 0; j < k; ++j) {
     const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
-    const float* stage = stage_.data() + (j % 2) * S;
-    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather", what, j, k, posted));
+    const T* st = stage + (j % 2) * S;
+    MS_RETURN_IF_ERROR(TpWait(*work, op, what, j, k, posted));
     if (j + 1 < k) MS_RETURN_IF_ERROR(post(j + 1));
     const double t0 = NowSeconds();
     for (int r = 0; r < tp; ++r) {
       const int64_t row0 = r * R + r0;
-      const float* src = stage + r * rc * C;
-      if (keep_full) {
-        MS_RETURN_IF_ERROR(be_->Copy(full + row0 * C, src, sizeof(float) * rc * C));
+      const T* src = st + r * rc * C;
+      if (copy) {  // each block to its rows of `full` (but rank `keep`'s, already there), consumed from there
+        if (r != keep) MS_RETURN_IF_ERROR(be_->Copy(full + row0 * C, src, sizeof(T) * rc * C));
         src = full + row0 * C;
       }
-      MS_RETURN_IF_ERROR(consume(row0, rc, src));
-    }
-    GemmSpan(what, j, k, t0);
-  }
-  return Status::Ok();
-}
-
-Status Gpt::TpGatherRows16Then(std::string_view what, void* full16, const ConsumeFn& consume) {
-  const int tp = shard_.tp_size, me = shard_.tp_rank;
-  const int64_t C = spec_.hidden, R = rows_;
-  uint16_t* const full = static_cast<uint16_t*>(full16);
-  uint16_t* const mine = full + me * R * C;
-  const int k = sp_chunks_;
-  if (k == 1) {  // in place: this rank's rows are its slot of the gathered tensor
-    MS_RETURN_IF_ERROR(TpCollectiveReady());
-    const double posted = NowSeconds();
-    auto work = comms_.tp->AllGather16(mine, full, R * C);
-    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather (bf16)", what, 0, 1, posted));
-    const double t0 = NowSeconds();
-    MS_RETURN_IF_ERROR(consume(0, N_, nullptr));
-    GemmSpan(what, 0, 1, t0);
-    return Status::Ok();
-  }
-  // As the fp32 chunks (TpGatherRowsThen): chunk j = local rows [r0, r0 + rc) of every rank, gathered rank-major
-  // into stage j % 2 (bf16: the first half of the fp32 stage), each other rank's block copied to its rows of full16,
-  // consumed while chunk j + 1 is gathered.
-  uint16_t* const stage = reinterpret_cast<uint16_t*>(stage_.data());
-  const int64_t S = stage_rows_ * C;
-  std::unique_ptr<comm::Work> work;
-  double posted = 0;
-  auto post = [&](int j) -> Status {
-    const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
-    MS_RETURN_IF_ERROR(TpCollectiveReady());
-    posted = NowSeconds();
-    work = comms_.tp->AllGather16(mine + r0 * C, stage + (j % 2) * S, rc * C);
-    return Status::Ok();
-  };
-  MS_RETURN_IF_ERROR(post(0));
-  for (int j = 0; j < k; ++j) {
-    const int64_t r0 = ChunkBegin(R, k, j), rc = ChunkBegin(R, k, j + 1) - r0;
-    const uint16_t* st = stage + (j % 2) * S;
-    MS_RETURN_IF_ERROR(TpWait(*work, "all-gather (bf16)", what, j, k, posted));
-    if (j + 1 < k) MS_RETURN_IF_ERROR(post(j + 1));
-    const double t0 = NowSeconds();
-    for (int r = 0; r < tp; ++r) {
-      const int64_t row0 = r * R + r0;
-      if (r != me) MS_RETURN_IF_ERROR(be_->Copy(full + row0 * C, st + r * rc * C, sizeof(uint16_t) * rc * C));
-      MS_RETURN_IF_ERROR(consume(row0, rc, nullptr));
+      MS_RETURN_IF_ERROR(consume(row0, rc, src_of(src)));
     }
     GemmSpan(what, j, k, t0);
   }

@@ -284,11 +284,17 @@ class Gpt {
   Status ResidualLayerNorm(float* res, const float* x, const float* part, const float* bias, const float* bias2,
                            float* out, float* mean, float* rstd, const float* w, const float* b, void* out16);
   // With `full16` (only under SpGather16): this rank's rows are already rounded into the [N, C] bf16 tensor
-  // full16 (at tp_rank * rows_), the gather fills in the other ranks' rows in bf16 (TpGatherRows16Then), and
-  // `consume` gets src = null: it reads the rows' rounding in full16 (Bf16Copies::inp / dout).
+  // full16 (at tp_rank * rows_), the gather fills in the other ranks' rows in bf16 (Communicator::AllGather16, in
+  // place unchunked), and `consume` gets src = null: it reads the rows' rounding in full16 (Bf16Copies::inp / dout).
   Status TpGatherRowsThen(std::string_view what, const float* local, float* full, bool keep_full,
                           const ConsumeFn& consume, void* full16 = nullptr);
-  Status TpGatherRows16Then(std::string_view what, void* full16, const ConsumeFn& consume);
+  // The gather of both (T = float, uint16_t): `local` [rows_, C] of every rank into `full` [N, C], unchunked, or in
+  // sp_chunks_ chunks through the two `stage` buffers, each rank block copied to its rows of `full` when `copy` (but
+  // rank `keep`'s, already there) and consumed from there, else from the stage; `consume` gets the rows as src when
+  // pass_src, else null. `op` names the collective in spans and errors.
+  template <typename T>
+  Status TpGatherLoop(std::string_view op, std::string_view what, const T* local, T* full, T* stage, bool copy,
+                      int keep, bool pass_src, const ConsumeFn& consume);
   // Runs `produce` for partial outputs of all N rows (it writes every row: a producer that accumulates writes its
   // first term with MatmulBackward's dinp_overwrite) and reduces them across tp, chunked and pipelined likewise:
   // returns `local` [rows_, C] under SP (reduce-scatter), else `full` [N, C] (all-reduce in place).
