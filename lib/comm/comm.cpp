@@ -1,4 +1,4 @@
-// defines: ReduceOpName, the default Communicator::AllReduce overloads for double and int64, AllGather16, GroupP2p.
+// defines: ReduceOpName, the default Communicator::AllReduce overloads for double and int64, GroupP2p.
 #include "comm/comm.h"
 
 namespace ms::comm {
@@ -57,10 +57,6 @@ std::unique_ptr<Work> Communicator::AllReduce(double*, int64_t, ReduceOp) {
 
 std::unique_ptr<Work> Communicator::AllReduce(int64_t*, int64_t, ReduceOp) {
   return std::make_unique<DoneWork>(Unimplemented("{}: all-reduce on int64 is not implemented", name()));
-}
-
-std::unique_ptr<Work> Communicator::AllGather16(const uint16_t*, uint16_t*, int64_t) {
-  return std::make_unique<DoneWork>(Unimplemented("{}: all-gather of 16-bit elements is not implemented", name()));
 }
 
 }  // namespace ms::comm

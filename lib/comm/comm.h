@@ -127,9 +127,8 @@ class Communicator {
   // in: `count` floats of this rank; out: size()*count floats, rank-major.
   virtual std::unique_ptr<Work> AllGather(const float* in, float* out, int64_t count) = 0;
   // The same over 16-bit elements (bf16 activations; moved as they are, no arithmetic: the result is the bits of an
-  // fp32 all-gather rounded afterwards, at half the bytes). In place when `in` is this rank's slot of `out`. The
-  // default reports Unimplemented; the shipped communicators (self, Gloo, NCCL) implement it.
-  virtual std::unique_ptr<Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t count);
+  // fp32 all-gather rounded afterwards, at half the bytes). In place when `in` is this rank's slot of `out`.
+  virtual std::unique_ptr<Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t count) = 0;
   virtual std::unique_ptr<Work> Broadcast(float* data, int64_t count, int root) = 0;
   // Point to point; tag >= 0. Not ordered with collectives (see the Gloo notes above).
   virtual std::unique_ptr<Work> Send(const float* data, int64_t count, int peer, int tag) = 0;

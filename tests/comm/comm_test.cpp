@@ -36,27 +36,4 @@ TEST_CASE("self communicator is the identity and rejects peers") {
   CHECK(g == h);
 }
 
-// A communicator that implements only the required operations: the 16-bit all-gather reports Unimplemented.
-class Minimal : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string name() const override { return "minimal"; }
-  std::unique_ptr<Work> AllReduce(float*, int64_t, ReduceOp) override { return nullptr; }
-  std::unique_ptr<Work> ReduceScatter(const float*, float*, int64_t) override { return nullptr; }
-  std::unique_ptr<Work> AllGather(const float*, float*, int64_t) override { return nullptr; }
-  std::unique_ptr<Work> Broadcast(float*, int64_t, int) override { return nullptr; }
-  std::unique_ptr<Work> Send(const float*, int64_t, int, int) override { return nullptr; }
-  std::unique_ptr<Work> Recv(float*, int64_t, int, int) override { return nullptr; }
-  Status Barrier() override { return Status::Ok(); }
-};
-
-TEST_CASE("the default 16-bit all-gather says it is not implemented, naming the communicator") {
-  Minimal m;
-  uint16_t x = 0;
-  Status s = m.AllGather16(&x, &x, 1)->Wait();
-  CHECK(s.code() == Code::kUnimplemented);
-  CHECK(s.message().find("minimal") != std::string::npos);
-}
-
 }  // namespace ms::comm
