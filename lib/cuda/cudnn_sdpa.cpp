@@ -364,8 +364,10 @@ Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
   MS_ASSIGN_OR_RETURN(Desc neg_inf, g.Scalar(kNegInf, F, "-inf"));
   const std::vector<int64_t> bhtt = {B, H, T, T}, transposed = {H * T * T, T * T, 1, T};
 
-  // D_t = sum_d dO O
-  MS_ASSIGN_OR_RETURN(Desc dOO, (g.VirtualStrided({B, H, T, D}, {H * T * D, T * D, H * D, 1}, F, "dO O")));
+  // D_t = sum_d dO O, through a (B, H, T, D) product laid out densely, as cudnn-frontend lays it out. (Up to
+  // 2829a9d its T stride was H D, as in O's (B, T, H, D) layout, with the H stride T D: a layout in which the rows
+  // of different heads overlap. On an H200 that backward's dqkv came out wrong while the forward was right.)
+  MS_ASSIGN_OR_RETURN(Desc dOO, (g.VirtualStrided({B, H, T, D}, {H * T * D, T * D, D, 1}, F, "dO O")));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, dO, O, nullptr, dOO, "dO O"));
   MS_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rows, "row terms"));
   // P = exp(mask(scale Q Kᵀ) - Stats)

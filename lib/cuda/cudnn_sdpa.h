@@ -73,7 +73,8 @@ class Sdpa {
   Status Forward(const void* qkv16, void* out16, float* lse, const SdpaShape& s);
   // dqkv16 (B, T, 3, H, D) bf16 WRITTEN (dQ, dK, dV) from qkv16, the forward's out16 and lse, and dout16 (B, T, H, D)
   // bf16; row_terms: B * H * T floats of device scratch (overwritten: sum_d dout * out per query). The dP workspace
-  // form of the backward (no atomics: deterministic); its B H T^2 bf16 workspace is the plan's.
+  // form of the backward (no atomics: deterministic); its workspace is the plan's (B H T^2 * 6 bytes with cuDNN 9.14
+  // on an H200: 1.2 GB at GPT-2 small's 16 x 1024 tokens).
   Status Backward(const void* qkv16, const void* out16, const void* dout16, const float* lse, void* dqkv16,
                   float* row_terms, const SdpaShape& s);
   // What the first call for a pass and shape chose: the engine configuration, its workspace (for the run's log).
