@@ -102,6 +102,7 @@ struct AttentionStats {
   int64_t cudnn_forward = 0;
   int64_t cudnn_backward = 0;
   int64_t cudnn_fallback = 0;
+  int64_t cudnn_disagreed = 0;  // checks (below) that found cuDNN's result wrong: cuDNN left off after the first
   std::string cudnn_note;
 };
 AttentionStats GetAttentionStats(ops::Backend& backend);
@@ -111,6 +112,14 @@ AttentionStats GetAttentionStats(ops::Backend& backend);
 // cuDNN support (the emulated flavor, or no cudnn.h at build time); InvalidArgument for a backend that is not a CUDA
 // one or has fp32 GEMMs.
 Status UseCudnnAttention(ops::Backend& backend);
+// The first call of each pass and shape that cuDNN runs is checked against megascale's kernels on the same inputs
+// (their result computed too, read back with the stream synchronized: once per shape). cuDNN agrees when
+// max |cuDNN - megascale| <= rtol * max |megascale| + 1e-6 for each output (out, lse; dqkv). Where it does not,
+// megascale's result replaces cuDNN's, cuDNN is left off for the rest of the backend's life, the disagreement is
+// logged and counted (AttentionStats::cudnn_disagreed, cudnn_note). Process-wide; rtol 0.05 by default (bf16
+// roundings in other orders differ by ~1 %). A negative rtol makes every check disagree (tests).
+void SetCudnnCheckTolerance(double rtol);
+double CudnnCheckTolerance();
 
 // ---- NCCL communicators (lib/cuda/nccl_comm.cpp) ----------------------------------------------------------------
 //

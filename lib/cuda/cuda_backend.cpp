@@ -8,8 +8,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <set>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda.h"
@@ -433,17 +439,96 @@ class CudaBackend final : public ops::Backend {
     }
     return false;
   }
+  // cuDNN's first call of each shape and pass is checked against megascale's kernels on the same inputs (a fused
+  // engine that computes something else must not train a model: on an H200 one did, 2026-11-28). Where they
+  // disagree, megascale's result replaces cuDNN's, cuDNN is left off for the rest of the run, and the run's log
+  // says why.
+  static std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t> CheckKey(const cudnn::SdpaShape& s,
+                                                                               cudnn::Pass pass) {
+    return {static_cast<int>(pass), s.B, s.T, s.H, s.D, s.window};
+  }
+  void CudnnDisagreed(const cudnn::SdpaShape& s, cudnn::Pass pass, const std::string& what) {
+    ++attention_stats_.cudnn_disagreed;
+    cudnn_attention_ = false;
+    const std::string why =
+        fmt::format("cuDNN's attention {} disagrees with megascale's kernels (B {}, T {}, H {}, D {}, window {}): {}",
+                    pass == cudnn::Pass::kForward ? "forward" : "backward", s.B, s.T, s.H, s.D, s.window, what);
+    if (attention_stats_.cudnn_note.empty()) attention_stats_.cudnn_note = why;
+    LogWarn("runtime.attention_kernels: cudnn: {}; megascale's kernels run the attention from here on", why);
+  }
 #endif
+  // How far a device result `got` is from `want` (n elements each, bf16 or fp32): read back to the host, which
+  // synchronizes the stream (the cuDNN checks: once per shape).
+  struct Discrepancy {
+    double worst = 0, scale = 0;  // max |got - want| (infinite where got is not finite), max |want|
+    bool Within(double rtol) const { return worst <= rtol * scale + 1e-6; }
+    std::string ToString() const {
+      return fmt::format("differs by up to {:.4g} where the values reach {:.4g}", worst, scale);
+    }
+  };
+  template <typename T>
+  Result<Discrepancy> Compare(const T* got, const T* want, int64_t n) {
+    std::vector<T> g(static_cast<size_t>(n)), w(static_cast<size_t>(n));
+    MS_CUDA_OK(cudaMemcpyAsync(g.data(), got, sizeof(T) * n, cudaMemcpyDeviceToHost, s_), "reading a checked result");
+    MS_CUDA_OK(cudaMemcpyAsync(w.data(), want, sizeof(T) * n, cudaMemcpyDeviceToHost, s_), "reading a checked result");
+    MS_CUDA_OK(cudaStreamSynchronize(s_), "reading a checked result");
+    const auto value = [](T x) -> double {
+      if constexpr (std::is_same_v<T, float>) {
+        return x;
+      } else {
+        uint16_t half;
+        std::memcpy(&half, &x, sizeof half);
+        const uint32_t bits = static_cast<uint32_t>(half) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
+      }
+    };
+    Discrepancy d;
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = value(g[i]), b = value(w[i]);
+      const double diff = std::isfinite(a) ? std::fabs(a - b) : std::numeric_limits<double>::infinity();
+      d.worst = std::max(d.worst, diff);
+      if (std::isfinite(b)) d.scale = std::max(d.scale, std::fabs(b));
+    }
+    return d;
+  }
   // True when cuDNN ran the forward.
   Result<bool> CudnnAttentionForward(const float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B,
                                      int64_t T, int64_t H, int64_t D, int64_t window, __nv_bfloat16* o16) {
-    if (!cudnn_attention_) return false;
+    if (!cudnn_attention_) {
+      if (cudnn_wanted_) ++attention_stats_.cudnn_fallback;  // left off after a failure or a disagreement
+      return false;
+    }
 #if defined(MS_CUDA_HAVE_CUDNN)
     const cudnn::SdpaShape shape{B, T, H, D, window};
     const std::string why = CudnnRefusal(out != nullptr, qkv_bias, qkv16, o16, B, T, H, D, window);
     Status ran;
     if (why.empty()) ran = cudnn_sdpa_->Forward(qkv16, o16, lse, shape);
-    return CudnnRan(ran, why, cudnn::Pass::kForward, shape);
+    if (!CudnnRan(ran, why, cudnn::Pass::kForward, shape)) return false;
+    if (!cudnn_checked_.insert(CheckKey(shape, cudnn::Pass::kForward)).second) return true;
+    // The first forward of this shape: megascale's kernel on the same inputs, into the check buffer.
+    const int64_t n_out = B * T * H * D, n_lse = B * H * T;
+    const size_t lse_at = (static_cast<size_t>(n_out) * 2 + 255) / 256 * 256;
+    MS_ASSIGN_OR_RETURN(void* buf, ws_[kCudnnCheck].Get(device_, s_, lse_at + sizeof(float) * n_lse));
+    auto* o_ref = static_cast<__nv_bfloat16*>(buf);
+    auto* lse_ref = reinterpret_cast<float*>(static_cast<char*>(buf) + lse_at);
+    MS_RETURN_IF_ERROR(Launch(kernels::AttentionForwardBf16(nullptr, lse_ref, static_cast<const __nv_bfloat16*>(qkv16),
+                                                            B, T, H, D, window, s_, o_ref, nullptr),
+                              "attention forward (checking cuDNN's)"));
+    MS_ASSIGN_OR_RETURN(const Discrepancy d_out, Compare(o16, o_ref, n_out));
+    MS_ASSIGN_OR_RETURN(const Discrepancy d_lse, Compare(lse, lse_ref, n_lse));
+    std::string bad;
+    if (!d_out.Within(CudnnCheckTolerance())) bad = fmt::format("the output {}", d_out.ToString());
+    if (!d_lse.Within(CudnnCheckTolerance()))
+      bad += fmt::format("{}the log-sum-exp {}", bad.empty() ? "" : "; ", d_lse.ToString());
+    if (bad.empty()) return true;
+    MS_CUDA_OK(cudaMemcpyAsync(o16, o_ref, sizeof(uint16_t) * n_out, cudaMemcpyDeviceToDevice, s_),
+               "taking megascale's attention output");
+    MS_CUDA_OK(cudaMemcpyAsync(lse, lse_ref, sizeof(float) * n_lse, cudaMemcpyDeviceToDevice, s_),
+               "taking megascale's attention log-sum-exp");
+    CudnnDisagreed(shape, cudnn::Pass::kForward, bad);
+    return true;  // this call's outputs are written (megascale's)
 #else
     (void)out, (void)lse, (void)qkv16, (void)qkv_bias, (void)B, (void)T, (void)H, (void)D, (void)window, (void)o16;
     return Internal("runtime.attention_kernels: cudnn in a build without cuDNN support");
@@ -453,7 +538,10 @@ class CudaBackend final : public ops::Backend {
   Result<bool> CudnnAttentionBackward(const float* dqkv, const void* dout16, const void* qkv16, const float* qkv_bias,
                                       const void* out16_in, const float* lse, int64_t B, int64_t T, int64_t H,
                                       int64_t D, int64_t window, __nv_bfloat16* d16, float* dqkv_bias) {
-    if (!cudnn_attention_) return false;
+    if (!cudnn_attention_) {
+      if (cudnn_wanted_) ++attention_stats_.cudnn_fallback;  // left off after a failure or a disagreement
+      return false;
+    }
 #if defined(MS_CUDA_HAVE_CUDNN)
     const cudnn::SdpaShape shape{B, T, H, D, window};
     std::string why = CudnnRefusal(dqkv != nullptr, qkv_bias, qkv16, d16, B, T, H, D, window);
@@ -466,6 +554,25 @@ class CudaBackend final : public ops::Backend {
                       : rows.status();
     }
     if (!CudnnRan(ran, why, cudnn::Pass::kBackward, shape)) return false;
+    if (cudnn_checked_.insert(CheckKey(shape, cudnn::Pass::kBackward)).second) {
+      // The first backward of this shape: megascale's kernels on the same inputs, into the check buffer.
+      const int64_t n_qkv = B * T * 3 * H * D;
+      MS_ASSIGN_OR_RETURN(void* buf, ws_[kCudnnCheck].Get(device_, s_, sizeof(uint16_t) * n_qkv));
+      auto* ref = static_cast<__nv_bfloat16*>(buf);
+      MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, false));
+      MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
+      MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackwardBf16(nullptr, drow, static_cast<const __nv_bfloat16*>(dout16),
+                                                               static_cast<const __nv_bfloat16*>(qkv16), nullptr,
+                                                               static_cast<const __nv_bfloat16*>(out16_in), lse, B, T,
+                                                               H, D, window, s_, ref, nullptr, nullptr, ds),
+                                "attention backward (checking cuDNN's)"));
+      MS_ASSIGN_OR_RETURN(const Discrepancy d, Compare(d16, ref, n_qkv));
+      if (!d.Within(CudnnCheckTolerance())) {
+        MS_CUDA_OK(cudaMemcpyAsync(d16, ref, sizeof(uint16_t) * n_qkv, cudaMemcpyDeviceToDevice, s_),
+                   "taking megascale's attention gradient");
+        CudnnDisagreed(shape, cudnn::Pass::kBackward, "the gradient dqkv " + d.ToString());
+      }
+    }
     if (dqkv_bias != nullptr) {
       const int64_t R = B * T, C = 3 * H * D;
       MS_ASSIGN_OR_RETURN(void* scratch,
@@ -618,7 +725,7 @@ class CudaBackend final : public ops::Backend {
   Status EnableCudnnAttention() {
 #if defined(MS_CUDA_HAVE_CUDNN)
     if (!bf16_) return InvalidArgument("runtime.attention_kernels: cudnn needs train.precision: bf16");
-    cudnn_attention_ = true;
+    cudnn_attention_ = cudnn_wanted_ = true;
     return Status::Ok();
 #else
     return Unimplemented(
@@ -745,7 +852,20 @@ class CudaBackend final : public ops::Backend {
   }
 
  private:
-  enum { kBf16A, kBf16B, kBf16C, kScratch, kNorms, kBias16, kLt, kDsTiles, kCudnn, kCudnnRows, kNumWorkspaces };
+  enum {
+    kBf16A,
+    kBf16B,
+    kBf16C,
+    kScratch,
+    kNorms,
+    kBias16,
+    kLt,
+    kDsTiles,
+    kCudnn,
+    kCudnnRows,
+    kCudnnCheck,
+    kNumWorkspaces
+  };
   static constexpr size_t kLtWorkspaceBytes = kCublasLtWorkspaceBytes;
   // Pinned staging of small host-to-device copies (token ids, targets, loss weights): a ring of kStageSlots
   // page-locked buffers of kStageBytes, each with the event of its last copy. Allocated on first use.
@@ -954,8 +1074,10 @@ class CudaBackend final : public ops::Backend {
   EpilogueStats epilogue_stats_;
   AttentionStats attention_stats_;
   bool cudnn_attention_ = false;  // runtime.attention_kernels: cudnn (EnableCudnnAttention), until cuDNN fails
+  bool cudnn_wanted_ = false;     // asked for (EnableCudnnAttention), whether or not cuDNN is still on
 #if defined(MS_CUDA_HAVE_CUDNN)
   std::unique_ptr<cudnn::Sdpa> cudnn_sdpa_;  // made at the first forward cuDNN takes
+  std::set<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> cudnn_checked_;  // (pass, shape) checked
 #endif
   bool bf16_ = true;
   int64_t ds_max_bytes_ = kAttentionDsMaxBytes;  // runtime.attention_stored_ds (0: off)
@@ -977,6 +1099,17 @@ void* BackendStream(ops::Backend& backend) {
 EpilogueStats GetEpilogueStats(ops::Backend& backend) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);
   return b ? b->epilogue_stats() : EpilogueStats{};
+}
+
+namespace {
+std::atomic<double> cudnn_check_rtol{0.05};
+}  // namespace
+
+void SetCudnnCheckTolerance(double rtol) {
+  cudnn_check_rtol.store(rtol);
+}
+double CudnnCheckTolerance() {
+  return cudnn_check_rtol.load();
 }
 
 Status UseCudnnAttention(ops::Backend& backend) {

@@ -969,9 +969,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
               as.stored_ds, as.recompute);
     }
     if (as.cudnn_forward + as.cudnn_backward + as.cudnn_fallback > 0) {
-      LogInfo("attention by cuDNN's fused attention: {} forwards, {} backwards; {} calls by megascale's kernels{}",
-              as.cudnn_forward, as.cudnn_backward, as.cudnn_fallback,
-              as.cudnn_note.empty() ? "" : " (first fallback: " + as.cudnn_note + ")");
+      LogInfo(
+          "attention by cuDNN's fused attention: {} forwards, {} backwards ({} of them checked against "
+          "megascale's kernels and found wrong); {} calls by megascale's kernels{}",
+          as.cudnn_forward, as.cudnn_backward, as.cudnn_disagreed, as.cudnn_fallback,
+          as.cudnn_note.empty() ? "" : " (first fallback: " + as.cudnn_note + ")");
     }
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,

@@ -727,6 +727,19 @@ TEST_CASE("cuda backend: attention on bf16 qkv, dout and out gives the bits of t
   }
 }
 
+// The bf16 training path's attention buffers on a pair's GPU: qkv16 and dout16 as given, out16 and dqkv16 all NaN
+// (0xFFFF) and lse -1, so that whatever a call leaves unwritten shows.
+struct Attention16 {
+  uint16_t *qkv16, *dout16, *out16, *dqkv16;
+  float* lse;
+  Attention16(Pair& p, const std::vector<uint16_t>& qkv_h, const std::vector<uint16_t>& dout_h, int64_t n_lse)
+      : qkv16(p.On(*p.gpu, qkv_h)),
+        dout16(p.On(*p.gpu, dout_h)),
+        out16(p.On(*p.gpu, std::vector<uint16_t>(dout_h.size(), 0xFFFF))),
+        dqkv16(p.On(*p.gpu, std::vector<uint16_t>(qkv_h.size(), 0xFFFF))),
+        lse(p.On(*p.gpu, std::vector<float>(static_cast<size_t>(n_lse), -1.0f))) {}
+};
+
 // runtime.attention_kernels: cudnn (lib/cuda/cudnn_sdpa.h). The emulator cannot run cuDNN: UseCudnnAttention is
 // refused there, naming the flavor. On a GPU the bf16 training path (AttentionForward16 writing only out16, no qkv
 // bias; AttentionBackward16 reading out16, writing dqkv16 and the qkv bias gradient) goes through cuDNN's fused
@@ -744,14 +757,14 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
   }
   REQUIRE_MESSAGE(enabled.ok(), enabled.ToString());
   CHECK(UseCudnnAttention(*cud.cpu).code() == Code::kInvalidArgument);
-  // max |a - b| <= rtol * max |b| + atol
-  auto close = [](const std::vector<float>& a, const std::vector<float>& b, float rtol, float atol) {
+  // max |a - b| <= rtol * max |b| + atol (a NaN in a: not close)
+  auto close = [](const char* what, const std::vector<float>& a, const std::vector<float>& b, float rtol, float atol) {
     float worst = 0, scale = 0;
     for (size_t i = 0; i < a.size(); ++i) {
-      worst = std::max(worst, std::fabs(a[i] - b[i]));
+      worst = std::isnan(a[i]) ? INFINITY : std::max(worst, std::fabs(a[i] - b[i]));
       scale = std::max(scale, std::fabs(b[i]));
     }
-    INFO("max |diff| " << worst << ", max |want| " << scale);
+    INFO(what << ": max |cuDNN - megascale| " << worst << ", max |megascale| " << scale);
     CHECK(worst <= rtol * scale + atol);
   };
   struct Shape {
@@ -770,11 +783,9 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
     Pair* pairs[2] = {&ours, &cud};
     for (int k = 0; k < 2; ++k) {
       Pair& p = *pairs[k];
-      uint16_t* qkv16 = p.On(*p.gpu, qkv_h);
-      uint16_t* dout16 = p.On(*p.gpu, dout_h);
-      uint16_t* out16 = p.On(*p.gpu, std::vector<uint16_t>(n_out, 0xFFFF));
-      float* lse = p.On(*p.gpu, std::vector<float>(n_lse, -1.0f));
-      uint16_t* dqkv16 = p.On(*p.gpu, std::vector<uint16_t>(n_qkv, 0xFFFF));
+      const Attention16 a(p, qkv_h, dout_h, n_lse);
+      uint16_t *qkv16 = a.qkv16, *dout16 = a.dout16, *out16 = a.out16, *dqkv16 = a.dqkv16;
+      float* lse = a.lse;
       float* dbias = p.On(*p.gpu, std::vector<float>(3 * H * D, 0.5f));  // accumulated into
       REQUIRE(p.gpu->AttentionForward16(nullptr, lse, qkv16, nullptr, B, T, H, D, w, out16).ok());
       REQUIRE(
@@ -786,16 +797,17 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
       got[k][3] = p.Get(*p.gpu, dbias, 3 * H * D);
     }
     ++calls;
-    close(got[1][0], got[0][0], 2e-2f, 1e-2f);
-    close(got[1][1], got[0][1], 1e-3f, 1e-3f);
-    close(got[1][2], got[0][2], 3e-2f, 1e-2f);
-    close(got[1][3], got[0][3], 3e-2f, 1e-2f);
+    close("out", got[1][0], got[0][0], 2e-2f, 1e-2f);
+    close("lse", got[1][1], got[0][1], 1e-3f, 1e-3f);
+    close("dqkv", got[1][2], got[0][2], 3e-2f, 1e-2f);
+    close("qkv bias gradient", got[1][3], got[0][3], 3e-2f, 1e-2f);
   }
   AttentionStats st = GetAttentionStats(*cud.gpu);
   INFO("first fallback: " << st.cudnn_note);  // why cuDNN did not run (no library, no engine, ...)
   CHECK(st.cudnn_forward == calls);
   CHECK(st.cudnn_backward == calls);
   CHECK(st.cudnn_fallback == 0);
+  CHECK(st.cudnn_disagreed == 0);  // the first call of each shape and pass, checked against megascale's kernels
   CHECK(GetAttentionStats(*ours.gpu).cudnn_forward == 0);
   // The qkv bias to add: megascale's kernel, counted, the reason kept.
   const int64_t B = 1, T = 40, H = 2, D = 64;
@@ -808,6 +820,56 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
   CHECK(st.cudnn_forward == calls);
   CHECK(st.cudnn_fallback == 1);
   CHECK(st.cudnn_note.find("qkv bias") != std::string::npos);
+}
+
+// The check of cuDNN's first call per shape (SetCudnnCheckTolerance): where cuDNN disagrees with megascale's
+// kernels — forced here by a negative tolerance — the call's outputs are megascale's, bit for bit, cuDNN is left
+// off for the calls after it (counted as megascale's), and the disagreement is counted and named.
+TEST_CASE("cuda backend: cuDNN's attention disagreeing with megascale's kernels is replaced and left off") {
+  Pair ours(/*bf16=*/true, Bf16Operands::kKeep), cud(/*bf16=*/true, Bf16Operands::kKeep);
+  if (LinkedFlavor() == Flavor::kEmulated) {
+    CHECK(UseCudnnAttention(*cud.gpu).code() == Code::kUnimplemented);
+    return;
+  }
+  REQUIRE(UseCudnnAttention(*cud.gpu).ok());
+  struct Rtol {  // restored however the case ends
+    double was = CudnnCheckTolerance();
+    ~Rtol() { SetCudnnCheckTolerance(was); }
+  } restore;
+  SetCudnnCheckTolerance(-1.0);
+  const int64_t B = 2, T = 70, H = 3, D = 64, n_qkv = B * T * 3 * H * D, n_out = B * T * H * D, n_lse = B * H * T;
+  const std::vector<uint16_t> qkv_h = Round16(Random(n_qkv, 81, -2.0f, 2.0f)), dout_h = Round16(Random(n_out, 82));
+  std::vector<uint16_t> out[2][2], dqkv[2][2];  // [ours, cud][first call, second call]
+  std::vector<float> lse[2][2];
+  Pair* pairs[2] = {&ours, &cud};
+  for (int k = 0; k < 2; ++k) {
+    Pair& p = *pairs[k];
+    const Attention16 a(p, qkv_h, dout_h, n_lse);
+    uint16_t *qkv16 = a.qkv16, *dout16 = a.dout16, *out16 = a.out16, *dqkv16 = a.dqkv16;
+    float* l = a.lse;
+    for (int call = 0; call < 2; ++call) {
+      REQUIRE(p.gpu->AttentionForward16(nullptr, l, qkv16, nullptr, B, T, H, D, 0, out16).ok());
+      REQUIRE(
+          p.gpu->AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, l, B, T, H, D, 0, dqkv16, nullptr)
+              .ok());
+      out[k][call] = p.Get(*p.gpu, out16, n_out);
+      lse[k][call] = p.Get(*p.gpu, l, n_lse);
+      dqkv[k][call] = p.Get(*p.gpu, dqkv16, n_qkv);
+    }
+  }
+  for (int call = 0; call < 2; ++call) {
+    CAPTURE(call);
+    CHECK(out[1][call] == out[0][call]);
+    CHECK(lse[1][call] == lse[0][call]);
+    CHECK(dqkv[1][call] == dqkv[0][call]);
+  }
+  const AttentionStats st = GetAttentionStats(*cud.gpu);
+  CHECK(st.cudnn_forward == 1);   // cuDNN ran the first forward; the check replaced its outputs
+  CHECK(st.cudnn_backward == 0);  // and was off from then on
+  CHECK(st.cudnn_disagreed == 1);
+  CHECK(st.cudnn_fallback == 3);  // the first backward, the second forward and backward
+  CHECK(st.cudnn_note.find("disagrees with megascale's kernels") != std::string::npos);
+  CHECK(st.cudnn_note.find("forward") != std::string::npos);
 }
 
 // The tensor-core attention backward keeps dS in a workspace between its kernels (5 products) where its tiles take at
