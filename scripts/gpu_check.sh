@@ -186,8 +186,8 @@ stage() {
   else
     echo "nvidia-smi: not found (no NVIDIA driver on this machine)"
   fi
-  # cuDNN (megascale does not use it yet): which library the machine has and its version, for the fused-attention
-  # route docs/PERFORMANCE.md weighs ("What is left"). The bundle cannot carry it (its engines are ~250 MB).
+  # cuDNN: which library the machine has and its version (runtime.attention_kernels: cudnn loads it; the -cudnn
+  # training runs use it). The bundle cannot carry it (its engines are ~250 MB).
   env -u LD_LIBRARY_PATH python3 - <<'PY' 2>/dev/null || echo "cudnn: probe failed"
 import ctypes, glob, os, subprocess
 found = []
