@@ -120,6 +120,11 @@ Status UseCudnnAttention(ops::Backend& backend);
 // roundings in other orders differ by ~1 %). A negative rtol makes every check disagree (tests).
 void SetCudnnCheckTolerance(double rtol);
 double CudnnCheckTolerance();
+// Tests: before every cuDNN attention call, fill its workspace and row-term scratch — and 1 MiB past each — with
+// `byte` (negative: off, the default), so that a result depending on memory cuDNN did not write differs between two
+// fills. (On an H200 at 2829a9d, whose backward graph was wrong, a pattern there showed up in dqkv.)
+void SetCudnnScratchFill(int byte);
+int CudnnScratchFill();
 
 // ---- NCCL communicators (lib/cuda/nccl_comm.cpp) ----------------------------------------------------------------
 //

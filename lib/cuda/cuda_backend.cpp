@@ -407,8 +407,8 @@ class CudaBackend final : public ops::Backend {
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (!aligned(qkv16) || !aligned(out16) || (H * D) % 8 != 0) return "rows not 16-byte aligned";
     if (!cudnn_sdpa_) {
-      auto made = cudnn::Sdpa::Create(
-          s_, [this](size_t bytes) -> Result<void*> { return ws_[kCudnn].Get(device_, s_, bytes); });
+      auto made =
+          cudnn::Sdpa::Create(s_, [this](size_t bytes) -> Result<void*> { return CudnnScratch(kCudnn, bytes); });
       if (!made.ok()) {
         cudnn_attention_ = false;
         return made.status().message();
@@ -416,6 +416,14 @@ class CudaBackend final : public ops::Backend {
       cudnn_sdpa_ = std::move(made).value();
     }
     return "";
+  }
+  // cuDNN's workspace and row-term scratch; with SetCudnnScratchFill (tests) 1 MiB longer and filled, slack too.
+  Result<void*> CudnnScratch(int which, size_t bytes) {
+    const int fill = CudnnScratchFill();
+    const size_t n = bytes + (fill >= 0 ? size_t{1} << 20 : 0);
+    MS_ASSIGN_OR_RETURN(void* p, ws_[which].Get(device_, s_, n));
+    if (fill >= 0) MS_CUDA_OK(cudaMemsetAsync(p, fill, n, s_), "filling cuDNN's scratch (SetCudnnScratchFill)");
+    return p;
   }
   // After a call cuDNN ran (ok) or could not: counts it, logs the first plan and the first fallback.
   bool CudnnRan(const Status& ran, std::string why, cudnn::Pass pass, const cudnn::SdpaShape& shape) {
@@ -549,7 +557,7 @@ class CudaBackend final : public ops::Backend {
     if (why.empty() && reinterpret_cast<uintptr_t>(dout16) % 16 != 0) why = "dout rows not 16-byte aligned";
     Status ran;
     if (why.empty()) {
-      auto rows = ws_[kCudnnRows].Get(device_, s_, sizeof(float) * static_cast<size_t>(B * H * T));
+      auto rows = CudnnScratch(kCudnnRows, sizeof(float) * static_cast<size_t>(B * H * T));
       ran = rows.ok() ? cudnn_sdpa_->Backward(qkv16, out16_in, dout16, lse, d16, static_cast<float*>(*rows), shape)
                       : rows.status();
     }
@@ -1103,7 +1111,15 @@ EpilogueStats GetEpilogueStats(ops::Backend& backend) {
 
 namespace {
 std::atomic<double> cudnn_check_rtol{0.05};
+std::atomic<int> cudnn_scratch_fill{-1};
 }  // namespace
+
+void SetCudnnScratchFill(int byte) {
+  cudnn_scratch_fill.store(byte < 0 ? -1 : byte & 0xFF);
+}
+int CudnnScratchFill() {
+  return cudnn_scratch_fill.load();
+}
 
 void SetCudnnCheckTolerance(double rtol) {
   cudnn_check_rtol.store(rtol);

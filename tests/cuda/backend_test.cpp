@@ -822,6 +822,52 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
   CHECK(st.cudnn_note.find("qkv bias") != std::string::npos);
 }
 
+// cuDNN's results must not depend on what its workspace and row-term scratch held (SetCudnnScratchFill: zeros before
+// the first call of a shape, 0x5A bytes — ~1.5e16 read as fp32 or bf16 — before the second): at
+// 2829a9d, whose backward graph was wrong, such a pattern showed up in dqkv on an H200. Out, lse and dqkv of the two
+// calls the same bits, every call cuDNN's, no first-call check disagreeing.
+TEST_CASE("cuda backend: cuDNN's attention does not read scratch it did not write") {
+  if (LinkedFlavor() == Flavor::kEmulated) return;  // no cuDNN (the case above checks the refusal)
+  Pair cud(/*bf16=*/true, Bf16Operands::kKeep);
+  REQUIRE(UseCudnnAttention(*cud.gpu).ok());
+  struct Fill {  // off again however the case ends
+    ~Fill() { SetCudnnScratchFill(-1); }
+  } restore;
+  struct Shape {
+    int64_t B, T, H, D, window;
+  };
+  const Shape shapes[] = {{2, 70, 3, 64, 0}, {1, 129, 2, 128, 0}, {2, 300, 2, 64, 128}};
+  for (const Shape& sh : shapes) {
+    CAPTURE(sh.T);
+    CAPTURE(sh.D);
+    const int64_t B = sh.B, T = sh.T, H = sh.H, D = sh.D, n_qkv = B * T * 3 * H * D, n_out = B * T * H * D,
+                  n_lse = B * H * T;
+    const Attention16 a(cud, Round16(Random(n_qkv, 91, -2.0f, 2.0f)), Round16(Random(n_out, 92)), n_lse);
+    std::vector<uint16_t> out[2], dqkv[2];
+    std::vector<float> lse[2];
+    for (int call = 0; call < 2; ++call) {
+      SetCudnnScratchFill(call == 0 ? 0x00 : 0x5A);
+      REQUIRE(cud.gpu->AttentionForward16(nullptr, a.lse, a.qkv16, nullptr, B, T, H, D, sh.window, a.out16).ok());
+      REQUIRE(cud.gpu
+                  ->AttentionBackward16(nullptr, a.dout16, a.qkv16, nullptr, nullptr, a.out16, a.lse, B, T, H, D,
+                                        sh.window, a.dqkv16, nullptr)
+                  .ok());
+      out[call] = cud.Get(*cud.gpu, a.out16, n_out);
+      lse[call] = cud.Get(*cud.gpu, a.lse, n_lse);
+      dqkv[call] = cud.Get(*cud.gpu, a.dqkv16, n_qkv);
+    }
+    CHECK(out[1] == out[0]);
+    CHECK(lse[1] == lse[0]);
+    CHECK(dqkv[1] == dqkv[0]);
+  }
+  const AttentionStats st = GetAttentionStats(*cud.gpu);
+  INFO("note: " << st.cudnn_note);
+  CHECK(st.cudnn_disagreed == 0);
+  CHECK(st.cudnn_forward == 6);
+  CHECK(st.cudnn_backward == 6);
+  CHECK(st.cudnn_fallback == 0);
+}
+
 // The check of cuDNN's first call per shape (SetCudnnCheckTolerance): where cuDNN disagrees with megascale's
 // kernels — forced here by a negative tolerance — the call's outputs are megascale's, bit for bit, cuDNN is left
 // off for the calls after it (counted as megascale's), and the disagreement is counted and named.
