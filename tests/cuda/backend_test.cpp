@@ -738,6 +738,14 @@ struct Attention16 {
         out16(p.On(*p.gpu, std::vector<uint16_t>(dout_h.size(), 0xFFFF))),
         dqkv16(p.On(*p.gpu, std::vector<uint16_t>(qkv_h.size(), 0xFFFF))),
         lse(p.On(*p.gpu, std::vector<float>(static_cast<size_t>(n_lse), -1.0f))) {}
+  // The training path's forward (out16 and lse written, no qkv bias) and backward (dqkv16 written, the qkv bias
+  // gradient accumulated into dbias unless null) on the backend.
+  void Run(ops::Backend& be, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window, float* dbias) const {
+    REQUIRE(be.AttentionForward16(nullptr, lse, qkv16, nullptr, B, T, H, D, window, out16).ok());
+    REQUIRE(
+        be.AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, lse, B, T, H, D, window, dqkv16, dbias)
+            .ok());
+  }
 };
 
 // runtime.attention_kernels: cudnn (lib/cuda/cudnn_sdpa.h). The emulator cannot run cuDNN: UseCudnnAttention is
@@ -784,16 +792,11 @@ TEST_CASE("cuda backend: the attention forward by cuDNN's fused attention (runti
     for (int k = 0; k < 2; ++k) {
       Pair& p = *pairs[k];
       const Attention16 a(p, qkv_h, dout_h, n_lse);
-      uint16_t *qkv16 = a.qkv16, *dout16 = a.dout16, *out16 = a.out16, *dqkv16 = a.dqkv16;
-      float* lse = a.lse;
       float* dbias = p.On(*p.gpu, std::vector<float>(3 * H * D, 0.5f));  // accumulated into
-      REQUIRE(p.gpu->AttentionForward16(nullptr, lse, qkv16, nullptr, B, T, H, D, w, out16).ok());
-      REQUIRE(
-          p.gpu->AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, lse, B, T, H, D, w, dqkv16, dbias)
-              .ok());
-      got[k][0] = Widen16(p.Get(*p.gpu, out16, n_out));
-      got[k][1] = p.Get(*p.gpu, lse, n_lse);
-      got[k][2] = Widen16(p.Get(*p.gpu, dqkv16, n_qkv));
+      a.Run(*p.gpu, B, T, H, D, w, dbias);
+      got[k][0] = Widen16(p.Get(*p.gpu, a.out16, n_out));
+      got[k][1] = p.Get(*p.gpu, a.lse, n_lse);
+      got[k][2] = Widen16(p.Get(*p.gpu, a.dqkv16, n_qkv));
       got[k][3] = p.Get(*p.gpu, dbias, 3 * H * D);
     }
     ++calls;
@@ -847,11 +850,7 @@ TEST_CASE("cuda backend: cuDNN's attention does not read scratch it did not writ
     std::vector<float> lse[2];
     for (int call = 0; call < 2; ++call) {
       SetCudnnScratchFill(call == 0 ? 0x00 : 0x5A);
-      REQUIRE(cud.gpu->AttentionForward16(nullptr, a.lse, a.qkv16, nullptr, B, T, H, D, sh.window, a.out16).ok());
-      REQUIRE(cud.gpu
-                  ->AttentionBackward16(nullptr, a.dout16, a.qkv16, nullptr, nullptr, a.out16, a.lse, B, T, H, D,
-                                        sh.window, a.dqkv16, nullptr)
-                  .ok());
+      a.Run(*cud.gpu, B, T, H, D, sh.window, nullptr);
       out[call] = cud.Get(*cud.gpu, a.out16, n_out);
       lse[call] = cud.Get(*cud.gpu, a.lse, n_lse);
       dqkv[call] = cud.Get(*cud.gpu, a.dqkv16, n_qkv);
@@ -891,16 +890,11 @@ TEST_CASE("cuda backend: cuDNN's attention disagreeing with megascale's kernels 
   for (int k = 0; k < 2; ++k) {
     Pair& p = *pairs[k];
     const Attention16 a(p, qkv_h, dout_h, n_lse);
-    uint16_t *qkv16 = a.qkv16, *dout16 = a.dout16, *out16 = a.out16, *dqkv16 = a.dqkv16;
-    float* l = a.lse;
     for (int call = 0; call < 2; ++call) {
-      REQUIRE(p.gpu->AttentionForward16(nullptr, l, qkv16, nullptr, B, T, H, D, 0, out16).ok());
-      REQUIRE(
-          p.gpu->AttentionBackward16(nullptr, dout16, qkv16, nullptr, nullptr, out16, l, B, T, H, D, 0, dqkv16, nullptr)
-              .ok());
-      out[k][call] = p.Get(*p.gpu, out16, n_out);
-      lse[k][call] = p.Get(*p.gpu, l, n_lse);
-      dqkv[k][call] = p.Get(*p.gpu, dqkv16, n_qkv);
+      a.Run(*p.gpu, B, T, H, D, 0, nullptr);
+      out[k][call] = p.Get(*p.gpu, a.out16, n_out);
+      lse[k][call] = p.Get(*p.gpu, a.lse, n_lse);
+      dqkv[k][call] = p.Get(*p.gpu, a.dqkv16, n_qkv);
     }
   }
   for (int call = 0; call < 2; ++call) {
