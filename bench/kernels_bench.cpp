@@ -1433,7 +1433,23 @@ void BenchAttention(Bench& b, const Shape& s) {
                                      qkv_bias.get());
     });
     k::SetAttentionTcWideForward(false);
-    for (Row* r : {&sf, &sb, &yf, &yb, &wf}) {
+    // Training's backward (stored dS) and the 7-product one with the split dK/dV kernel (k::SetAttentionTcSplitDkDv:
+    // 8 warps of 16 keys x half of D): beside `... no bias, stored dS` and `... no bias`.
+    k::SetAttentionTcSplitDkDv(true);
+    Row ps = b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias, no bias, stored dS split",
+                       q16_bwd_bytes + 2 * ds_bytes, bwd_flops * 5.0 / 7.0, [&] {
+                         return k::AttentionBackwardBf16(
+                             nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(), lse.get(), B,
+                             T, H, D, window, b.stream(), dqkv16.get(), nullptr, dbias.get(), ds_tiles.get());
+                       });
+    Row pn = b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias, no bias split", q16_bwd_bytes,
+                       bwd_flops, [&] {
+                         return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout16.get(), qkv16.get(),
+                                                         nullptr, out16.get(), lse.get(), B, T, H, D, window,
+                                                         b.stream(), dqkv16.get(), nullptr, dbias.get());
+                       });
+    k::SetAttentionTcSplitDkDv(false);
+    for (Row* r : {&sf, &sb, &yf, &yb, &wf, &ps, &pn}) {
       r->ref = ref;
       r->ref_flops = ref_flops;
       r->ref_what = f.ref_what;

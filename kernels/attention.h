@@ -89,6 +89,20 @@ void SetAttentionTcAsyncLoads(bool on);
 // until a GPU measurement (kernels_bench's `... wide` row) shows it faster. Process-wide.
 void SetAttentionTcWideForward(bool on);
 //
+// The backward's dK/dV kernel with FlashAttention-2's split: blocks of 64 keys with 8 warps, each warp 16 keys and
+// half of the head's columns of dK and dV (half the accumulator registers of the default's 4 warps, which hold whole
+// 16 x D rows), P^T and dS^T exchanged through shared memory between the two warps of a row group. Where the
+// backward's operands are bf16 with 16-byte aligned rows (the asynchronous copies run), the layout probe holds and
+// the softmax is not forced through shared memory (SetAttentionTcSoftmax(kShared)), at D a multiple of 32 (at
+// D > 64 too, where kAuto's 4-warp dK/dV kernel runs its softmax through shared memory); elsewhere the default runs.
+// The same bits as the 4-warp kernel with the register softmax (dqkv, dqkv16, the bias gradient, the dS tiles). Off
+// by default until a GPU measurement (kernels_bench's `... split` rows) shows it faster. Process-wide.
+void SetAttentionTcSplitDkDv(bool on);
+// The backwards the process has launched with the split dK/dV kernel: what a caller reads before and after its call
+// to learn which kernel ran (where no other thread of the process launches an attention backward meanwhile: a
+// training rank's backend runs its ops from one thread).
+int64_t AttentionTcSplitDkDvLaunches();
+//
 // dqkv_bias (3, H, D), unless null: += the column sums of dqkv over its B * T rows — the qkv bias gradient, made as
 // the gradient rows are stored (each warp sums its 16 rows in row order, then BiasGrad's tree adds up the
 // B * ceil(T / 16) chunks: deterministic), so that no pass reads dqkv back. It needs scratch of

@@ -1,7 +1,7 @@
 // defines: attention_forward_tc_kernel, attention_forward_wide_tc_kernel, attention_dkdv_tc_kernel,
-// attention_dq_tc_kernel, attention_dq_ds_tc_kernel, the fragment layout probe and their launchers
-// (AttentionForwardBf16, AttentionBackwardBf16, AttentionDsTileBytes, SetAttentionTcSoftmax, SetAttentionTcAsyncLoads,
-// SetAttentionTcWideForward).
+// attention_dkdv_split_tc_kernel, attention_dq_tc_kernel, attention_dq_ds_tc_kernel, the fragment layout probe and
+// their launchers (AttentionForwardBf16, AttentionBackwardBf16, AttentionDsTileBytes, SetAttentionTcSoftmax,
+// SetAttentionTcAsyncLoads, SetAttentionTcWideForward, SetAttentionTcSplitDkDv).
 // Causal sliding-window attention on tensor cores (nvcuda::wmma m16n16k16, bf16 operands, fp32
 // accumulation), FlashAttention-2 style; contract in kernels/attention.h, oracle: the fp32 kernels of
 // attention.cu and ms::ops::ref::AttentionForward/Backward.
@@ -206,15 +206,15 @@ __device__ __forceinline__ float4 BiasQuad(const float* bias, int d) {
 // (AddRowBias) would have made, so the tile holds the same bits as over src + bias. All threads of the block take
 // part; the caller synchronizes. D is a multiple of 16 and stride of 4 (elements), so when src is aligned to 4
 // elements (and bias to 16 bytes) every row is: then each thread loads 4 elements at once (one 16- or 8-byte
-// load), else one at a time.
-template <typename S>
+// load), else one at a time. kT: the block's threads (all of which call it).
+template <typename S, int kT = kThreads>
 __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S* src, const float* bias, long stride,
                                              int t0, int T, int D) {
   if (reinterpret_cast<uintptr_t>(src) % (4 * sizeof(S)) == 0 &&
       reinterpret_cast<uintptr_t>(bias) % 16 == 0) {  // uniform across the block
     const int quads = D / 4;
     const GroupDiv div(quads);
-    for (int i = threadIdx.x; i < kRows * quads; i += kThreads) {
+    for (int i = threadIdx.x; i < kRows * quads; i += kT) {
       const int r = div(i), d = 4 * (i - r * quads);
       const int t = t0 + r;
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -224,7 +224,7 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S
     return;
   }
   const GroupDiv div(D);
-  for (int i = threadIdx.x; i < kRows * D; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * D; i += kT) {
     const int r = div(i), d = i - r * D;
     const int t = t0 + r;
     float v = 0.0f;
@@ -249,34 +249,34 @@ struct TileSrc {
 // Two tiles of the same rows t0 .. t0 + 63 (K and V, or Q and dout) as LoadTileBf16 each, the same bits, with each
 // thread's global loads issued in batches before any conversion or store (2 x kBatch loads in flight per thread,
 // rather than one load, its conversion and its store at a time, serialized by the loop's possible aliasing of
-// global and shared memory). Where kThreads is a multiple of D / 4 (D = 16, 32, 64, 128) a thread's quads all lie in
+// global and shared memory). Where kT is a multiple of D / 4 (D = 16, 32, 64, 128) a thread's quads all lie in
 // the same columns, so its bias quads are loaded once per batch, with the batch's loads, not once per quad after
 // them (each waited for in turn: the compiler cannot move them above the shared-memory stores). Falls back to
-// LoadTileBf16 where a source is not aligned to 4 elements.
-template <int kMaxD, typename S>
+// LoadTileBf16 where a source is not aligned to 4 elements. kT: the block's threads.
+template <int kMaxD, typename S, int kT = kThreads>
 __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc<S>& b, int ld, int t0, int T, int D) {
   auto aligned = [](const TileSrc<S>& x) {
     return reinterpret_cast<uintptr_t>(x.src) % (4 * sizeof(S)) == 0 && reinterpret_cast<uintptr_t>(x.bias) % 16 == 0;
   };
   if (!aligned(a) || !aligned(b)) {  // uniform across the block
-    LoadTileBf16(a.dst, ld, a.src, a.bias, a.stride, t0, T, D);
-    LoadTileBf16(b.dst, ld, b.src, b.bias, b.stride, t0, T, D);
+    LoadTileBf16<S, kT>(a.dst, ld, a.src, a.bias, a.stride, t0, T, D);
+    LoadTileBf16<S, kT>(b.dst, ld, b.src, b.bias, b.stride, t0, T, D);
     return;
   }
-  constexpr int kPer = kRows * (kMaxD / 4) / kThreads;  // quads per thread and tile at D = kMaxD: 8 or 16
+  constexpr int kPer = kRows * (kMaxD / 4) / kT;  // quads per thread and tile at D = kMaxD: 8 or 16 (4 warps)
   constexpr int kBatch = 4;
   static_assert(kPer % kBatch == 0, "whole batches");
   const int quads = D / 4, n = kRows * quads;
   const GroupDiv div(quads);
-  const bool same_cols = div(kThreads) * quads == kThreads;  // kThreads % quads == 0: uniform across the block
+  const bool same_cols = div(kT) * quads == kT;  // kT % quads == 0: uniform across the block
   const int d_own = 4 * (static_cast<int>(threadIdx.x) - div(threadIdx.x) * quads);
   MS_UNROLL
   for (int b0 = 0; b0 < kPer; b0 += kBatch) {
-    if (static_cast<int>(threadIdx.x) + b0 * kThreads >= n) break;  // D < kMaxD: fewer quads
+    if (static_cast<int>(threadIdx.x) + b0 * kT >= n) break;  // D < kMaxD: fewer quads
     float4 va[kBatch], vb[kBatch];
     MS_UNROLL
     for (int j = 0; j < kBatch; ++j) {
-      const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kThreads;
+      const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kT;
       const int r = div(i), d = 4 * (i - r * quads), t = t0 + r;
       const bool in = i < n && t < T;
       va[j] = in ? LoadQuad(a.src + static_cast<long>(t) * a.stride + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -285,7 +285,7 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
     const float4 ba = BiasQuad(same_cols ? a.bias : nullptr, d_own), bb = BiasQuad(same_cols ? b.bias : nullptr, d_own);
     MS_UNROLL
     for (int j = 0; j < kBatch; ++j) {
-      const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kThreads;
+      const int i = static_cast<int>(threadIdx.x) + (b0 + j) * kT;
       if (i >= n) break;
       const int r = div(i), d = 4 * (i - r * quads);
       const bool in = t0 + r < T;
@@ -312,12 +312,13 @@ __device__ __forceinline__ void LoadTilesBf16(const TileSrc<S>& a, const TileSrc
 // Issues this thread's asynchronous copies of rows t0 .. t0 + 63 of src (bf16, stride elements apart, D columns)
 // into dst (leading dimension ld): 16 bytes (8 elements) a copy, copy i = threadIdx.x + j kThreads; rows past T are
 // zeroed by plain stores. src 16-byte aligned (the launcher checks it), D a multiple of 16 and stride of 8 keep every
-// copy aligned.
+// copy aligned. kT: the block's threads.
+template <int kT = kThreads>
 __device__ __forceinline__ void IssueTileAsync(__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, long stride,
                                                int t0, int T, int D) {
   const int chunks = D / 8, n = kRows * chunks;
   const GroupDiv div(chunks);
-  for (int i = threadIdx.x; i < n; i += kThreads) {
+  for (int i = threadIdx.x; i < n; i += kT) {
     const int r = div(i), c = 8 * (i - r * chunks);
     __nv_bfloat16* const d = dst + r * ld + c;
     if (t0 + r < T) {
@@ -330,12 +331,13 @@ __device__ __forceinline__ void IssueTileAsync(__nv_bfloat16* dst, int ld, const
 
 // Once this thread's copies of the tile (rows t0 ..) have landed: adds bias (fp32 in shared memory, D values; null:
 // nothing to add) to the elements of rows t0 + r < T that IssueTileAsync gave it, in place — bf16(x + b), the add and
-// rounding of LoadTileBf16, so the tile holds the same bits.
+// rounding of LoadTileBf16, so the tile holds the same bits. kT: the block's threads (IssueTileAsync's).
+template <int kT = kThreads>
 __device__ __forceinline__ void AddBiasOwnChunks(__nv_bfloat16* dst, int ld, const float* bias, int t0, int T, int D) {
   if (bias == nullptr) return;  // uniform
   const int chunks = D / 8, n = kRows * chunks;
   const GroupDiv div(chunks);
-  for (int i = threadIdx.x; i < n; i += kThreads) {
+  for (int i = threadIdx.x; i < n; i += kT) {
     const int r = div(i), c = 8 * (i - r * chunks);
     if (t0 + r >= T) continue;
     __nv_bfloat16* const d = dst + r * ld + c;
@@ -346,10 +348,33 @@ __device__ __forceinline__ void AddBiasOwnChunks(__nv_bfloat16* dst, int ld, con
 }
 
 // bias[0 .. D) into dst (shared memory), or nothing where bias is null. All threads take part; a later barrier
-// publishes it.
+// publishes it. kT: the block's threads.
+template <int kT = kThreads>
 __device__ __forceinline__ void StageBias(float* dst, const float* bias, int D) {
   if (bias == nullptr) return;
-  for (int i = threadIdx.x; i < D; i += kThreads) dst[i] = bias[i];
+  for (int i = threadIdx.x; i < D; i += kT) dst[i] = bias[i];
+}
+
+// The dK/dV kernels' query tile at row i0: this thread's asynchronous copies of its Q and dout rows (IssueTileAsync,
+// into Qd and Gd) and of its lse and drow values (lse and drow: the head's rows; into Ld and Rd, 64 floats each), rows
+// past T zeroed. kT: the block's threads. (attention_dkdv_tc_kernel keeps its own copy of these lines: through this
+// function ptxas gave its measured instances other registers — D = 64 with the shared-memory softmax 218 -> 226 on
+// sm_80, D = 128 232 -> 254 —, a change no GPU has timed.)
+template <int kT = kThreads>
+__device__ __forceinline__ void IssueQueryTileAsync(__nv_bfloat16* Qd, __nv_bfloat16* Gd, float* Ld, float* Rd, int ld,
+                                                    const __nv_bfloat16* q, const __nv_bfloat16* g, long row, long orow,
+                                                    const float* lse, const float* drow, int i0, int T, int D) {
+  IssueTileAsync<kT>(Qd, ld, q, row, i0, T, D);
+  IssueTileAsync<kT>(Gd, ld, g, orow, i0, T, D);
+  for (int i = threadIdx.x; i < kRows; i += kT) {
+    if (i0 + i < T) {
+      __pipeline_memcpy_async(Ld + i, lse + i0 + i, sizeof(float));
+      __pipeline_memcpy_async(Rd + i, drow + i0 + i, sizeof(float));
+    } else {
+      Ld[i] = 0.0f;
+      Rd[i] = 0.0f;
+    }
+  }
 }
 
 // The K and V tile buffers of the forward and dQ loops: one pair, or (kAsync) two used in turn; bk and bv the k and v
@@ -1486,6 +1511,194 @@ __global__ void __launch_bounds__(kThreads)
                        BiasPart(dbias_part, b, ra, T, 0, h, H, D), row, Fw, kMaxD + kPadF, dq, ra, T, D);
 }
 
+// ---- the split dK/dV kernel (SetAttentionTcSplitDkDv): 8 warps, dK and dV split by columns ----
+// attention_dkdv_tc_kernel gives each of its 4 warps 16 keys with their whole dK and dV rows in accumulator fragments
+// (16 x D each) beside the S^T and dP^T fragments and their key and value operands: 218 registers at D = 64, 2 blocks
+// per SM, 12.5 % occupancy on an H200 (Nsight Compute, docs/PERFORMANCE.md). Here, as in FlashAttention-2's backward,
+// a block of 64 keys has 8 warps: warp w takes the 16 keys of row group w % 4 and the half w / 4 — the query columns
+// 32 half .. + 31 of each query tile for S^T, dP^T, P^T and dS^T, and the head columns D / 2 half .. + D / 2 - 1 of dK
+// and dV. Per query tile each warp forms S^T and dP^T of its 16 keys x 32 queries (key and value rows read from
+// shared memory), rounds P^T and dS^T to bf16 into the block's [64][72] P^T and dS^T tiles in shared memory (lane by
+// lane, AccRow / AccCol: the register softmax's layout, FragLayoutsHold), and after a barrier multiplies its row
+// group's 16 x 64 P^T and dS^T (4 matrix_a fragments each) into its half of the dout and Q tiles: dV and dK are
+// 16 x D / 2 per warp, half the accumulators, and each warp makes half the products of the 4-warp kernel's per
+// tile. The dS^T tile, whole in shared memory after that barrier, is copied to ds_tiles in 16-byte rows (zeros where
+// a row group skips the pair). The same products as attention_dkdv_tc_kernel's register softmax in the same order
+// per output fragment (S^T summed over d in order, dV and dK over the query fragments 0..3 in order), so the same
+// bits. For the training path only: bf16 qkv and dout with 16-byte aligned rows (the query tiles double-buffered
+// with asynchronous copies), the layout probe holding, D a multiple of 32. Shared memory: Q, dout (two buffers each),
+// K, V [64][D + 8], P^T, dS^T [64][72] (bf16), lse, drow (two each, 64 floats), the q bias (kMaxD floats); after the
+// loop the per-warp fp32 output rows [16][kMaxD / 2 + 4] overlay the start. 73.3 KiB at D = 64 (2 blocks of 8 warps
+// per SM), 121.5 KiB at D = 128 (1).
+namespace {
+constexpr int kSplitWarps = 2 * kWarps;
+constexpr int kSplitThreads = kSplitWarps * 32;
+constexpr int kSplitCols = kRows / 2;  // query columns of a tile per warp
+template <int kMaxD>
+size_t DkDvSplitSharedBytes(int D) {
+  return sizeof(__nv_bfloat16) * (6 * kRows * LdH(D) + 2 * kRows * kLdP) + sizeof(float) * (4 * kRows + kMaxD);
+}
+}  // namespace
+
+template <int kMaxD>
+__global__ void __launch_bounds__(kSplitThreads, kMaxD <= 64 ? 2 : 1)
+    attention_dkdv_split_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const __nv_bfloat16* dout,
+                                   const __nv_bfloat16* qkv, const float* qkv_bias, const float* lse, const float* drow,
+                                   int T, int H, int D, int window, int ntiles, float scale, __nv_bfloat16* ds_tiles,
+                                   int ds_w) {
+  using S = __nv_bfloat16;
+  constexpr int kHalfD = kMaxD / 2;
+  // S^T and dP^T fragments at a time, of the warp's 2 (its 32 queries): 1 at D <= 64, where 2 made ptxas spill
+  // (sm_90: 16 bytes) in the 128 registers 2 blocks of 8 warps per SM allow (with 1: 102 / 126 on sm_80 / sm_90).
+  constexpr int kN = kMaxD <= 64 ? 1 : kSplitCols / kF;
+  MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
+  const int ld = LdH(D), hd = D / 2;
+  __nv_bfloat16* const Q0 = smem;
+  __nv_bfloat16* const G0 = Q0 + kRows * ld;
+  __nv_bfloat16* const Q1 = G0 + kRows * ld;
+  __nv_bfloat16* const G1 = Q1 + kRows * ld;
+  __nv_bfloat16* const Ks = G1 + kRows * ld;
+  __nv_bfloat16* const Vs = Ks + kRows * ld;
+  __nv_bfloat16* const Pt = Vs + kRows * ld;
+  __nv_bfloat16* const Dt = Pt + kRows * kLdP;
+  float* const L0 = reinterpret_cast<float*>(Dt + kRows * kLdP);
+  float* const R0 = L0 + kRows;
+  float* const L1 = R0 + kRows;
+  float* const R1 = L1 + kRows;
+  float* const Bs = R1 + kRows;  // the q bias
+  // Buffer b of each (selected by a condition: an array indexed at run time would live in local memory).
+  auto Qb = [&](int b) { return b ? Q1 : Q0; };
+  auto Gb = [&](int b) { return b ? G1 : G0; };
+  auto Lb = [&](int b) { return b ? L1 : L0; };
+  auto Rb = [&](int b) { return b ? R1 : R0; };
+
+  const int bh = blockIdx.x / ntiles, kt = blockIdx.x % ntiles;
+  const int b = bh / H, h = bh % H;
+  const HeadRowsT<S> hr = HeadRowsOf(qkv, dout, b, h, T, H, D);
+  const long row = hr.row, orow = hr.orow;
+  const S *q = hr.q, *k = hr.k, *v = hr.v, *g = hr.g;
+  const HeadBias hb = HeadBiasOf(qkv_bias, h, H, D);
+  const float* lse_bh = lse + static_cast<long>(bh) * T;
+  const float* drow_bh = drow + static_cast<long>(bh) * T;
+  const float scale2 = scale * kLog2e;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, rg = warp % kWarps, half = warp / kWarps;
+  const int k0 = kt * kRows, k1 = min(k0 + kRows, T);
+  const int ja = k0 + rg * kWarpRows, jb = min(ja + kWarpRows, T) - 1;  // the row group's keys; none if jb < ja
+  const int c0 = half * kSplitCols;                                     // the warp's query columns of a tile
+  const int ds_it0 = ds_tiles ? static_cast<int>(DsTileOffset(bh, kt, kt, ntiles, ds_w) / kDsTileElems) - kt : 0;
+  const int t_hi = window > 0 ? min(T - 1, k1 - 2 + window) : T - 1;
+  const int it_lo = k0 / kRows, it_hi = t_hi / kRows;
+  // This thread's copies of query tile `it` (Q, dout, lse, drow) into buffer `buf`; rows past T zeroed.
+  auto issue = [&](int it, int buf) {
+    IssueQueryTileAsync<kSplitThreads>(Qb(buf), Gb(buf), Lb(buf), Rb(buf), ld, q, g, row, orow, lse_bh, drow_bh,
+                                       it * kRows, T, D);
+  };
+  StageBias<kSplitThreads>(Bs, hb.q, D);
+  issue(it_lo, 0);
+  __pipeline_commit();
+  LoadTilesBf16<kMaxD, S, kSplitThreads>({Ks, k, hb.k, row}, {Vs, v, hb.v, row}, ld, k0, T, D);  // published below
+  const __nv_bfloat16* const Kw = Ks + rg * kWarpRows * ld;
+  const __nv_bfloat16* const Vw = Vs + rg * kWarpRows * ld;
+  __nv_bfloat16* const Pw = Pt + rg * kWarpRows * kLdP;  // the row group's 16 rows of P^T and dS^T
+  __nv_bfloat16* const Dw = Dt + rg * kWarpRows * kLdP;
+  FragC dk[kHalfD / kF], dv[kHalfD / kF];
+  MS_UNROLL
+  for (int f = 0; f < kHalfD / kF; ++f) {
+    wmma::fill_fragment(dk[f], 0.0f);
+    wmma::fill_fragment(dv[f], 0.0f);
+  }
+
+  for (int it = it_lo; it <= it_hi; ++it) {
+    const int i0 = it * kRows, cur = (it - it_lo) & 1;
+    __syncthreads();  // K, V and the bias published; the previous tile's buffers, P^T and dS^T no longer read
+    if (it < it_hi) issue(it + 1, cur ^ 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // this thread's copies of query tile `it` have landed
+    AddBiasOwnChunks<kSplitThreads>(Qb(cur), ld, hb.q ? Bs : nullptr, i0, T, D);
+    __syncthreads();
+    const __nv_bfloat16* const Qc = Qb(cur);
+    const __nv_bfloat16* const Gc = Gb(cur);
+    const float* const Lc = Lb(cur);
+    const float* const Rc = Rb(cur);
+    const bool active = jb >= ja && Meets(i0, i0 + kRows - 1, ja, jb, window);  // uniform over the row group
+    if (active) {
+      // masked false: the row group's 16 keys all exist and each of the warp's 32 queries (all before T) sees them.
+      auto tile = [&](auto masked) {
+        MS_UNROLL
+        for (int j0 = 0; j0 < kSplitCols / kF; j0 += kN) {
+          FragC sc[kN], dpc[kN];
+          RowsTimesTileTFrags<kMaxD, true, kN>(sc, c0 / kF + j0, nullptr, Kw, Qc, ld, D);   // S^T
+          RowsTimesTileTFrags<kMaxD, true, kN>(dpc, c0 / kF + j0, nullptr, Vw, Gc, ld, D);  // dP^T
+          MS_UNROLL
+          for (int j = 0; j < kN; ++j) {
+            MS_UNROLL
+            for (int i = 0; i < kAccElems; i += 2) {  // x[i] and x[i + 1] (i even): one row, adjacent columns
+              const int sk = ja + AccRow(lane, i), c = c0 + (j0 + j) * kF + AccCol(lane, i);
+              __nv_bfloat16 p2[2], d2[2];
+              MS_UNROLL
+              for (int e = 0; e < 2; ++e) {
+                const int t = i0 + c + e;
+                const bool seen = !decltype(masked)::value || (t < T && sk <= jb && Sees(t, sk, window));
+                const float p = seen ? exp2f(sc[j].x[i + e] * scale2 - Lc[c + e] * kLog2e) : 0.0f;
+                p2[e] = __float2bfloat16(p);
+                d2[e] = __float2bfloat16(seen ? p * (dpc[j].x[i + e] - Rc[c + e]) * scale : 0.0f);
+              }
+              const int at = AccRow(lane, i) * kLdP + c;
+              StorePairBf16(Pw + at, p2[0], p2[1]);
+              StorePairBf16(Dw + at, d2[0], d2[1]);
+            }
+          }
+        }
+      };
+      if (jb == ja + kWarpRows - 1 && i0 + c0 + kSplitCols <= T &&
+          SeesAll(i0 + c0, i0 + c0 + kSplitCols - 1, ja, jb, window)) {
+        tile(std::false_type{});
+      } else {
+        tile(std::true_type{});
+      }
+    } else if (ds_tiles) {  // the dQ kernel reads whole tiles: zeros for the row group's rows
+      for (int i = lane; i < kWarpRows * kSplitCols / 8; i += 32) {
+        const int r = i / (kSplitCols / 8), c = c0 + 8 * (i % (kSplitCols / 8));
+        *reinterpret_cast<uint4*>(Dw + r * kLdP + c) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    __syncthreads();  // P^T and dS^T of the tile complete
+    if (ds_tiles) {
+      __nv_bfloat16* const dst_tile = ds_tiles + static_cast<long>(ds_it0 + it) * kDsTileElems;
+      for (int i = threadIdx.x; i < kRows * kRows / 8; i += kSplitThreads) {
+        const int r = i / (kRows / 8), c = 8 * (i % (kRows / 8));
+        *reinterpret_cast<uint4*>(dst_tile + r * kRows + c) = *reinterpret_cast<const uint4*>(Dt + r * kLdP + c);
+      }
+    }
+    if (active) {  // dV, then dK (interleaved, ptxas spilled at D = 64 on sm_90: 8-16 bytes)
+      MS_UNROLL
+      for (int kb = 0; kb < kTileFrags; ++kb) {
+        FragA pa;
+        wmma::load_matrix_sync(pa, Pw + kb * kF, kLdP);
+        AddATimesTileRows<kHalfD>(dv, pa, Gc + half * hd, kb, ld, hd);
+      }
+      MS_UNROLL
+      for (int kb = 0; kb < kTileFrags; ++kb) {
+        FragA da;
+        wmma::load_matrix_sync(da, Dw + kb * kF, kLdP);
+        AddATimesTileRows<kHalfD>(dk, da, Qc + half * hd, kb, ld, hd);
+      }
+    }
+  }
+  __syncthreads();  // the output rows overlay the tiles
+
+  if (jb < ja) return;
+  float* const Fw = reinterpret_cast<float*>(smem) + warp * kWarpRows * (kHalfD + kPadF);
+  const long kbase = static_cast<long>(b) * T * row + static_cast<long>(H + h) * D + half * hd,
+             vbase = kbase + static_cast<long>(H) * D;
+  float* const pk = BiasPart(dbias_part, b, ja, T, 1, h, H, D);
+  float* const pv = BiasPart(dbias_part, b, ja, T, 2, h, H, D);
+  StoreFragRows<kHalfD>(dqkv ? dqkv + kbase : nullptr, dqkv16 ? dqkv16 + kbase : nullptr, pk ? pk + half * hd : nullptr,
+                        row, Fw, kHalfD + kPadF, dk, ja, T, hd);
+  StoreFragRows<kHalfD>(dqkv ? dqkv + vbase : nullptr, dqkv16 ? dqkv16 + vbase : nullptr, pv ? pv + half * hd : nullptr,
+                        row, Fw, kHalfD + kPadF, dv, ja, T, hd);
+}
+
 // ---- launchers ----
 
 namespace {
@@ -1585,16 +1798,29 @@ cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S*
   return cudaGetLastError();
 }
 
+// split: the dK/dV kernel is attention_dkdv_split_tc_kernel (bf16 operands, kAsync; the caller checks the rest).
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
-                           const S* qkv, const float* qkv_bias, const float* lse, __nv_bfloat16* ds_tiles,
+                           const S* qkv, const float* qkv_bias, const float* lse, __nv_bfloat16* ds_tiles, bool split,
                            const attention_detail::AttentionShape& s, cudaStream_t stream) {
   const int ds_w = DsTilesPerKey(s.ntiles, s.window);
-  const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
-  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>, dkdv_smem);
-  if (err != cudaSuccess) return err;
-  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16,
-            dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale, ds_tiles, ds_w);
+  cudaError_t err = cudaSuccess;
+  if constexpr (std::is_same_v<S, __nv_bfloat16> && kAsync) {
+    if (split) {
+      const size_t smem = DkDvSplitSharedBytes<kMaxD>(s.D);
+      if ((err = AllowSharedBytes(attention_dkdv_split_tc_kernel<kMaxD>, smem)) != cudaSuccess) return err;
+      MS_LAUNCH((attention_dkdv_split_tc_kernel<kMaxD>), s.blocks, kSplitThreads, smem, stream, dqkv, dqkv16,
+                dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale, ds_tiles, ds_w);
+    }
+  }
+  if (!split) {
+    const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
+    if ((err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>, dkdv_smem)) != cudaSuccess) {
+      return err;
+    }
+    MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16,
+              dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale, ds_tiles, ds_w);
+  }
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   if (ds_tiles) {  // the stored-dS dQ kernel (5 products)
     const size_t smem = DqDsTcSharedBytes<kMaxD, kAsync>(s.D);
@@ -1612,6 +1838,8 @@ cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part
 
 std::atomic<bool> g_async_loads{true};
 std::atomic<bool> g_wide_forward{false};
+std::atomic<bool> g_split_dkdv{false};
+std::atomic<int64_t> g_split_launches{0};  // AttentionTcSplitDkDvLaunches
 
 // The wide forward (attention_forward_wide_tc_kernel) over blocks of 128 query rows.
 cudaError_t LaunchForwardWide(float* out, __nv_bfloat16* out16, float* lse, const __nv_bfloat16* qkv,
@@ -1665,6 +1893,12 @@ void SetAttentionTcAsyncLoads(bool on) {
 }
 void SetAttentionTcWideForward(bool on) {
   g_wide_forward.store(on);
+}
+void SetAttentionTcSplitDkDv(bool on) {
+  g_split_dkdv.store(on);
+}
+int64_t AttentionTcSplitDkDvLaunches() {
+  return g_split_launches.load();
 }
 
 namespace {
@@ -1745,11 +1979,19 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
   if (err != cudaSuccess) return err;
   bool regs = false;
   if ((err = UseRegisters(stream, /*backward_wide=*/s.D > 64, &regs)) != cudaSuccess) return err;
-  err = Dispatch<S>(s.D, regs, UseAsync<S>(qkv, dout), [&](auto inst) {
+  const bool async = UseAsync<S>(qkv, dout);
+  // The split dK/dV kernel (SetAttentionTcSplitDkDv) is a register-softmax kernel at every D: it runs where the
+  // layout holds and the softmax is not forced through shared memory (kAuto's D > 64 choice is the 4-warp kernel's).
+  bool split = false;
+  if (g_split_dkdv.load() && async && s.D % (2 * kF) == 0) {
+    if ((err = UseRegisters(stream, /*backward_wide=*/false, &split)) != cudaSuccess) return err;
+  }
+  err = Dispatch<S>(s.D, regs, async, [&](auto inst) {
     using I = decltype(inst);
     return LaunchBackward<I::kMaxD, S, I::kRegs, I::kAsync>(dqkv, dqkv16, part, drow, dout, qkv, qkv_bias, lse,
-                                                            ds_tiles, s, stream);
+                                                            ds_tiles, split, s, stream);
   });
+  if (err == cudaSuccess && split) g_split_launches.fetch_add(1);
   if (err != cudaSuccess || dqkv_bias == nullptr) return err;
   // Stage 2: the chunks' column sums added up in BiasGrad's fixed tree (its scratch follows the partial sums).
   const int64_t chunks = BiasChunks(B, T), cols = 3 * H * D;

@@ -779,6 +779,7 @@ bool RunBlock(Scheduler& s, uint3 idx) {
   }
   if (!s.error.empty()) ok = false;
   ++s.stats.blocks;
+  s.stats.threads += s.nthreads;
   if (!ok) {
     for (Thread& t : s.threads) {
       if (t.state != State::kExited) t.stack->dirty = true;  // abandoned mid-run

@@ -243,6 +243,7 @@ void AsyncWaitPrior(Site site, size_t prior);
 struct Stats {
   uint64_t launches = 0;
   uint64_t blocks = 0;
+  uint64_t threads = 0;         // threads of those blocks
   uint64_t switches = 0;        // fiber switches into CUDA threads
   uint64_t poisoned_reads = 0;  // shuffles that read an inactive, exited or nonexistent lane
 };

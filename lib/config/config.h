@@ -134,10 +134,11 @@ struct RuntimeSpec {
                               // that routes to the driver's host
   std::string address;        // address of the driver's host the embedded redis-server listens on; empty -> chosen
   bool fused_kernels = true;  // fused epilogues (bias + GeLU, residual + biases); false: unfused, an ablation
-  bool attention_stored_ds = true;  // the tensor-core attention backward keeps dS for its dQ kernel (5 products)
-  bool gemm_epilogues = true;       // with activations bf16 and bf16_operands keep: the fc bias + GeLU and its gradient
-                                    // in the fc GEMMs' cuBLASLt epilogues, the qkv bias in the qkv GEMM's (not added by
-                                    // the attention); false: in the fused kernel and the attention (an ablation)
+  bool attention_stored_ds = true;    // the tensor-core attention backward keeps dS for its dQ kernel (5 products)
+  bool attention_split_dkdv = false;  // its dK/dV kernel with 8 warps, each half of D (FlashAttention-2's split)
+  bool gemm_epilogues = true;  // with activations bf16 and bf16_operands keep: the fc bias + GeLU and its gradient
+                               // in the fc GEMMs' cuBLASLt epilogues, the qkv bias in the qkv GEMM's (not added by
+                               // the attention); false: in the fused kernel and the attention (an ablation)
   std::string device_comm = "auto";             // tp/pp/dp communicators of a multi-rank CUDA job: auto | nccl | gloo
                                                 // (auto: NCCL, on GPUs or the emulated NCCL of megascale-emu; gloo:
                                                 // megascale-emu only, device memory being host memory there)

@@ -103,9 +103,15 @@ struct AttentionStats {
   int64_t cudnn_backward = 0;
   int64_t cudnn_fallback = 0;
   int64_t cudnn_disagreed = 0;  // checks (below) that found cuDNN's result wrong: cuDNN left off after the first
+  int64_t split_dkdv = 0;       // tensor-core backwards by the split dK/dV kernel (runtime.attention_split_dkdv)
   std::string cudnn_note;
 };
 AttentionStats GetAttentionStats(ops::Backend& backend);
+// runtime.attention_split_dkdv: the tensor-core attention backward's dK/dV kernel with FlashAttention-2's split — 8
+// warps to a block of 64 keys, each with half of D (kernels/attention.h, SetAttentionTcSplitDkDv) — where it applies
+// (bf16 attention inputs with 16-byte aligned rows, D a multiple of 32, the register softmax); the same bits as the
+// default 4-warp kernel. InvalidArgument for a backend that is not a CUDA one.
+Status UseSplitDkDvAttention(ops::Backend& backend, bool on);
 // runtime.attention_kernels: cudnn — the bf16 training path's attention, forward and backward, through cuDNN's fused
 // attention (lib/cuda/cudnn_sdpa.h; libcudnn.so.9 loaded at the first call); where cuDNN does not take a call or
 // fails, megascale's kernel runs and GetAttentionStats counts it. Unimplemented in a build without

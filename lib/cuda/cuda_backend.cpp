@@ -350,13 +350,23 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
     if (TensorCoreAttention(D)) {
       MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
-      return Launch(kernels::AttentionBackwardBf16(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_, d16,
-                                                   qkv_bias, dqkv_bias, ds),
+      return Launch(TcBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_, d16, qkv_bias, dqkv_bias, ds),
                     "attention backward (bf16 tensor cores)");
     }
     MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_),
                               "attention backward"));
     return d16 ? CastToBf16(d16, dqkv, B * T * 3 * H * D) : Status::Ok();
+  }
+  // kernels::AttentionBackwardBf16, with the split dK/dV kernel where runtime.attention_split_dkdv asks for it (the
+  // kernels' switch is process-wide: set before every call, so that two backends of a process keep their own),
+  // counting the calls it ran (AttentionStats::split_dkdv; the kernels decide where it applies).
+  template <typename... A>
+  cudaError_t TcBackward(A... args) {
+    kernels::SetAttentionTcSplitDkDv(split_dkdv_);
+    const int64_t before = kernels::AttentionTcSplitDkDvLaunches();
+    const cudaError_t err = kernels::AttentionBackwardBf16(args...);
+    attention_stats_.split_dkdv += kernels::AttentionTcSplitDkDvLaunches() - before;
+    return err;
   }
   // The attention backward's scratch: the row terms, then (with the qkv bias gradient) its 16-row chunk sums.
   Result<float*> AttentionScratch(int64_t B, int64_t T, int64_t H, int64_t D, bool bias_grad) {
@@ -569,11 +579,11 @@ class CudaBackend final : public ops::Backend {
       auto* ref = static_cast<__nv_bfloat16*>(buf);
       MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, false));
       MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
-      MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackwardBf16(nullptr, drow, static_cast<const __nv_bfloat16*>(dout16),
-                                                               static_cast<const __nv_bfloat16*>(qkv16), nullptr,
-                                                               static_cast<const __nv_bfloat16*>(out16_in), lse, B, T,
-                                                               H, D, window, s_, ref, nullptr, nullptr, ds),
-                                "attention backward (checking cuDNN's)"));
+      MS_RETURN_IF_ERROR(Launch(
+          TcBackward(nullptr, drow, static_cast<const __nv_bfloat16*>(dout16), static_cast<const __nv_bfloat16*>(qkv16),
+                     nullptr, static_cast<const __nv_bfloat16*>(out16_in), lse, B, T, H, D, window, s_, ref, nullptr,
+                     nullptr, ds),
+          "attention backward (checking cuDNN's)"));
       MS_ASSIGN_OR_RETURN(const Discrepancy d, Compare(d16, ref, n_qkv));
       if (!d.Within(CudnnCheckTolerance())) {
         MS_CUDA_OK(cudaMemcpyAsync(d16, ref, sizeof(uint16_t) * n_qkv, cudaMemcpyDeviceToDevice, s_),
@@ -611,10 +621,9 @@ class CudaBackend final : public ops::Backend {
     if (by_cudnn) return Status::Ok();
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
     MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
-    return Launch(kernels::AttentionBackwardBf16(dqkv, drow, static_cast<const __nv_bfloat16*>(dout16),
-                                                 static_cast<const __nv_bfloat16*>(qkv16), out,
-                                                 static_cast<const __nv_bfloat16*>(out16_in), lse, B, T, H, D, window,
-                                                 s_, d16, qkv_bias, dqkv_bias, ds),
+    return Launch(TcBackward(dqkv, drow, static_cast<const __nv_bfloat16*>(dout16),
+                             static_cast<const __nv_bfloat16*>(qkv16), out, static_cast<const __nv_bfloat16*>(out16_in),
+                             lse, B, T, H, D, window, s_, d16, qkv_bias, dqkv_bias, ds),
                   "attention backward (bf16 inputs, tensor cores)");
   }
   Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
@@ -729,6 +738,9 @@ class CudaBackend final : public ops::Backend {
   }
   AttentionStats attention_stats() const {
     return attention_stats_;
+  }
+  void EnableSplitDkDv(bool on) {
+    split_dkdv_ = on;
   }
   Status EnableCudnnAttention() {
 #if defined(MS_CUDA_HAVE_CUDNN)
@@ -1083,6 +1095,7 @@ class CudaBackend final : public ops::Backend {
   AttentionStats attention_stats_;
   bool cudnn_attention_ = false;  // runtime.attention_kernels: cudnn (EnableCudnnAttention), until cuDNN fails
   bool cudnn_wanted_ = false;     // asked for (EnableCudnnAttention), whether or not cuDNN is still on
+  bool split_dkdv_ = false;       // runtime.attention_split_dkdv (EnableSplitDkDv)
 #if defined(MS_CUDA_HAVE_CUDNN)
   std::unique_ptr<cudnn::Sdpa> cudnn_sdpa_;  // made at the first forward cuDNN takes
   std::set<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> cudnn_checked_;  // (pass, shape) checked
@@ -1132,6 +1145,13 @@ Status UseCudnnAttention(ops::Backend& backend) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);
   if (!b) return InvalidArgument("runtime.attention_kernels: cudnn needs runtime.backend: cuda");
   return b->EnableCudnnAttention();
+}
+
+Status UseSplitDkDvAttention(ops::Backend& backend, bool on) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  if (!b) return InvalidArgument("runtime.attention_split_dkdv needs runtime.backend: cuda");
+  b->EnableSplitDkDv(on);
+  return Status::Ok();
 }
 
 AttentionStats GetAttentionStats(ops::Backend& backend) {

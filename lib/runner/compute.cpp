@@ -55,6 +55,9 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
                                             : operands == "cast" ? cuda::Bf16Operands::kCast
                                                                  : cuda::Bf16Operands::kKeep,
                                             spec.runtime.attention_stored_ds ? cuda::kAttentionDsMaxBytes : 0));
+  if (spec.runtime.attention_split_dkdv) {
+    MS_RETURN_IF_ERROR_CTX(cuda::UseSplitDkDvAttention(*c.backend, true), "{}", spec.source);
+  }
   if (spec.runtime.attention_kernels == "cudnn") {
     MS_RETURN_IF_ERROR_CTX(cuda::UseCudnnAttention(*c.backend), "{}", spec.source);
   }

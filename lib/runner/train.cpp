@@ -965,8 +965,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     const cuda::AttentionStats as =
         compute.backend ? cuda::GetAttentionStats(*compute.backend) : cuda::AttentionStats{};
     if (as.stored_ds + as.recompute > 0) {
-      LogInfo("tensor-core attention backwards: {} with dS kept (5 products), {} forming dS again (7 products)",
-              as.stored_ds, as.recompute);
+      LogInfo(
+          "tensor-core attention backwards: {} with dS kept (5 products), {} forming dS again (7 products); {} by "
+          "the split dK/dV kernel",
+          as.stored_ds, as.recompute, as.split_dkdv);
     }
     if (as.cudnn_forward + as.cudnn_backward + as.cudnn_fallback > 0) {
       LogInfo(

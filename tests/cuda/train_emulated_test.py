@@ -249,6 +249,14 @@ else:
          "runtime.activations=bf16"], ["runtime.attention_stored_ds=false"], ["runtime.attention_stored_ds=true"],
          None, False, [(0, ATT + "0 with dS kept (5 products), 24 forming dS again (7 products)"),
                        (1, ATT + "24 with dS kept (5 products), 0 forming dS again (7 products)")], check=same_bits)
+# The split dK/dV kernel (runtime.attention_split_dkdv: 8 warps to a block of 64 keys, each with half of D) gives the
+# 4-warp kernel's bits, under the emulator and on a GPU (the same products in the same order per output fragment);
+# 2 heads make D = 32, a multiple of 32 as it needs. The logs say which ran.
+SPLIT_ATT = ATT + "24 with dS kept (5 products), 0 forming dS again (7 products); {} by the split dK/dV kernel"
+case("attention-split-dkdv-same-bits", "parallel: {micro_batches: 2}", ["train.precision=bf16",
+     "runtime.activations=bf16", "model.heads=2"], ["runtime.attention_split_dkdv=false"],
+     ["runtime.attention_split_dkdv=true"], None, False,
+     [(0, SPLIT_ATT.format(0)), (1, SPLIT_ATT.format(24))], check=same_bits)
 # ... and the epilogues do change the numerics (the switch is not ignored).
 case("gemm-epilogues-take-effect", "", ["train.precision=bf16", "runtime.activations=bf16"],
      ["runtime.gemm_epilogues=false"], ["runtime.gemm_epilogues=true"], None, True, check=same_bits)

@@ -762,6 +762,126 @@ TEST_CASE("attention bf16 (tensor cores): the wide forward gives the default for
   ExpectNoPoisonedReads();
 }
 
+// The split dK/dV kernel (SetAttentionTcSplitDkDv: 8 warps, each 16 keys and half of dK's and dV's columns, P^T and
+// dS^T exchanged through shared memory) gives the 4-warp kernel's bits with the register softmax — dqkv, dqkv16, the
+// qkv bias gradient and (stored dS) the dS tiles — over T that leaves row groups or a warp's query columns past T (1,
+// 37, 100), several key tiles (129, 300), windows that mask part of a tile or start past tile 0, D = 32, 64, 96, 128
+// (both instances), with and without the bias and the stored dS. Under the emulator the launched threads show which
+// kernel ran: 128 more per dK/dV block for the split one; none more at D = 48 (not a multiple of 32), with fp32
+// operands, or with the softmax forced through shared memory, where the default runs.
+TEST_CASE("attention bf16 (tensor cores): the split dK/dV kernel gives the 4-warp kernel's bits") {
+  struct SplitMode {
+    explicit SplitMode(bool on) { SetAttentionTcSplitDkDv(on); }
+    ~SplitMode() { SetAttentionTcSplitDkDv(false); }
+    SplitMode(const SplitMode&) = delete;
+    SplitMode& operator=(const SplitMode&) = delete;
+  };
+  struct Run {
+    Case c;
+    bool bias, stored;
+  };
+#if defined(__SANITIZE_THREAD__)
+  const std::vector<Run> runs = {Run{Case{1, 129, 1, 64, 70}, true, true}};  // its barriers and async copies
+#else
+  const std::vector<Run> runs = {Run{Case{1, 1, 1, 32, 0}, true, true},     Run{Case{2, 37, 2, 32, 5}, false, true},
+                                 Run{Case{1, 100, 1, 64, 0}, true, true},   Run{Case{1, 100, 1, 64, 0}, false, false},
+                                 Run{Case{1, 129, 2, 96, 66}, true, true},  Run{Case{1, 300, 1, 64, 150}, true, true},
+                                 Run{Case{1, 130, 1, 128, 0}, true, false}, Run{Case{1, 200, 1, 128, 70}, false, true},
+                                 Run{Case{1, 70, 1, 48, 0}, true, true}};
+#endif
+  const SoftmaxMode regs(AttentionTcSoftmax::kRegisters);
+  for (const Run& run : runs) {
+    const Case c = run.c;
+    const std::string shape = Describe(c);
+    INFO(shape);
+    CAPTURE(run.bias);
+    CAPTURE(run.stored);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
+    const auto qkv = Random(n_qkv, 391, -2.0f, 2.0f), dout = Random(n_out, 392);
+    std::vector<__nv_bfloat16> qkv16(n_qkv), dout16(n_out);
+    for (int64_t i = 0; i < n_qkv; ++i) qkv16[i] = __float2bfloat16(qkv[i]);
+    for (int64_t i = 0; i < n_out; ++i) dout16[i] = __float2bfloat16(dout[i]);
+    Dev<__nv_bfloat16> h_qkv(qkv16), h_dout(dout16);
+    Dev<float> d_bias(Random(hd3, 393)), out(n_out), lse(c.B * c.H * c.T);
+    const float* const bias = run.bias ? d_bias.get() : nullptr;
+    REQUIRE(AttentionForwardBf16(out.get(), lse.get(), h_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr, nullptr,
+                                 bias) == cudaSuccess);
+    const int64_t ds_bytes = AttentionDsTileBytes(c.B, c.T, c.H, c.window);
+    struct Result {
+      std::vector<float> dqkv, dbias;
+      std::vector<__nv_bfloat16> dqkv16, tiles;
+      uint64_t threads = 0;
+    };
+    auto backward = [&](bool split) {
+      const SplitMode sm(split);
+      Dev<float> dqkv(n_qkv), dbias(std::vector<float>(hd3, 0.0f));
+      Dev<__nv_bfloat16> dqkv16(n_qkv), ds(ds_bytes / 2 + 8);
+      Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
+                         AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
+      REQUIRE(cudaMemset(ds.get(), 0xFF, ds_bytes + 16) == cudaSuccess);  // NaN: a tile element not written shows
+#if MS_KERNELS_SIM
+      const uint64_t threads0 = ms::sim::GetStats().threads;
+#endif
+      REQUIRE(AttentionBackwardBf16(dqkv.get(), scratch.get(), h_dout.get(), h_qkv.get(), out.get(), nullptr, lse.get(),
+                                    c.B, c.T, c.H, c.D, c.window, nullptr, dqkv16.get(), bias,
+                                    run.bias ? dbias.get() : nullptr, run.stored ? ds.get() : nullptr) == cudaSuccess);
+      Result r{dqkv.Get(), dbias.Get(), dqkv16.Get(), ds.Get()};
+      r.tiles.resize(ds_bytes / 2);
+#if MS_KERNELS_SIM
+      r.threads = ms::sim::GetStats().threads - threads0;
+#endif
+      return r;
+    };
+    const Result base = backward(false), split = backward(true);
+    CHECK(SameBits(split.dqkv, base.dqkv));
+    CHECK(SameBits(split.dqkv16, base.dqkv16));
+    CHECK(SameBits(split.dbias, base.dbias));
+    CHECK(SameBits(split.tiles, base.tiles));
+    CHECK(std::all_of(split.dqkv.begin(), split.dqkv.end(), [](float v) { return std::isfinite(v); }));
+    if (run.stored) {
+      CHECK(std::none_of(split.tiles.begin(), split.tiles.end(),
+                         [](__nv_bfloat16 v) { return std::isnan(__bfloat162float(v)); }));
+    }
+#if MS_KERNELS_SIM
+    const uint64_t dkdv_blocks = static_cast<uint64_t>(c.B * c.H * ((c.T + 63) / 64));
+    CHECK(split.threads - base.threads == (c.D % 32 == 0 ? dkdv_blocks * 128 : 0));
+#endif
+  }
+#if MS_KERNELS_SIM && !defined(__SANITIZE_THREAD__)
+  {  // where the default runs: fp32 operands, or the softmax forced through shared memory
+    const Case c{1, 70, 1, 64, 0};
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
+    Dev<float> f_qkv(Random(n_qkv, 394)), f_dout(Random(n_out, 395)), out(n_out), lse(c.B * c.H * c.T), dqkv(n_qkv);
+    Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D));
+    std::vector<__nv_bfloat16> q16(n_qkv), d16(n_out);
+    const auto fq = f_qkv.Get(), fd = f_dout.Get();
+    for (int64_t i = 0; i < n_qkv; ++i) q16[i] = __float2bfloat16(fq[i]);
+    for (int64_t i = 0; i < n_out; ++i) d16[i] = __float2bfloat16(fd[i]);
+    Dev<__nv_bfloat16> h_qkv(q16), h_dout(d16);
+    REQUIRE(AttentionForwardBf16(out.get(), lse.get(), f_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) ==
+            cudaSuccess);
+    auto threads = [&](bool split, bool fp32, AttentionTcSoftmax mode) {
+      const SplitMode sm(split);
+      const SoftmaxMode use(mode);
+      const uint64_t threads0 = ms::sim::GetStats().threads;
+      if (fp32) {
+        REQUIRE(AttentionBackwardBf16(dqkv.get(), scratch.get(), f_dout.get(), f_qkv.get(), out.get(), lse.get(), c.B,
+                                      c.T, c.H, c.D, c.window, nullptr) == cudaSuccess);
+      } else {
+        REQUIRE(AttentionBackwardBf16(dqkv.get(), scratch.get(), h_dout.get(), h_qkv.get(), out.get(), nullptr,
+                                      lse.get(), c.B, c.T, c.H, c.D, c.window, nullptr) == cudaSuccess);
+      }
+      return ms::sim::GetStats().threads - threads0;
+    };
+    CHECK(threads(true, true, AttentionTcSoftmax::kRegisters) == threads(false, true, AttentionTcSoftmax::kRegisters));
+    CHECK(threads(true, false, AttentionTcSoftmax::kShared) == threads(false, false, AttentionTcSoftmax::kShared));
+    CHECK(threads(true, false, AttentionTcSoftmax::kAuto) ==
+          threads(false, false, AttentionTcSoftmax::kAuto) + 2 * 128);  // 2 key tiles
+  }
+#endif
+  ExpectNoPoisonedReads();
+}
+
 TEST_CASE("attention bf16 (tensor cores): D not a multiple of 16 or above 128 is rejected") {
   Dev<float> buf(3 * 144 * 2), scratch(4);
   float* p = buf.get();
