@@ -40,6 +40,9 @@ AttentionStats GetAttentionStats(ops::Backend&) {
 Status UseCudnnAttention(ops::Backend&) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }
+Status UseSplitDkDvAttention(ops::Backend&, bool) {
+  return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
+}
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands, int64_t) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }
