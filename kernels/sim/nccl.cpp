@@ -46,6 +46,7 @@
 #include <tuple>
 #include <vector>
 
+#include "sim/blas_core.h"
 #include "sim/runtime_hooks.h"
 
 namespace ms::sim::nccl {
@@ -286,7 +287,14 @@ void Reduce(T* acc, const T* x, size_t n, ncclRedOp_t op) {
   }
 }
 
+// bf16 sums (the only 16-bit reduction AddColl takes): each addition the correctly rounded bf16 sum of its operands,
+// as NCCL's bf16 addition; the ranks' contributions are added in rank order.
+void ReduceBf16(uint16_t* acc, const uint16_t* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = blas::FloatToBf16(blas::Bf16ToFloat(acc[i]) + blas::Bf16ToFloat(x[i]));
+}
+
 void ReduceTyped(ncclDataType_t t, void* acc, const void* x, size_t n, ncclRedOp_t op) {
+  if (t == ncclBfloat16) ReduceBf16(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(x), n);
   if (t == ncclFloat32) Reduce(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
   if (t == ncclFloat64) Reduce(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
   if (t == ncclInt64) Reduce(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op);
@@ -423,8 +431,12 @@ ncclResult_t AddColl(Coll kind, const void* in, void* out, size_t count, ncclDat
   auto c = Get(h);
   if (!c) return ncclInvalidArgument;
   if (TypeBytes(type) == 0 || (op != ncclSum && op != ncclMax && op != ncclMin)) return ncclInvalidArgument;
-  // 16-bit types are moved (all-gather, broadcast) but never reduced here: refuse rather than sum nothing.
-  if (TypeBytes(type) == 2 && (kind == Coll::kAllReduce || kind == Coll::kReduceScatter)) return ncclInvalidArgument;
+  // 16-bit types are moved (all-gather, broadcast); of their reductions only the bf16 sum is emulated: refuse the
+  // others rather than reduce them wrongly.
+  if (TypeBytes(type) == 2 && (kind == Coll::kAllReduce || kind == Coll::kReduceScatter) &&
+      (type != ncclBfloat16 || op != ncclSum)) {
+    return ncclInvalidArgument;
+  }
   if (root < 0 || root >= c->size) return ncclInvalidArgument;
   CollOp o{kind, in, out, count, type, op, root, 0};
   {

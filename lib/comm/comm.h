@@ -129,6 +129,14 @@ class Communicator {
   // The same over 16-bit elements (bf16 activations; moved as they are, no arithmetic: the result is the bits of an
   // fp32 all-gather rounded afterwards, at half the bytes). In place when `in` is this rank's slot of `out`.
   virtual std::unique_ptr<Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t count) = 0;
+  // Sums of bf16 elements (tensor-parallel reductions with parallel.tp_reduce_dtype: bf16: half the bytes of the
+  // fp32 ones): every addition rounds to bf16 (the correctly rounded sum of its two bf16 operands, as NCCL's bf16
+  // addition), in the communicator's order (Gloo: a ring; NCCL: its own), so with more than 2 ranks the result is
+  // not the fp32 sum rounded once and may differ between communicators by the order; with 2 ranks it is exactly
+  // round(a + b) everywhere. AllReduce16: in place, bitwise identical on every rank. ReduceScatter16: in size()*count
+  // elements, out this rank's `count` elements of the sum, no overlap.
+  virtual std::unique_ptr<Work> AllReduce16(uint16_t* data, int64_t count) = 0;
+  virtual std::unique_ptr<Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t count) = 0;
   virtual std::unique_ptr<Work> Broadcast(float* data, int64_t count, int root) = 0;
   // Point to point; tag >= 0. Not ordered with collectives (see the Gloo notes above).
   virtual std::unique_ptr<Work> Send(const float* data, int64_t count, int peer, int tag) = 0;

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -216,6 +217,16 @@ gloo::AllreduceOptions::Func ReduceFunc(ReduceOp op) {
   return static_cast<Fn>(&gloo::sum<T>);
 }
 
+// c = a + b over bf16 patterns (c may be a): each sum widened exactly, added in fp32 — exact where the exponents differ
+// by at most 16, and otherwise far from a bf16 rounding tie — and rounded to nearest even once, the correctly rounded
+// bf16 sum that NCCL's bf16 addition also gives.
+void SumBf16(void* c, const void* a, const void* b, size_t n) {
+  auto* cc = static_cast<uint16_t*>(c);
+  const auto* aa = static_cast<const uint16_t*>(a);
+  const auto* bb = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) cc[i] = FloatToBf16(Bf16ToFloat(aa[i]) + Bf16ToFloat(bb[i]));
+}
+
 template <typename T>
 constexpr std::string_view TypeName() {
   if constexpr (std::is_same_v<T, float>) return "floats";
@@ -273,24 +284,15 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Work> AllReduce(int64_t* data, int64_t count, ReduceOp op) override {
     return AllReduceT(data, count, op);
   }
+  std::unique_ptr<Work> AllReduce16(uint16_t* data, int64_t count) override {
+    return AllReduceWith(data, count, "bf16s, bf16 sum", &SumBf16);
+  }
 
   std::unique_ptr<Work> ReduceScatter(const float* in, float* out, int64_t count) override {
-    if (Status s = CheckBuffer(in, count * size(), "reduce-scatter input"); !s.ok()) return Done(s);
-    if (Status s = CheckBuffer(out, count, "reduce-scatter output"); !s.ok()) return Done(s);
-    const size_t n = static_cast<size_t>(count);
-    const auto in_begin = reinterpret_cast<uintptr_t>(in), out_begin = reinterpret_cast<uintptr_t>(out);
-    if (count > 0 && out_begin + n * sizeof(float) > in_begin &&
-        in_begin + n * sizeof(float) * static_cast<size_t>(size()) > out_begin) {
-      return Done(InvalidArgument("{}: reduce-scatter: the output overlaps the input; give it its own buffer",
-                                  shared_->Where()));
-    }
-    const uint32_t tag = seq_++;
-    std::string what = fmt::format("reduce-scatter #{} ({} floats per rank, sum)", tag, count);
-    return Enqueue(what, [this, in, out, n, tag, what] {
-      if (n == 0) return Status::Ok();
-      return Guarded(*shared_, what, fmt::format("ring peers {} (recv) and {} (send)", left_, right_),
-                     [&] { return RingReduceScatter(in, out, n, tag); });
-    });
+    return ReduceScatterT(in, out, count, "floats per rank, sum");
+  }
+  std::unique_ptr<Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t count) override {
+    return ReduceScatterT(in, out, count, "bf16s per rank, bf16 sum");
   }
 
   std::unique_ptr<Work> AllGather(const float* in, float* out, int64_t count) override {
@@ -386,16 +388,22 @@ class GlooCommunicator final : public Communicator {
 
   template <typename T>
   std::unique_ptr<Work> AllReduceT(T* data, int64_t count, ReduceOp op) {
+    return AllReduceWith(data, count, fmt::format("{}, {}", TypeName<T>(), ReduceOpName(op)), ReduceFunc<T>(op));
+  }
+
+  template <typename T>
+  std::unique_ptr<Work> AllReduceWith(T* data, int64_t count, const std::string& unit,
+                                      gloo::AllreduceOptions::Func fn) {
     if (Status s = CheckBuffer(data, count, "all-reduce buffer"); !s.ok()) return Done(s);
     const uint32_t tag = seq_++;
-    std::string what = fmt::format("all-reduce #{} ({} {}, {})", tag, count, TypeName<T>(), ReduceOpName(op));
+    std::string what = fmt::format("all-reduce #{} ({} {})", tag, count, unit);
     const size_t n = static_cast<size_t>(count);
-    return Enqueue(what, [this, data, n, op, tag, what] {
+    return Enqueue(what, [this, data, n, fn = std::move(fn), tag, what] {
       if (n == 0) return Status::Ok();
       return Guarded(*shared_, what, fmt::format("ring peers {} (recv) and {} (send)", left_, right_), [&] {
         gloo::AllreduceOptions opts(shared_->context);
         opts.setOutput(data, n);
-        opts.setReduceFunction(ReduceFunc<T>(op));
+        opts.setReduceFunction(fn);
         opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
         opts.setTag(tag);
         opts.setTimeout(shared_->options.timeout);
@@ -436,22 +444,45 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // Ring reduce-scatter over unbound buffers; see comm.h. Runs on the communicator thread.
-  Status RingReduceScatter(const float* in, float* out, size_t n, uint32_t tag) {
+  template <typename T>
+  std::unique_ptr<Work> ReduceScatterT(const T* in, T* out, int64_t count, const char* unit) {
+    if (Status s = CheckBuffer(in, count * size(), "reduce-scatter input"); !s.ok()) return Done(s);
+    if (Status s = CheckBuffer(out, count, "reduce-scatter output"); !s.ok()) return Done(s);
+    const size_t n = static_cast<size_t>(count);
+    const auto in_begin = reinterpret_cast<uintptr_t>(in), out_begin = reinterpret_cast<uintptr_t>(out);
+    if (count > 0 && out_begin + n * sizeof(T) > in_begin &&
+        in_begin + n * sizeof(T) * static_cast<size_t>(size()) > out_begin) {
+      return Done(InvalidArgument("{}: reduce-scatter: the output overlaps the input; give it its own buffer",
+                                  shared_->Where()));
+    }
+    const uint32_t tag = seq_++;
+    std::string what = fmt::format("reduce-scatter #{} ({} {})", tag, count, unit);
+    return Enqueue(what, [this, in, out, n, tag, what] {
+      if (n == 0) return Status::Ok();
+      return Guarded(*shared_, what, fmt::format("ring peers {} (recv) and {} (send)", left_, right_),
+                     [&] { return RingReduceScatter(in, out, n, tag); });
+    });
+  }
+
+  // Ring reduce-scatter over unbound buffers; see comm.h. Runs on the communicator thread. T: float (fp32 sums) or
+  // uint16_t (bf16 sums, SumBf16's rounding at every addition).
+  template <typename T>
+  Status RingReduceScatter(const T* in, T* out, size_t n, uint32_t tag) {
     const int p = size();
     const int r = rank();
     if (p == 1) {
-      std::memcpy(out, in, n * sizeof(float));
+      std::memcpy(out, in, n * sizeof(T));
       return Status::Ok();
     }
     const auto deadline = Clock::now() + shared_->options.timeout;
     auto remaining = [&] { return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now())); };
     auto chunk = [&](int c) { return static_cast<size_t>(((c % p) + p) % p); };
-    const size_t bytes = n * sizeof(float);
-    if (scratch_.size() < 2 * n) scratch_.resize(2 * n);
-    float* acc[2] = {scratch_.data(), scratch_.data() + n};
+    const size_t bytes = n * sizeof(T);
+    const size_t scratch_floats = (2 * bytes + sizeof(float) - 1) / sizeof(float);
+    if (scratch_.size() < scratch_floats) scratch_.resize(scratch_floats);
+    T* acc[2] = {reinterpret_cast<T*>(scratch_.data()), reinterpret_cast<T*>(scratch_.data()) + n};
     gloo::Context& ctx = *shared_->context;
-    auto in_buf = ctx.createUnboundBuffer(const_cast<float*>(in), bytes * static_cast<size_t>(p));
+    auto in_buf = ctx.createUnboundBuffer(const_cast<T*>(in), bytes * static_cast<size_t>(p));
     std::unique_ptr<gloo::transport::UnboundBuffer> acc_buf[2] = {ctx.createUnboundBuffer(acc[0], bytes),
                                                                   ctx.createUnboundBuffer(acc[1], bytes)};
     auto out_buf = ctx.createUnboundBuffer(out, bytes);
@@ -464,13 +495,17 @@ class GlooCommunicator final : public Communicator {
     for (int s = 0; s < p - 1; ++s) {
       const bool last = s == p - 2;
       gloo::transport::UnboundBuffer* recv_buf = last ? out_buf.get() : acc_buf[s % 2].get();
-      float* recv_ptr = last ? out : acc[s % 2];
+      T* recv_ptr = last ? out : acc[s % 2];
       recv_buf->recv(left_, slot, 0, bytes);
       send_buf->send(right_, slot, send_offset, bytes);
       recv_buf->waitRecv(remaining());
       send_buf->waitSend(remaining());
-      const float* mine = in + chunk(r - s - 2) * n;
-      for (size_t i = 0; i < n; ++i) recv_ptr[i] += mine[i];
+      const T* mine = in + chunk(r - s - 2) * n;
+      if constexpr (std::is_same_v<T, float>) {
+        for (size_t i = 0; i < n; ++i) recv_ptr[i] += mine[i];
+      } else {
+        SumBf16(recv_ptr, recv_ptr, mine, n);
+      }
       send_buf = recv_buf;
       send_offset = 0;
     }

@@ -34,6 +34,11 @@ class SelfCommunicator : public Communicator {
     if (in != out && count > 0) std::memmove(out, in, static_cast<size_t>(count) * sizeof(uint16_t));
     return std::make_unique<DoneWork>();
   }
+  std::unique_ptr<Work> AllReduce16(uint16_t*, int64_t) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t count) override {
+    if (in != out && count > 0) std::memmove(out, in, static_cast<size_t>(count) * sizeof(uint16_t));
+    return std::make_unique<DoneWork>();
+  }
   std::unique_ptr<Work> Broadcast(float*, int64_t, int root) override {
     if (root != 0) return std::make_unique<DoneWork>(InvalidArgument("broadcast root {} in a group of 1", root));
     return std::make_unique<DoneWork>();

@@ -69,6 +69,10 @@ struct ParallelSpec {
   double bucket_mb = 4;            // data-parallel gradient bucket size, MB of fp32
   bool overlap = true;             // start each bucket's reduction during backward (false: measure without)
   int tp_comm_chunks = 1;          // row chunks of each TP collective, pipelined with its GEMMs; 1 = unchunked
+  // fp32 | bf16: the tensor-parallel sums of the layers' activations and activation gradients (the all-reduce or
+  // reduce-scatter after each row-parallel GEMM, and of the LayerNorm-output gradients in backward) summed in bf16
+  // (model::ShardSpec::tp_reduce_bf16): half the bytes, each rank's partial sum and every addition rounded to bf16.
+  std::string tp_reduce_dtype = "fp32";
   bool pp_overlap = true;  // pipeline receives posted ahead, sends completed lazily (false: each waited at once)
   bool operator==(const ParallelSpec&) const = default;
 };

@@ -352,6 +352,7 @@ std::vector<Field> BuildFields() {
   f.push_back(Real("parallel.bucket_mb", MS_FIELD(parallel.bucket_mb), Positive()));
   f.push_back(Boolean("parallel.overlap", MS_FIELD(parallel.overlap)));
   f.push_back(Integer("parallel.tp_comm_chunks", MS_FIELD(parallel.tp_comm_chunks), AtLeast(1)));
+  f.push_back(String("parallel.tp_reduce_dtype", MS_FIELD(parallel.tp_reduce_dtype), true, {"fp32", "bf16"}));
   f.push_back(Boolean("parallel.pp_overlap", MS_FIELD(parallel.pp_overlap)));
   // train
   f.push_back(Integer("train.steps", MS_FIELD(train.steps), AtLeast(1)));

@@ -204,6 +204,23 @@ enum class DType { kF32, kBF16, kI32 };
 size_t DTypeSize(DType dtype);
 std::string_view DTypeName(DType dtype);
 
+// bf16 as 16-bit patterns on the host (CPU backend, Gloo's bf16 sums): the upper half of an fp32, rounded to nearest
+// even as the CUDA kernels' __float2bfloat16 and the emulator round; a NaN stays a (quiet) NaN. Widening is exact.
+inline uint16_t FloatToBf16(float f) {
+  uint32_t u;
+  static_assert(sizeof u == sizeof f);
+  __builtin_memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float Bf16ToFloat(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // A non-owning view of device or host memory with a shape (row-major, contiguous).
 struct Tensor {
   void* data = nullptr;

@@ -178,6 +178,14 @@ class CudaBackend final : public ops::Backend {
     if (n == 0) return Status::Ok();
     return Launch(kernels::CastFloatToBf16(static_cast<__nv_bfloat16*>(dst), src, n, s_), "fp32 -> bf16 cast");
   }
+  Status RoundBf16(void* dst16, const float* src, int64_t n) override {
+    if (n == 0) return Status::Ok();
+    return Launch(kernels::CastFloatToBf16(static_cast<__nv_bfloat16*>(dst16), src, n, s_), "fp32 -> bf16 rounding");
+  }
+  Status WidenBf16(float* dst, const void* src16, int64_t n) override {
+    if (n == 0) return Status::Ok();
+    return Launch(kernels::CastBf16ToFloat(dst, static_cast<const __nv_bfloat16*>(src16), n, s_), "bf16 -> fp32");
+  }
   using ops::Backend::MatmulBackward;
   using ops::Backend::MatmulForward;
   Status MatmulForward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t IC,

@@ -209,6 +209,20 @@ class NcclCommunicator : public comm::Communicator {
         [&](ncclComm_t c) { return ncclAllGather(in, out, static_cast<size_t>(n), ncclBfloat16, c, stream_); },
         "bf16 elements");
   }
+  std::unique_ptr<comm::Work> AllReduce16(uint16_t* d, int64_t n) override {
+    return Run(
+        "all-reduce", n, -1,
+        [&](ncclComm_t c) { return ncclAllReduce(d, d, static_cast<size_t>(n), ncclBfloat16, ncclSum, c, stream_); },
+        "bf16 elements, bf16 sum");
+  }
+  std::unique_ptr<comm::Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    return Run(
+        "reduce-scatter", n, -1,
+        [&](ncclComm_t c) {
+          return ncclReduceScatter(in, out, static_cast<size_t>(n), ncclBfloat16, ncclSum, c, stream_);
+        },
+        "bf16 elements, bf16 sum");
+  }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
     return Run("broadcast", n, -1,
                [&](ncclComm_t c) { return ncclBroadcast(d, d, static_cast<size_t>(n), ncclFloat, root, c, stream_); });

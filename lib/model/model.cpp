@@ -375,6 +375,10 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->stage_rows_ = tp * ((R + g->sp_chunks_ - 1) / g->sp_chunks_);
     MS_RETURN_IF_ERROR(g->stage_.Allocate(g->be_, 2 * g->stage_rows_ * C));
   }
+  if (tp > 1 && shard.tp_reduce_bf16) {
+    g->red16_rows_ = std::max<int64_t>(N, 2 * g->stage_rows_);
+    MS_RETURN_IF_ERROR(g->red16_.Allocate(g->be_, (g->red16_rows_ + R) * C / 2 + 1));
+  }
   return g;
 }
 
@@ -701,22 +705,49 @@ Status Gpt::TpGatherLoop(std::string_view op, std::string_view what, const T* lo
   return Status::Ok();
 }
 
-Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local) {
+Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local,
+                                        bool may_bf16) {
   const int tp = shard_.tp_size;
   const bool sp = shard_.sequence_parallel && tp > 1;
+  const bool b16 = may_bf16 && tp > 1 && shard_.tp_reduce_bf16;
   const int64_t C = spec_.hidden, N = N_, R = rows_;
-  const char* op = sp ? "reduce-scatter" : "all-reduce";
+  const char* op = sp ? (b16 ? "reduce-scatter (bf16)" : "reduce-scatter") : (b16 ? "all-reduce (bf16)" : "all-reduce");
   const int k = tp == 1 ? 1 : sp ? sp_chunks_ : ar_chunks_;
+  // bf16 sums (ShardSpec::tp_reduce_bf16): each chunk's fp32 partial rounded into red16_'s first area (its rows of
+  // all N; SP: the chunk's stage, as `stage_`), summed over the communicator in bf16 (all-reduce: in place there;
+  // SP: into the second area, this rank's R rows), and the sum widened into `full` / `local` after the wait.
+  uint16_t* const in16 = b16 ? reinterpret_cast<uint16_t*>(red16_.data()) : nullptr;
+  uint16_t* const out16 = b16 ? in16 + red16_rows_ * C : nullptr;
+  // Posts the collective of rows [r0, r0 + rc) of each rank's slice (SP) or of all N rows, from `buf` (fp32; SP:
+  // rank-major, the reduce-scatter's input layout) staged in `stage16` (bf16 only).
+  // `posted`: when the collective itself was posted (its trace span's start).
+  auto post = [&](float* buf, uint16_t* stage16, int64_t r0, int64_t rc,
+                  double& posted) -> Result<std::unique_ptr<comm::Work>> {
+    const int64_t n = (sp ? tp : 1) * rc * C;
+    if (b16) MS_RETURN_IF_ERROR(be_->RoundBf16(stage16, buf, n).WithContext("rounding a tensor-parallel partial sum"));
+    MS_RETURN_IF_ERROR(TpCollectiveReady());
+    posted = NowSeconds();
+    if (!b16) {
+      return sp ? comms_.tp->ReduceScatter(buf, local + r0 * C, rc * C)
+                : comms_.tp->AllReduce(buf, rc * C, comm::ReduceOp::kSum);
+    }
+    return sp ? comms_.tp->ReduceScatter16(stage16, out16 + r0 * C, rc * C) : comms_.tp->AllReduce16(stage16, rc * C);
+  };
+  // After chunk [r0, r0 + rc)'s wait: the bf16 sum widened to where the fp32 one would be.
+  auto widen = [&](int64_t r0, int64_t rc) -> Status {
+    if (!b16) return Status::Ok();
+    return sp ? be_->WidenBf16(local + r0 * C, out16 + r0 * C, rc * C)
+              : be_->WidenBf16(full + r0 * C, in16 + r0 * C, rc * C);
+  };
   if (k == 1) {
     const double t0 = NowSeconds();
     MS_RETURN_IF_ERROR(produce(0, N, full));
     GemmSpan(what, 0, 1, t0);
     if (tp == 1) return full;
-    MS_RETURN_IF_ERROR(TpCollectiveReady());
-    const double posted = NowSeconds();
-    auto work =
-        sp ? comms_.tp->ReduceScatter(full, local, R * C) : comms_.tp->AllReduce(full, N * C, comm::ReduceOp::kSum);
+    double posted = 0;
+    MS_ASSIGN_OR_RETURN(auto work, post(full, in16, 0, sp ? R : N, posted));
     MS_RETURN_IF_ERROR(TpWait(*work, op, what, 0, 1, posted));
+    MS_RETURN_IF_ERROR(widen(0, sp ? R : N));
     return sp ? local : full;
   }
   // Chunk j = rows [r0, r0 + rc) of each rank's slice (SP: computed rank-major into stage j % 2, the
@@ -726,25 +757,31 @@ Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& 
   const int64_t rows = sp ? R : N;
   std::unique_ptr<comm::Work> prev;
   double prev_posted = 0;
+  int64_t prev_r0 = 0, prev_rc = 0;
   for (int j = 0; j < k; ++j) {
     const int64_t r0 = ChunkBegin(rows, k, j), rc = ChunkBegin(rows, k, j + 1) - r0;
     const double t0 = NowSeconds();
     float* buf = sp ? stage_.data() + (j % 2) * stage_rows_ * C : full + r0 * C;
+    uint16_t* stage16 = b16 ? (sp ? in16 + (j % 2) * stage_rows_ * C : in16 + r0 * C) : nullptr;
     if (sp) {
       for (int r = 0; r < tp; ++r) MS_RETURN_IF_ERROR(produce(r * R + r0, rc, buf + r * rc * C));
     } else {
       MS_RETURN_IF_ERROR(produce(r0, rc, buf));
     }
     GemmSpan(what, j, k, t0);
-    MS_RETURN_IF_ERROR(TpCollectiveReady());
-    const double posted = NowSeconds();
-    auto work = sp ? comms_.tp->ReduceScatter(buf, local + r0 * C, rc * C)
-                   : comms_.tp->AllReduce(buf, rc * C, comm::ReduceOp::kSum);
-    if (prev) MS_RETURN_IF_ERROR(TpWait(*prev, op, what, j - 1, k, prev_posted));
+    double posted = 0;
+    MS_ASSIGN_OR_RETURN(auto work, post(buf, stage16, r0, rc, posted));
+    if (prev) {
+      MS_RETURN_IF_ERROR(TpWait(*prev, op, what, j - 1, k, prev_posted));
+      MS_RETURN_IF_ERROR(widen(prev_r0, prev_rc));
+    }
     prev = std::move(work);
     prev_posted = posted;
+    prev_r0 = r0;
+    prev_rc = rc;
   }
   MS_RETURN_IF_ERROR(TpWait(*prev, op, what, k - 1, k, prev_posted));
+  MS_RETURN_IF_ERROR(widen(prev_r0, prev_rc));
   return sp ? local : full;
 }
 
@@ -805,7 +842,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       auto lookup = [&](int64_t row0, int64_t rows, float* dst) {  // other ranks' vocab rows: 0
         return be_->EmbeddingForward(dst, ids + row0, wte, rows, C);
       };
-      MS_ASSIGN_OR_RETURN(float* e, TpProduceRowsReduce("embed", lookup, e_full, x0));
+      MS_ASSIGN_OR_RETURN(float* e, TpProduceRowsReduce("embed", lookup, e_full, x0, /*may_bf16=*/false));
       if (!sp) MS_RETURN_IF_ERROR(be_->Copy(x0, e, sizeof(float) * N * C));
     }
     const float* wpe = P(FindParam("embed.wpe"));

@@ -99,6 +99,12 @@ struct ShardSpec {
   int virtual_stages = 1;
   bool sequence_parallel = false;
   int tp_comm_chunks = 1;  // row chunks of each TP collective pipelined with its GEMMs; clamped to the rows
+  // parallel.tp_reduce_dtype: bf16 — the layers' TP sums (TpProduceRowsReduce: each row-parallel GEMM's output, each
+  // LayerNorm-output gradient of the column-parallel GEMMs; not the vocab-parallel embedding's, nor the loss's or the
+  // sequence-parallel parameter gradients') go over the communicator in bf16 (Communicator::AllReduce16 /
+  // ReduceScatter16): each rank's fp32 partial rounded to bf16 (Backend::RoundBf16), summed with bf16 additions, and
+  // the sum widened back (Backend::WidenBf16). No-op at tp 1.
+  bool tp_reduce_bf16 = false;
   // Fused epilogues (the fc bias inside the GeLU, the row-parallel biases inside the residual add); false runs
   // each as a pass of its own, to measure what fusion buys (runtime.fused_kernels).
   bool fused_kernels = true;
@@ -298,7 +304,9 @@ class Gpt {
   // Runs `produce` for partial outputs of all N rows (it writes every row: a producer that accumulates writes its
   // first term with MatmulBackward's dinp_overwrite) and reduces them across tp, chunked and pipelined likewise:
   // returns `local` [rows_, C] under SP (reduce-scatter), else `full` [N, C] (all-reduce in place).
-  Result<float*> TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local);
+  // With ShardSpec::tp_reduce_bf16 the sums go in bf16, unless may_bf16 is false (the vocab-parallel embedding's).
+  Result<float*> TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local,
+                                     bool may_bf16 = true);
   void GemmSpan(std::string_view what, int chunk, int chunks, double start);  // reports a GEMM step's span
   Result<float> HeadForward(Acts& a, const float* x);
   // The bf16 rounding of GEMM weight `p` for the backend's kept operands (null when the backend keeps none): cast
@@ -430,6 +438,10 @@ class Gpt {
   int sp_chunks_ = 1, ar_chunks_ = 1;  // tp_comm_chunks clamped to the rows_ / N rows
   int64_t stage_rows_ = 0;             // rows of one SP chunk stage: tp * ceil(rows_ / sp_chunks_)
   DeviceArray<float> stage_;           // 2 stages (double buffer) of chunked SP collectives
+  // bf16 TP sums (ShardSpec::tp_reduce_bf16): red16_rows_ x C bf16 rounded partials (all N rows, or the 2 SP stages),
+  // then rows_ x C bf16 of the reduce-scatter's output.
+  int64_t red16_rows_ = 0;
+  DeviceArray<float> red16_;
   SpanHook span_;
 };
 

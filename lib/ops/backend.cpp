@@ -34,6 +34,16 @@ class CpuBackend final : public Backend {
     return FailedPrecondition("{}: the cpu backend keeps no bf16 copies (keeps_bf16_copies() is false)", op);
   }
   Status Synchronize() override { return Status::Ok(); }
+  Status RoundBf16(void* dst16, const float* src, int64_t n) override {
+    auto* d = static_cast<uint16_t*>(dst16);
+    for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16(src[i]);
+    return Status::Ok();
+  }
+  Status WidenBf16(float* dst, const void* src16, int64_t n) override {
+    const auto* s = static_cast<const uint16_t*>(src16);
+    for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(s[i]);
+    return Status::Ok();
+  }
 
   using Backend::MatmulBackward;
   using Backend::MatmulForward;

@@ -240,6 +240,10 @@ class Backend {
   virtual bool keeps_bf16_copies() const { return false; }
   // dst (n bf16, device memory) = src rounded to nearest even; only where keeps_bf16_copies().
   virtual Status CastToBf16(void* dst, const float* src, int64_t n);
+  // On every backend (the bf16 tensor-parallel sums, ShardSpec::tp_reduce_bf16): dst16 (n bf16) = src rounded to
+  // nearest even (NaN stays NaN), and dst (n fp32) = src16 widened, exactly. Enqueued like every op.
+  virtual Status RoundBf16(void* dst16, const float* src, int64_t n) = 0;
+  virtual Status WidenBf16(float* dst, const void* src16, int64_t n) = 0;
 
   // The linear layers (ops::MatmulForward / MatmulBackward); `bf16` as above (ignored unless keeps_bf16_copies(),
   // but for dinp_overwrite, which every backend honours).

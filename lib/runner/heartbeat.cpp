@@ -140,6 +140,14 @@ class TrackedComm final : public comm::Communicator {
     WaitClock clock;
     return Wrap(inner_->AllGather16(in, out, n), "all-gather");
   }
+  std::unique_ptr<comm::Work> AllReduce16(uint16_t* d, int64_t n) override {
+    WaitClock clock;
+    return Wrap(inner_->AllReduce16(d, n), "all-reduce");
+  }
+  std::unique_ptr<comm::Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    WaitClock clock;
+    return Wrap(inner_->ReduceScatter16(in, out, n), "reduce-scatter");
+  }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
     WaitClock clock;
     return Wrap(inner_->Broadcast(d, n, root), "broadcast");

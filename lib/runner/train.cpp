@@ -244,6 +244,10 @@ class TimedComm : public comm::Communicator {
   std::unique_ptr<comm::Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
     return Wrap(inner_->AllGather16(in, out, n));
   }
+  std::unique_ptr<comm::Work> AllReduce16(uint16_t* d, int64_t n) override { return Wrap(inner_->AllReduce16(d, n)); }
+  std::unique_ptr<comm::Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    return Wrap(inner_->ReduceScatter16(in, out, n));
+  }
   std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
     return Wrap(inner_->Broadcast(d, n, root));
   }
@@ -394,6 +398,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   shard.virtual_stages = par.virtual_stages;
   shard.sequence_parallel = par.sequence_parallel;
   shard.tp_comm_chunks = par.tp_comm_chunks;
+  shard.tp_reduce_bf16 = par.tp_reduce_dtype == "bf16";
   shard.fused_kernels = spec.runtime.fused_kernels;
   shard.bf16_fc = spec.runtime.activations == "bf16";
   shard.gemm_epilogues = spec.runtime.gemm_epilogues;
@@ -402,6 +407,10 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   MS_ASSIGN_OR_RETURN(auto gpt,
                       model::Gpt::Create(m, shard, micro, spec.train.seed, device, mcomms, compute.backend.get()));
   if (shard.bf16_fc) LogInfo("runtime.activations: bf16 — kept in bf16: {}", gpt->bf16_activations());
+  if (shard.tp_reduce_bf16 && par.tp > 1) {
+    LogInfo(
+        "parallel.tp_reduce_dtype: bf16 — the layers' tensor-parallel sums travel and add in bf16 (half the bytes)");
+  }
   if (spec.log.trace && par.tp > 1) {  // TP collectives and the GEMM chunks they overlap with
     gpt->set_span_hook([&trace](std::string_view what, std::string_view lane, double t0, double t1) {
       trace.Span(what, lane, t0, t1);

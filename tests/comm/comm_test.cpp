@@ -34,6 +34,11 @@ TEST_CASE("self communicator is the identity and rejects peers") {
   std::vector<uint16_t> h{0x3F80, 0xFFFF, 1}, g(3, 0);
   CHECK(c->AllGather16(h.data(), g.data(), 3)->Wait().ok());
   CHECK(g == h);
+  std::vector<uint16_t> s16{0x3F80, 0xC000, 7}, o16(3, 0);
+  CHECK(c->AllReduce16(s16.data(), 3)->Wait().ok());
+  CHECK(s16 == std::vector<uint16_t>{0x3F80, 0xC000, 7});
+  CHECK(c->ReduceScatter16(s16.data(), o16.data(), 3)->Wait().ok());
+  CHECK(o16 == s16);
 }
 
 }  // namespace ms::comm

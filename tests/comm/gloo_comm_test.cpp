@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -241,6 +242,61 @@ TEST_CASE("gloo all-gather of 16-bit elements, out of place and in place, odd co
       CHECK(bad == 0);
     }
   }
+}
+
+// bf16 sums: with 2 ranks every element is exactly round(a + b); with 3 the ring adds in some order per element, so
+// each result must be one of the three orders' roundings (and the same on every rank for the all-reduce). Inputs:
+// bf16 patterns of random values over several binades, negative and positive, so that sums round.
+TEST_CASE("gloo bf16 all-reduce and reduce-scatter round every addition, odd counts") {
+  auto add = [](uint16_t a, uint16_t b) { return FloatToBf16(Bf16ToFloat(a) + Bf16ToFloat(b)); };
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    Comms comms = MakeGroup(n);
+    for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{40001}}) {
+      CAPTURE(count);
+      std::vector<std::vector<uint16_t>> in(n), ar(n), rs(n);
+      std::vector<Status> status(n);
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> v = RandomFloats(count * n, 4242, static_cast<uint64_t>(r));
+        in[r].resize(v.size());
+        for (size_t i = 0; i < v.size(); ++i) in[r][i] = FloatToBf16(v[i] * std::ldexp(1.0f, static_cast<int>(i % 9)));
+      }
+      OnRanks(comms, [&](Communicator& c, int r) {
+        ar[r] = in[r];
+        rs[r].assign(count, 0xFFFF);
+        auto w1 = c.AllReduce16(ar[r].data(), count * n);
+        auto w2 = c.ReduceScatter16(in[r].data(), rs[r].data(), count);
+        for (auto* w : {w1.get(), w2.get()}) {
+          Status s = w->Wait();
+          if (!s.ok()) status[r] = s;
+        }
+      });
+      int bad_ar = 0, bad_rs = 0, differ = 0;
+      auto allowed = [&](size_t i, uint16_t got) {
+        if (n == 2) return got == add(in[0][i], in[1][i]);
+        const uint16_t a = in[0][i], b = in[1][i], c = in[2][i];
+        return got == add(add(a, b), c) || got == add(add(a, c), b) || got == add(add(b, c), a);
+      };
+      for (int r = 0; r < n; ++r) {
+        REQUIRE_MESSAGE(status[r].ok(), status[r].ToString());
+        for (int64_t i = 0; i < count * n; ++i) {
+          bad_ar += !allowed(static_cast<size_t>(i), ar[r][i]);
+          differ += ar[r][i] != ar[0][i];
+        }
+        for (int64_t i = 0; i < count; ++i) {
+          bad_rs += !allowed(static_cast<size_t>(r * count + i), rs[r][i]);
+        }
+      }
+      CHECK(bad_ar == 0);
+      CHECK(bad_rs == 0);
+      CHECK(differ == 0);
+    }
+  }
+  // The rounding itself: a tie rounds to even, a NaN stays NaN, the largest finite value overflows to infinity.
+  CHECK(FloatToBf16(1.0f + std::ldexp(1.0f, -8)) == 0x3F80);      // tie, down to even
+  CHECK(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3F82);  // tie, up to even
+  CHECK(std::isnan(Bf16ToFloat(FloatToBf16(std::nanf("")))));
+  CHECK(std::isinf(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::max()))));
 }
 
 TEST_CASE("gloo reduce-scatter is deterministic and rejects an overlapping output") {

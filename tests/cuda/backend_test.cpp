@@ -1057,6 +1057,38 @@ TEST_CASE("cuda backend (emulated): residual, bias, positions, memory helpers, n
   for (int i = 0; i < 3; ++i) CHECK(og[i] == doctest::Approx(oc[i]).epsilon(1e-12));
 }
 
+// The bf16 tensor-parallel sums' rounding and widening (ShardSpec::tp_reduce_bf16) on both backends: the same bits,
+// ties to even included (every 4th value lies exactly halfway between two bf16 neighbours).
+TEST_CASE("cuda backend (emulated): RoundBf16 and WidenBf16 give the CPU backend's bits") {
+  Pair p;
+  const int64_t n = 1001;
+  std::vector<float> x = Random(n, 31);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::ldexp(x[i], static_cast<int>(i % 11) - 5);
+    if (i % 4 == 0 && x[i] != 0.0f) {  // a tie: a bf16 value plus half of its last place
+      const float b = Bf16ToFloat(FloatToBf16(x[i]));
+      x[i] = b + std::copysign(std::ldexp(1.0f, std::ilogb(b) - 8), b);
+    }
+  }
+  Compare(
+      p, {x, std::vector<float>(n), std::vector<float>(n)},
+      [&](ops::Backend& be, std::vector<float*>& t) {
+        REQUIRE(be.RoundBf16(t[1], t[0], n).ok());  // n bf16 in the first half of t[1]
+        REQUIRE(be.WidenBf16(t[2], t[1], n).ok());
+      },
+      {{2, n}}, 0.0f, 0.0f, "bf16 round trip");
+  std::vector<float> back(n);
+  for (int64_t i = 0; i < n; ++i) back[i] = Bf16ToFloat(FloatToBf16(x[i]));
+  const float* g = p.On(*p.gpu, x);
+  float* g16 = p.On(*p.gpu, std::vector<float>(n));
+  float* gw = p.On(*p.gpu, std::vector<float>(n));
+  REQUIRE(p.gpu->RoundBf16(g16, g, n).ok());
+  REQUIRE(p.gpu->WidenBf16(gw, g16, n).ok());
+  std::vector<float> got(n);
+  REQUIRE(p.gpu->CopyToHost(got.data(), gw, sizeof(float) * n).ok());
+  CHECK(got == back);
+}
+
 TEST_CASE("cuda backend (emulated): multi-tensor AdamW and LAMB (rtol 1e-5)") {
   Pair p;
   const ops::AdamParams decay{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, plain{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f};

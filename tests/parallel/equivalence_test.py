@@ -3,10 +3,10 @@
 single-rank run's per-step losses (relative 1e-5) and final parameters (per tensor: relative norm of
 the difference 1e-4, and no element off by more than 1e-3 of the tensor's largest magnitude), with
 AdamW and LAMB, ZeRO 1 and 2, both block types, a sliding window and chunked TP communication
-(parallel.tp_comm_chunks). Also checks that every data-parallel replica ends with bit-identical
-parameters, that data-parallel reductions start during backward (overlap), that chunked TP
-collectives overlap GEMM chunks on the trace timeline (and unchunked ones do not), and that a rank
-killed mid-run fails the job promptly.
+(parallel.tp_comm_chunks); with the TP sums in bf16 (parallel.tp_reduce_dtype) the losses within 1.5e-4 of
+it. Also checks that every data-parallel replica ends with bit-identical parameters, that data-parallel
+reductions start during backward (overlap), that chunked TP collectives overlap GEMM chunks on the trace
+timeline (and unchunked ones do not), and that a rank killed mid-run fails the job promptly.
 
 Usage: equivalence_test.py MEGASCALE_BINARY WORK_DIR [--quick]
 """
@@ -158,6 +158,65 @@ LAMB_LAYOUTS = {
 }
 
 
+def reductions_on_trace(run_dir, ranks):
+    """{(op, dtype, label)} of the TP all-reduce / reduce-scatter spans on every rank's trace, chunk suffix dropped."""
+    found = set()
+    for rank in range(ranks):
+        for e in json.load(open(os.path.join(run_dir, "trace", f"rank-{rank}.json"))):
+            words = e.get("name", "").split() if e.get("ph") == "X" else []
+            if len(words) < 3 or words[0] != "tp" or words[1] not in ("all-reduce", "reduce-scatter"):
+                continue
+            b16 = words[2] == "(bf16)"
+            rest = words[3:] if b16 else words[2:]
+            if rest and "/" in rest[-1] and rest[-1][0].isdigit():
+                rest = rest[:-1]
+            found.add((words[1], "bf16" if b16 else "fp32", " ".join(rest)))
+    return found
+
+
+# bf16 TP sums (parallel.tp_reduce_dtype: bf16): every row-parallel output and LayerNorm-output gradient is summed
+# over the TP group in bf16 (each rank's partial and each addition rounded), so the run is not the single-rank run's
+# bits but must stay within bf16's reach of it, must differ from the same layout's fp32 sums (the option is in
+# effect), and its trace must show bf16 all-reduces / reduce-scatters for the layers' sums and fp32 ones only for the
+# vocab-parallel embedding and loss and the sequence-parallel parameter gradients. tp 4 adds ring additions in more
+# than one order. Measured (2026-11-28): the three layouts' losses 0.8-1.7e-5 relative from the single-rank run's;
+# with one row of each chunk's sum left unwidened (a planted mistake: that row keeps this rank's partial) 4.1e-4,
+# 7.4e-4 and 2.9e-3 — hence the tolerance between them.
+BF16_SUM_LAYOUTS = {
+    "2.1.1-c3": ("parallel", ["parallel.tp=2", "parallel.tp_comm_chunks=3"]),
+    "2.1.1-sp": ("sequential", ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "4.1.1-sp-c2": ("parallel", ["parallel.tp=4", "parallel.sequence_parallel=true", "parallel.tp_comm_chunks=2"]),
+}
+BF16_SUM_TOLERANCE = 1.5e-4  # relative, per step's loss
+FP32_SUMS = {"embed", "loss max", "loss sumexp+target", "sequence-parallel grads"}
+
+
+def bf16_sums(data):
+    layouts = BF16_SUM_LAYOUTS if not QUICK else {"2.1.1-sp": BF16_SUM_LAYOUTS["2.1.1-sp"]}
+    bases = {}
+    for name, (block, sets) in layouts.items():
+        spec = os.path.join(WORK, f"bf16-sums-{block}.yaml")
+        open(spec, "w").write(spec_text(data, block, "adamw", CHUNK_BATCH).replace("steps: 10", "steps: 6"))
+        if block not in bases:
+            bases[block] = np.array([r["loss"] for r in train(spec, f"bf16-sums-{block}-1.1.1", [])[0]])
+        base = bases[block]
+        fp32 = np.array([r["loss"] for r in train(spec, f"bf16-sums-{name}-fp32", sets)[0]])
+        rows, _ = train(spec, f"bf16-sums-{name}-bf16", sets + ["parallel.tp_reduce_dtype=bf16", "log.trace=true"])
+        loss = np.array([r["loss"] for r in rows])
+        err = float(np.max(np.abs(loss - base) / np.abs(base)))
+        differs = float(np.max(np.abs(loss - fp32)))
+        tp = int(next(s for s in sets if s.startswith("parallel.tp=")).split("=")[1])
+        found = reductions_on_trace(os.path.join(WORK, f"bf16-sums-{name}-bf16"), tp)
+        b16 = {label for _, dtype, label in found if dtype == "bf16"}
+        f32 = {label for _, dtype, label in found if dtype == "fp32"}
+        layer_sums = any(".proj" in l for l in b16) and any(">dln" in l for l in b16)
+        ok = err < BF16_SUM_TOLERANCE and differs > 0 and layer_sums and f32 <= FP32_SUMS
+        check(f"{block} {name} bf16 TP sums", ok,
+              f"loss rel to 1.1.1 {err:.1e} (fp32 sums: {float(np.max(np.abs(fp32 - base) / np.abs(base))):.1e}), "
+              f"largest difference from the fp32 sums {differs:.1e}; bf16 on the trace: {sorted(b16)}; fp32: "
+              f"{sorted(f32)}")
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
@@ -303,6 +362,8 @@ def main():
               f"every chunked collective 1 of 8 chunks: {clamped}; loss rel to unchunked {lerr:.1e}; unchunked: "
               f"{len(plain['all-gather'])} and {len(plain['reduce-scatter'])} pairs over "
               f"{len(plain['all-gather spans']) + len(plain['reduce-scatter spans'])} collectives")
+
+    bf16_sums(data)
 
     # The key is validated like the others.
     spec = os.path.join(WORK, "trace.yaml")
