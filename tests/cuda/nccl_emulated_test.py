@@ -22,7 +22,8 @@ the CPU backend's losses:
               must differ.
 
 Usage: nccl_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--quick] [--gpu]
-  --gpu: MEGASCALE_EMU is a megascale built with nvcc and the layouts run on real GPUs and libnccl (ctest -L gpu);
+  --gpu: MEGASCALE_EMU is a megascale built with nvcc and the layouts (and tp 2's bf16 sums) run on real GPUs and
+         libnccl (ctest -L gpu);
          a layout needing more GPUs than the machine has is skipped, and the emulator-only cases (deferred
          streams, Gloo, buffering, stuck peer, planted bug) are not run.
 """
@@ -256,6 +257,8 @@ for name, par, layers in LAYOUTS:
     if fits(name, par):
         report(name, compare(name, par, layers))
 if GPU:
+    if fits("tp2-bf16-sums", "{tp: 2}"):  # libnccl's ncclBfloat16 sums against the CPU backend's (Gloo)
+        report("tp2-bf16-sums", bf16_sums("bf16sums-tp2", "{tp: 2, tp_comm_chunks: 2, micro_batches: 2}"))
     if fits("deadlock-of-the-former-order", "{pp: 2}"):
         report("deadlock-of-the-former-order",
                must_fail("deadlock", "{pp: 2, micro_batches: 4}", {"MEGASCALE_PP_P2P": "ungrouped"},
