@@ -179,13 +179,16 @@ def reductions_on_trace(run_dir, ranks):
 # bits but must stay within bf16's reach of it, must differ from the same layout's fp32 sums (the option is in
 # effect), and its trace must show bf16 all-reduces / reduce-scatters for the layers' sums and fp32 ones only for the
 # vocab-parallel embedding and loss and the sequence-parallel parameter gradients. tp 4 adds ring additions in more
-# than one order. Measured (2026-11-28): the three layouts' losses 0.8-1.7e-5 relative from the single-rank run's;
+# than one order; 2.2.2 the sums of a pipeline stage's micro-batches beside ZeRO (the trace read: the first stage's
+# ranks). Measured (2026-11-28): the layouts' losses 0.8-1.7e-5 relative from the single-rank run's;
 # with one row of each chunk's sum left unwidened (a planted mistake: that row keeps this rank's partial) 4.1e-4,
 # 7.4e-4 and 2.9e-3 — hence the tolerance between them.
 BF16_SUM_LAYOUTS = {
     "2.1.1-c3": ("parallel", ["parallel.tp=2", "parallel.tp_comm_chunks=3"]),
     "2.1.1-sp": ("sequential", ["parallel.tp=2", "parallel.sequence_parallel=true"]),
     "4.1.1-sp-c2": ("parallel", ["parallel.tp=4", "parallel.sequence_parallel=true", "parallel.tp_comm_chunks=2"]),
+    "2.2.2-sp-z1-c2": ("parallel", ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+                                    "parallel.zero=1", "parallel.tp_comm_chunks=2", "train.micro_batch=4"]),
 }
 BF16_SUM_TOLERANCE = 1.5e-4  # relative, per step's loss
 FP32_SUMS = {"embed", "loss max", "loss sumexp+target", "sequence-parallel grads"}
