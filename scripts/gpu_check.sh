@@ -16,7 +16,8 @@
 #   train      megascale train configs/gpt2-small-gpu.yaml (12 steps) and configs/gpt-1.3b-gpu.yaml (8 steps) with
 #              runtime.bf16_operands: keep, with and without runtime.activations: bf16 (the fc bias + GeLU in the
 #              cuBLASLt epilogues), and with it the attention by cuDNN (-cudnn) and the 8-warp dK/dV kernel
-#              (-split, runtime.attention_split_dkdv); then GPT-2 small with
+#              (-split, runtime.attention_split_dkdv), GPT-2 small's micro-batches as CUDA graphs (-graphs,
+#              runtime.cuda_graphs); then GPT-2 small with
 #              runtime.attention_stored_ds: false, runtime.gemm_epilogues: false, cast and cublas: step time
 #              and MFU against the detected GPU's datasheet bf16 peak, which path ran the GeLU epilogues and what
 #              was kept in bf16
@@ -275,8 +276,9 @@ if want train; then
     # -nods: the attention backward forming dS again (runtime.attention_stored_ds: false, 7 products).
     # -cudnn: the attention by cuDNN's fused attention (runtime.attention_kernels: cudnn).
     # -split: the attention backward's 8-warp dK/dV kernel (runtime.attention_split_dkdv: true; the same bits).
-    for run in keep-bf16act keep-bf16act-cudnn keep-bf16act-split keep-bf16act-nods keep 1.3b-keep-bf16act \
-      1.3b-keep-bf16act-cudnn 1.3b-keep-bf16act-split 1.3b-keep keep-bf16act-noepi cast cublas; do
+    # -graphs: each micro-batch's forward and backward launched as a CUDA graph (runtime.cuda_graphs: true).
+    for run in keep-bf16act keep-bf16act-cudnn keep-bf16act-split keep-bf16act-graphs keep-bf16act-nods keep \
+      1.3b-keep-bf16act 1.3b-keep-bf16act-cudnn 1.3b-keep-bf16act-split 1.3b-keep keep-bf16act-noepi cast cublas; do
       cfg=configs/gpt2-small-gpu.yaml steps=12 mode=$run
       [[ $run == 1.3b-* ]] && cfg=configs/gpt-1.3b-gpu.yaml steps=8 mode=${run#1.3b-}
       extra=()
@@ -285,6 +287,7 @@ if want train; then
       [[ $mode == *-nods ]] && extra+=(--set runtime.attention_stored_ds=false)
       [[ $mode == *-cudnn ]] && extra+=(--set runtime.attention_kernels=cudnn)
       [[ $mode == *-split ]] && extra+=(--set runtime.attention_split_dkdv=true)
+      [[ $mode == *-graphs ]] && extra+=(--set runtime.cuda_graphs=true)
       limit=${cap[train]}
       [[ $run == 1.3b-* ]] && limit=$((limit + 50))  # its startup: ~35 s on an H200 (1.3 B parameters drawn on the host)
       stage "train-$run" "$limit" "$bin/megascale" train "$cfg" --no-progress --set train.steps=$steps \

@@ -42,5 +42,18 @@ cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event);
 cudaError_t SynchronizeEvent(cudaEvent_t event);
 cudaError_t QueryEvent(cudaEvent_t event);
 cudaError_t EventTime(cudaEvent_t event, std::chrono::steady_clock::time_point* t);
+// Stream capture (streams.cpp's header comment). EndCapture's `why`: the reason of an invalidated capture.
+// Graphs and executable graphs are both the engine's graph objects (CopyGraph makes the executable one).
+bool AnyCapture();
+// cudaErrorStreamCaptureUnsupported, invalidating the capture, where `stream` is capturing (an operation CUDA
+// cannot capture, e.g. a copy from pageable memory); cudaSuccess otherwise.
+cudaError_t RefuseInCapture(cudaStream_t stream, const std::string& why);
+cudaError_t BeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t EndCapture(cudaStream_t stream, cudaGraph_t* graph, std::string* why);
+cudaError_t CaptureStatus(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t CopyGraph(cudaGraph_t graph, void** copy);
+cudaError_t DestroyGraph(void* graph);
+cudaError_t GraphOps(cudaGraph_t graph, size_t* n);
+cudaError_t LaunchGraph(void* exec, cudaStream_t stream);
 
 }  // namespace ms::sim::internal

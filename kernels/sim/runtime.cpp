@@ -12,6 +12,8 @@
 //   cudaFuncSetAttribute  MaxDynamicSharedMemorySize is honoured by the launch check, others accepted;
 //   cudaLaunchHostFunc    runs the function in stream order (sync mode: at once); CUDA calls made from inside it fail
 //                     with cudaErrorNotPermitted (CUDA forbids them: on a GPU they may fail or deadlock);
+//   graphs            cudaStreamBeginCapture / EndCapture / IsCapturing, cudaGraphInstantiate / Launch / GetNodes
+//                     (the count) / Destroy, for single-stream captures (streams.cpp);
 //   device queries    one device, 0, "megascale SIMT emulator (CPU)": sm_90's launch limits, the host's RAM as
 //                     its memory (cudaMalloc fails above it), the host's cores as its multiprocessors.
 // Allocations are 256-byte aligned, as cudaMalloc's; runtime_hooks.h adds failure injection and range checks.
@@ -161,7 +163,7 @@ bool KnownEvent(cudaEvent_t e) {
 // synchronization says the copy is done.
 cudaError_t CopyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream,
                       const char* api) {
-  if (!AsyncStreams()) return Copy(dst, src, count, kind, api);
+  if (!AsyncStreams() && !AnyCapture()) return Copy(dst, src, count, kind, api);  // captured copies are recorded
   if (count == 0) return cudaSuccess;
   if (!dst || !src) return Fail(cudaErrorInvalidValue, std::string(api) + ": null pointer");
   const Where d = Locate(dst, count), s = Locate(src, count);
@@ -173,6 +175,12 @@ cudaError_t CopyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind k
       (kind == cudaMemcpyHostToDevice && s != Where::kHost) || (kind == cudaMemcpyDeviceToHost && d != Where::kHost) ||
       kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     return Copy(dst, src, count, kind, api);  // reports the error without copying anything valid
+  }
+  if ((d == Where::kHost && !InPinned(dst, count)) || (s == Where::kHost && !InPinned(src, count))) {
+    // A capture cannot record a copy with pageable memory (CUDA stages it at the call).
+    if (cudaError_t r = RefuseInCapture(stream, std::string(api) + " with pageable host memory"); r != cudaSuccess) {
+      return Fail(r, std::string(api) + ": pageable host memory in a stream capture (use cudaMallocHost memory)");
+    }
   }
   if (d == Where::kHost && !InPinned(dst, count)) {  // device to pageable host memory: complete before returning
     if (cudaError_t r = SynchronizeStream(stream); r != cudaSuccess) return r;
@@ -394,7 +402,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaMemsetAsync");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: bad stream");
-  if (!ms::sim::internal::AsyncStreams() || count == 0)
+  if ((!ms::sim::internal::AsyncStreams() && !ms::sim::internal::AnyCapture()) || count == 0)
     return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
   if (!ms::sim::IsDeviceRange(ptr, count)) return ms::sim::internal::Set(ptr, value, count, "cudaMemsetAsync");
   return ms::sim::internal::Enqueue(stream, "cudaMemsetAsync", [ptr, value, count]() {
@@ -441,6 +449,19 @@ constexpr ErrorText kErrors[] = {
      "unspecified launch failure (emulated; see the ms-sim error message)"},
     {cudaErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation",
+     "dependency created on uncaptured work in another stream"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
 };
 
 const ErrorText* FindError(cudaError_t error) {
@@ -450,8 +471,24 @@ const ErrorText* FindError(cudaError_t error) {
   return nullptr;
 }
 
+// Reports an error of the capture rules (streams.cpp) with the API that met it; other codes pass through.
+cudaError_t CaptureRule(cudaError_t r, const char* api) {
+  switch (r) {
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureIsolation:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorCapturedEvent:
+      return Fail(r, std::string(api) + ": " + FindError(r)->text);
+    default:
+      return r;
+  }
+}
+
 }  // namespace
 }  // namespace ms::sim::internal
+
+using ms::sim::internal::CaptureRule;
 
 const char* cudaGetErrorName(cudaError_t error) {
   const auto* e = ms::sim::internal::FindError(error);
@@ -465,7 +502,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaDeviceSynchronize");
-  return ms::sim::internal::SynchronizeDevice();
+  return CaptureRule(ms::sim::internal::SynchronizeDevice(), "cudaDeviceSynchronize");
 }
 
 cudaError_t cudaGetDevice(int* device) {
@@ -596,14 +633,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamSynchronize");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a stream");
-  return ms::sim::internal::SynchronizeStream(stream);
+  return CaptureRule(ms::sim::internal::SynchronizeStream(stream), "cudaStreamSynchronize");
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamQuery");
   if (!ms::sim::internal::KnownStream(stream))
     return Fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: not a stream");
-  return ms::sim::internal::QueryStream(stream);
+  return CaptureRule(ms::sim::internal::QueryStream(stream), "cudaStreamQuery");
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
@@ -611,7 +648,92 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (!ms::sim::internal::KnownEvent(event) || !ms::sim::internal::KnownStream(stream)) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: bad stream or event");
   }
-  return ms::sim::internal::StreamWaitEvent(stream, event);
+  return CaptureRule(ms::sim::internal::StreamWaitEvent(stream, event), "cudaStreamWaitEvent");
+}
+
+// ---- stream capture and graphs (streams.cpp: what is emulated and what is refused) ----
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamBeginCapture");
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed) {
+    return Fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: unknown mode");
+  }
+  switch (ms::sim::internal::BeginCapture(stream, mode)) {
+    case cudaSuccess:
+      return cudaSuccess;
+    case cudaErrorInvalidResourceHandle:
+      return Fail(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture: not a stream");
+    case cudaErrorIllegalState:
+      return Fail(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream is already capturing");
+    default:
+      return Fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture: the legacy stream cannot be captured");
+  }
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaStreamEndCapture");
+  if (!pGraph) return Fail(cudaErrorInvalidValue, "cudaStreamEndCapture: null pointer");
+  std::string why;
+  const cudaError_t r = ms::sim::internal::EndCapture(stream, pGraph, &why);
+  if (r == cudaErrorStreamCaptureInvalidated) {
+    return Fail(r, "cudaStreamEndCapture: the capture was invalidated by " + why);
+  }
+  if (r != cudaSuccess) return Fail(r, "cudaStreamEndCapture: not a capturing stream, or another thread's capture");
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus) {
+  if (!pCaptureStatus) return Fail(cudaErrorInvalidValue, "cudaStreamIsCapturing: null pointer");
+  if (ms::sim::internal::CaptureStatus(stream, pCaptureStatus) != cudaSuccess) {
+    return Fail(cudaErrorInvalidResourceHandle, "cudaStreamIsCapturing: not a stream");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long flags) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaGraphInstantiate");
+  if (!pGraphExec) return Fail(cudaErrorInvalidValue, "cudaGraphInstantiate: null pointer");
+  if (flags != 0) return Fail(cudaErrorInvalidValue, "cudaGraphInstantiate: flags are not emulated");
+  void* exec = nullptr;
+  if (ms::sim::internal::CopyGraph(graph, &exec) != cudaSuccess) {
+    return Fail(cudaErrorInvalidValue, "cudaGraphInstantiate: not a graph");
+  }
+  *pGraphExec = static_cast<cudaGraphExec_t>(exec);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  MS_SIM_NOT_IN_HOST_FUNCTION("cudaGraphLaunch");
+  const cudaError_t r = ms::sim::internal::LaunchGraph(graphExec, stream);
+  if (r == cudaErrorInvalidValue) return Fail(r, "cudaGraphLaunch: not an executable graph");
+  if (r == cudaErrorInvalidResourceHandle) return Fail(r, "cudaGraphLaunch: not a stream");
+  if (r != cudaSuccess)
+    ms::sim::internal::SetLastError(r);  // an operation of the graph failed (sync mode): its own error
+  return r;
+}
+
+// The nodes of a captured graph: one per recorded operation (only the count: `nodes` must be null).
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* numNodes) {
+  if (!numNodes) return Fail(cudaErrorInvalidValue, "cudaGraphGetNodes: null count");
+  if (nodes) return Fail(cudaErrorNotSupported, "cudaGraphGetNodes: only the count is emulated (nodes must be null)");
+  if (ms::sim::internal::GraphOps(graph, numNodes) != cudaSuccess) {
+    return Fail(cudaErrorInvalidValue, "cudaGraphGetNodes: not a graph");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  if (ms::sim::internal::DestroyGraph(graphExec) != cudaSuccess) {
+    return Fail(cudaErrorInvalidValue, "cudaGraphExecDestroy: not an executable graph");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (ms::sim::internal::DestroyGraph(graph) != cudaSuccess) {
+    return Fail(cudaErrorInvalidValue, "cudaGraphDestroy: not a graph");
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
@@ -644,9 +766,9 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventRecord");
-  if (ms::sim::internal::RecordEvent(event, stream) != cudaSuccess) {
-    return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: bad stream or event");
-  }
+  const cudaError_t r = ms::sim::internal::RecordEvent(event, stream);
+  if (r == cudaErrorStreamCaptureInvalidated) return Fail(r, "cudaEventRecord: the stream's capture was invalidated");
+  if (r != cudaSuccess) return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: bad stream or event");
   return cudaSuccess;
 }
 
@@ -654,20 +776,25 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventQuery");
   if (!ms::sim::internal::KnownEvent(event))
     return Fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
-  return ms::sim::internal::QueryEvent(event);
+  return CaptureRule(ms::sim::internal::QueryEvent(event), "cudaEventQuery");
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   MS_SIM_NOT_IN_HOST_FUNCTION("cudaEventSynchronize");
   if (!ms::sim::internal::KnownEvent(event))
     return Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not an event");
-  return ms::sim::internal::SynchronizeEvent(event);
+  return CaptureRule(ms::sim::internal::SynchronizeEvent(event), "cudaEventSynchronize");
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   std::chrono::steady_clock::time_point a, b;
-  if (!ms || ms::sim::internal::EventTime(start, &a) != cudaSuccess ||
-      ms::sim::internal::EventTime(end, &b) != cudaSuccess) {
+  if (!ms) return Fail(cudaErrorInvalidValue, "cudaEventElapsedTime: null pointer");
+  for (cudaEvent_t ev : {start, end}) {
+    if (const cudaError_t r = ms::sim::internal::EventTime(ev, &a); r == cudaErrorCapturedEvent) {
+      return CaptureRule(r, "cudaEventElapsedTime");
+    }
+  }
+  if (ms::sim::internal::EventTime(start, &a) != cudaSuccess || ms::sim::internal::EventTime(end, &b) != cudaSuccess) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not an event, or not recorded");
   }
   *ms = std::chrono::duration<float, std::milli>(b - a).count();

@@ -918,7 +918,7 @@ void RunKernel(const LaunchInfo& info, const void* kernel_address, void (*invoke
 }
 
 bool LaunchesAreQueued() {
-  return internal::AsyncStreams();
+  return internal::AsyncStreams() || internal::AnyCapture();  // a capture records the launches of its stream
 }
 
 void QueueKernel(const LaunchInfo& info, const void* kernel_address, void (*invoke)(const void*),
@@ -927,9 +927,15 @@ void QueueKernel(const LaunchInfo& info, const void* kernel_address, void (*invo
     RunKernel(info, kernel_address, invoke, args.get());
     return cudaGetLastError();  // this worker thread's: the outcome of the launch
   });
-  if (r != cudaSuccess) {
+  if (r == cudaErrorInvalidResourceHandle) {
     internal::ReportError(
         Format("kernel %s launched at %s:%d: invalid launch: not a stream", info.kernel, info.file, info.line));
+    internal::SetLastError(r);
+    return;
+  }
+  // Run at once (sync mode while another stream captures) and failed, reported already; or its stream's capture was
+  // invalidated.
+  if (r != cudaSuccess) {
     internal::SetLastError(r);
     return;
   }

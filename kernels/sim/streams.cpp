@@ -36,6 +36,15 @@ namespace {
 
 struct StreamState;
 
+// A captured or instantiated graph: its operations in issue order.
+struct GraphState {
+  std::vector<std::pair<std::string, StreamOp>> ops;
+  bool invalid = false;            // while capturing: something CUDA refuses happened
+  std::string why;                 // the first reason it was invalidated
+  std::thread::id thread;          // the thread that began the capture
+  bool thread_local_mode = false;  // cudaStreamCaptureModeThreadLocal: only that thread may end it
+};
+
 struct Item {
   uint64_t seq = 0;
   std::string what;
@@ -50,6 +59,7 @@ struct StreamState {
   std::deque<Item> queue;
   uint64_t enqueued = 0, done = 0, demanded = 0;
   cudaError_t sticky = cudaSuccess;  // the first failure of an operation run on the stream
+  GraphState* capture = nullptr;     // between cudaStreamBeginCapture and cudaStreamEndCapture
   bool stop = false;
   std::thread worker;
 };
@@ -59,6 +69,7 @@ struct EventState {
   uint64_t seq = 0;
   std::chrono::steady_clock::time_point time;
   bool recorded = false;
+  GraphState* captured_in = nullptr;  // last recorded on a capturing stream (until recorded again elsewhere)
 };
 
 struct Engine {
@@ -69,6 +80,8 @@ struct Engine {
   std::set<StreamState*> streams;  // live streams (the legacy stream included once it exists)
   std::set<EventState*> events;
   StreamState* legacy = nullptr;
+  std::set<GraphState*> captures;  // active captures
+  std::set<GraphState*> graphs;    // cudaGraph_t and cudaGraphExec_t handles alive
 };
 
 Engine& E() {
@@ -180,6 +193,20 @@ cudaError_t EnqueueLocked(Engine& e, StreamState* s, const char* what, StreamOp 
   return cudaSuccess;
 }
 
+void InvalidateLocked(GraphState* g, const std::string& why) {
+  if (!g->invalid) {
+    g->invalid = true;
+    g->why = why;
+  }
+}
+
+// An event last recorded in a capture: CUDA refuses to query, synchronize or time it (and invalidates the capture
+// while it lasts).
+cudaError_t CapturedEventLocked(Engine& e, EventState* ev, const char* api) {
+  if (e.captures.count(ev->captured_in)) InvalidateLocked(ev->captured_in, std::string(api) + " of a captured event");
+  return cudaErrorCapturedEvent;
+}
+
 }  // namespace
 
 bool AsyncStreams() {
@@ -215,6 +242,7 @@ cudaError_t DestroyStream(cudaStream_t stream) {
   std::unique_lock<std::mutex> lock(e.mu);
   auto* s = reinterpret_cast<StreamState*>(stream);
   if (stream == nullptr || !e.streams.count(s) || s->legacy) return cudaErrorInvalidResourceHandle;
+  if (s->capture) return cudaErrorStreamCaptureUnsupported;  // end the capture first
   // CUDA lets the work already enqueued finish; the emulator waits for it (so no worker outlives its stream).
   WaitLocked(e, lock, s, s->enqueued);
   e.streams.erase(s);
@@ -232,6 +260,19 @@ cudaError_t Enqueue(cudaStream_t stream, const char* what, StreamOp op) {
   std::unique_lock<std::mutex> lock(e.mu);
   StreamState* s = Resolve(e, stream);
   if (!s) return cudaErrorInvalidResourceHandle;
+  if (s->capture) {
+    if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
+    s->capture->ops.emplace_back(what, std::move(op));
+    return cudaSuccess;
+  }
+  if (s->legacy && !e.captures.empty()) {  // the legacy stream's barrier would join a capturing blocking stream
+    for (StreamState* o : e.streams) {
+      if (o->capture && o->blocking) {
+        InvalidateLocked(o->capture, std::string(what) + " on the legacy stream while a blocking stream captures");
+        return cudaErrorStreamCaptureImplicit;
+      }
+    }
+  }
   if (ReadModeLocked(e) == StreamMode::kSync) {
     lock.unlock();
     return op();
@@ -244,6 +285,10 @@ cudaError_t SynchronizeStream(cudaStream_t stream) {
   std::unique_lock<std::mutex> lock(e.mu);
   StreamState* s = Resolve(e, stream);
   if (!s) return cudaErrorInvalidResourceHandle;
+  if (s->capture) {
+    InvalidateLocked(s->capture, "cudaStreamSynchronize of the capturing stream");
+    return cudaErrorStreamCaptureUnsupported;
+  }
   if (s->legacy) {  // the legacy stream also waits for every blocking stream
     for (StreamState* o : std::vector<StreamState*>(e.streams.begin(), e.streams.end())) {
       if (o->blocking) {
@@ -259,6 +304,10 @@ cudaError_t QueryStream(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(e.mu);
   StreamState* s = Resolve(e, stream);
   if (!s) return cudaErrorInvalidResourceHandle;
+  if (s->capture) {
+    InvalidateLocked(s->capture, "cudaStreamQuery of the capturing stream");
+    return cudaErrorStreamCaptureUnsupported;
+  }
   DemandLocked(e, s, s->enqueued);
   if (s->sticky != cudaSuccess) return s->sticky;
   return s->done >= s->enqueued ? cudaSuccess : cudaErrorNotReady;
@@ -267,6 +316,12 @@ cudaError_t QueryStream(cudaStream_t stream) {
 cudaError_t SynchronizeDevice() {
   Engine& e = E();
   std::unique_lock<std::mutex> lock(e.mu);
+  for (GraphState* g : e.captures) {
+    if (g->thread == std::this_thread::get_id()) {  // thread-local and global modes: not from the capturing thread
+      InvalidateLocked(g, "cudaDeviceSynchronize by the capturing thread");
+      return cudaErrorStreamCaptureUnsupported;
+    }
+  }
   cudaError_t first = cudaSuccess;
   for (StreamState* o : std::vector<StreamState*>(e.streams.begin(), e.streams.end())) {
     const cudaError_t r = WaitLocked(e, lock, o, o->enqueued);
@@ -299,6 +354,14 @@ cudaError_t RecordEvent(cudaEvent_t event, cudaStream_t stream) {
   auto* ev = reinterpret_cast<EventState*>(event);
   StreamState* s = Resolve(e, stream);
   if (!s || !e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (s->capture) {  // a point in the capture: other operations of the capture may wait for it, nothing else
+    if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
+    ev->captured_in = s->capture;
+    ev->stream = s;
+    ev->seq = s->enqueued;
+    return cudaSuccess;
+  }
+  ev->captured_in = nullptr;
   if (ReadModeLocked(e) == StreamMode::kSync) {
     ev->time = std::chrono::steady_clock::now();
     ev->recorded = true;
@@ -330,6 +393,19 @@ cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
   auto* ev = reinterpret_cast<EventState*>(event);
   StreamState* s = Resolve(e, stream);
   if (!s || !e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (ev->captured_in || s->capture) {
+    if (ev->captured_in && ev->captured_in == s->capture) return cudaSuccess;  // recorded earlier on this stream
+    if (s->capture) {
+      InvalidateLocked(s->capture, "the capturing stream waited for an event recorded outside the capture");
+      return cudaErrorStreamCaptureIsolation;
+    }
+    if (e.captures.count(ev->captured_in)) {
+      InvalidateLocked(ev->captured_in,
+                       "another stream waited for an event recorded in the capture (joining a "
+                       "capture from another stream is not emulated)");
+    }
+    return cudaErrorStreamCaptureUnsupported;
+  }
   if (ReadModeLocked(e) == StreamMode::kSync || !ev->stream || ev->stream == s) return cudaSuccess;
   if (!e.streams.count(ev->stream)) return cudaSuccess;  // its stream is gone: everything on it has run
   return EnqueueLocked(e, s, "cudaStreamWaitEvent", nullptr, {{ev->stream, ev->seq}});
@@ -340,6 +416,7 @@ cudaError_t SynchronizeEvent(cudaEvent_t event) {
   std::unique_lock<std::mutex> lock(e.mu);
   auto* ev = reinterpret_cast<EventState*>(event);
   if (!e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (ev->captured_in) return CapturedEventLocked(e, ev, "cudaEventSynchronize");
   if (!ev->stream || !e.streams.count(ev->stream)) return cudaSuccess;
   return WaitLocked(e, lock, ev->stream, ev->seq);
 }
@@ -349,17 +426,145 @@ cudaError_t QueryEvent(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(e.mu);
   auto* ev = reinterpret_cast<EventState*>(event);
   if (!e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (ev->captured_in) return CapturedEventLocked(e, ev, "cudaEventQuery");
   if (!ev->stream || !e.streams.count(ev->stream)) return cudaSuccess;
   DemandLocked(e, ev->stream, ev->seq);  // a GPU always makes progress: polling must too
   if (ev->stream->done < ev->seq) return cudaErrorNotReady;
   return ev->stream->sticky;
 }
 
+cudaError_t RefuseInCapture(cudaStream_t stream, const std::string& why) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  StreamState* s = Resolve(e, stream);
+  if (!s || !s->capture) return cudaSuccess;
+  InvalidateLocked(s->capture, why);
+  return cudaErrorStreamCaptureUnsupported;
+}
+
+bool AnyCapture() {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  return !e.captures.empty();
+}
+
+cudaError_t BeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  StreamState* s = Resolve(e, stream);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (s->legacy) return cudaErrorStreamCaptureUnsupported;  // CUDA cannot capture the legacy stream
+  if (s->capture) return cudaErrorIllegalState;
+  auto* g = new GraphState;
+  g->thread = std::this_thread::get_id();
+  g->thread_local_mode = mode == cudaStreamCaptureModeThreadLocal;
+  s->capture = g;
+  e.captures.insert(g);
+  return cudaSuccess;
+}
+
+cudaError_t EndCapture(cudaStream_t stream, cudaGraph_t* graph, std::string* why) {
+  static GraphState ended;  // what events recorded in a finished capture point at
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  StreamState* s = Resolve(e, stream);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  GraphState* g = s->capture;
+  if (!g) return cudaErrorIllegalState;
+  if (g->thread_local_mode && g->thread != std::this_thread::get_id()) return cudaErrorStreamCaptureWrongThread;
+  s->capture = nullptr;
+  e.captures.erase(g);
+  for (EventState* ev : e.events) {
+    if (ev->captured_in == g) ev->captured_in = &ended;
+  }
+  *graph = nullptr;
+  if (g->invalid) {
+    if (why) *why = g->why;
+    delete g;
+    return cudaErrorStreamCaptureInvalidated;
+  }
+  e.graphs.insert(g);
+  *graph = reinterpret_cast<cudaGraph_t>(g);
+  return cudaSuccess;
+}
+
+cudaError_t CaptureStatus(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  StreamState* s = Resolve(e, stream);
+  if (!s) return cudaErrorInvalidResourceHandle;
+  *status = !s->capture           ? cudaStreamCaptureStatusNone
+            : s->capture->invalid ? cudaStreamCaptureStatusInvalidated
+                                  : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t CopyGraph(cudaGraph_t graph, void** copy) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* g = reinterpret_cast<GraphState*>(graph);
+  if (!e.graphs.count(g)) return cudaErrorInvalidValue;
+  auto* c = new GraphState;
+  c->ops = g->ops;  // the operations are copies: each launch runs its own
+  e.graphs.insert(c);
+  *copy = c;
+  return cudaSuccess;
+}
+
+cudaError_t GraphOps(cudaGraph_t graph, size_t* n) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* g = reinterpret_cast<GraphState*>(graph);
+  if (!e.graphs.count(g)) return cudaErrorInvalidValue;
+  *n = g->ops.size();
+  return cudaSuccess;
+}
+
+cudaError_t DestroyGraph(void* graph) {
+  Engine& e = E();
+  std::lock_guard<std::mutex> lock(e.mu);
+  auto* g = static_cast<GraphState*>(graph);
+  if (!e.graphs.erase(g)) return cudaErrorInvalidValue;
+  delete g;  // operations already issued on a stream hold their own copies
+  return cudaSuccess;
+}
+
+cudaError_t LaunchGraph(void* exec, cudaStream_t stream) {
+  Engine& e = E();
+  std::unique_lock<std::mutex> lock(e.mu);
+  auto* g = static_cast<GraphState*>(exec);
+  StreamState* s = Resolve(e, stream);
+  if (!e.graphs.count(g)) return cudaErrorInvalidValue;
+  if (!s) return cudaErrorInvalidResourceHandle;
+  if (s->capture) {  // a graph launched into a capture becomes part of it
+    if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
+    for (const auto& [what, op] : g->ops) s->capture->ops.emplace_back(what, op);
+    return cudaSuccess;
+  }
+  if (ReadModeLocked(e) == StreamMode::kSync) {
+    const std::vector<std::pair<std::string, StreamOp>> ops = g->ops;
+    lock.unlock();
+    for (const auto& [what, op] : ops) {
+      if (!op) continue;
+      if (cudaError_t r = op(); r != cudaSuccess) return r;
+    }
+    return cudaSuccess;
+  }
+  for (const auto& [what, op] : g->ops) {
+    // The name outlives the graph: the queue keeps its own string.
+    EnqueueLocked(e, s, "cudaGraphLaunch", op, {});
+    s->queue.back().what = what;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t EventTime(cudaEvent_t event, std::chrono::steady_clock::time_point* t) {
   Engine& e = E();
   std::lock_guard<std::mutex> lock(e.mu);
   auto* ev = reinterpret_cast<EventState*>(event);
-  if (!e.events.count(ev) || !ev->recorded) return cudaErrorInvalidResourceHandle;
+  if (!e.events.count(ev)) return cudaErrorInvalidResourceHandle;
+  if (ev->captured_in) return CapturedEventLocked(e, ev, "cudaEventElapsedTime");
+  if (!ev->recorded) return cudaErrorInvalidResourceHandle;
   *t = ev->time;
   return cudaSuccess;
 }

@@ -58,7 +58,9 @@ Status BlasStatus(cublasStatus_t e, std::string_view what) {
 #define MS_CUDA_OK(expr, what) MS_RETURN_IF_ERROR(CudaStatus((expr), (what)))
 #define MS_BLAS_OK(expr, what) MS_RETURN_IF_ERROR(BlasStatus((expr), (what)))
 
-// A device buffer that only grows; growing waits for the stream first (kernels may still read the old one).
+// A device buffer that only grows; growing waits for the stream first (kernels may still read the old one). It
+// cannot grow inside a stream capture (the wait, and the old buffer that the graph would keep reading), and
+// counts its uses and growths: a graph that used it is stale after it grows (CudaGraph::Stale).
 class Workspace {
  public:
   Workspace() = default;
@@ -68,8 +70,18 @@ class Workspace {
     if (ptr_) device_->Free(ptr_);
   }
   Result<void*> Get(device::Device* device, cudaStream_t stream, size_t bytes) {
+    ++gets_;
     bytes = std::max<size_t>(bytes, 256);
     if (bytes <= bytes_) return ptr_;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MS_CUDA_OK(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) {
+      return FailedPrecondition(
+          "a backend workspace would grow from {} to {} bytes inside a graph capture (runtime.cuda_graphs): the "
+          "captured ops must have run once, at the same sizes, before the capture",
+          bytes_, bytes);
+    }
+    ++growths_;
     if (ptr_) {
       MS_CUDA_OK(cudaStreamSynchronize(stream), "growing a backend workspace");
       device_->Free(ptr_);
@@ -81,8 +93,11 @@ class Workspace {
     bytes_ = bytes;
     return ptr_;
   }
+  int64_t growths() const { return growths_; }
+  int64_t gets() const { return gets_; }
 
  private:
+  int64_t growths_ = 0, gets_ = 0;
   device::Device* device_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
@@ -109,6 +124,10 @@ class CudaBackend final : public ops::Backend {
     MS_BLAS_OK(cublasCreate(&b->blas_), "cublasCreate");
     MS_BLAS_OK(cublasSetStream(b->blas_, b->s_), "cublasSetStream");
     MS_BLAS_OK(cublasLtCreate(&b->lt_), "cublasLtCreate");
+    // cuBLAS's workspace is ours, allocated once: what a captured GEMM may use (cuBLAS would otherwise take its own
+    // per stream, which a graph cannot rely on), the same for every GEMM with or without graphs.
+    MS_ASSIGN_OR_RETURN(void* blas_ws, b->ws_[kBlas].Get(device, b->s_, kCublasWorkspaceBytes));
+    MS_BLAS_OK(cublasSetWorkspace(b->blas_, blas_ws, kCublasWorkspaceBytes), "cublasSetWorkspace");
     return std::unique_ptr<ops::Backend>(std::move(b));
   }
   ~CudaBackend() override {
@@ -139,6 +158,10 @@ class CudaBackend final : public ops::Backend {
   }
   Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return Status::Ok();
+    if (capture_) {  // a graph would copy whatever the staging buffer holds when it runs
+      return FailedPrecondition("an upload from the host ({} bytes) inside a graph capture (runtime.cuda_graphs)",
+                                bytes);
+    }
     if (bytes <= kStageBytes) {
       // Through the next pinned staging buffer: wait only for that buffer's previous copy (kStageSlots uploads
       // ago), copy the source into it and enqueue the DMA; the caller may reuse `src` at once, and the call
@@ -170,6 +193,42 @@ class CudaBackend final : public ops::Backend {
   Status Synchronize() override {
     MS_CUDA_OK(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
     return Status::Ok();
+  }
+
+  // ---- graphs: stream capture of the backend's stream (ops::Backend::BeginCapture) ----
+  bool supports_graphs() const override { return true; }
+  bool capturing() const override { return capture_; }
+  Status BeginCapture() override {
+    if (capture_) return FailedPrecondition("BeginCapture: the backend is already capturing");
+    // Thread-local: other threads' CUDA calls (a communicator's watchdog) are not the capture's business.
+    MS_CUDA_OK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    capture_ = true;
+    capture_epi_ = epilogue_stats_;
+    capture_att_ = attention_stats_;
+    for (int i = 0; i < kNumWorkspaces; ++i) capture_gets_[i] = ws_[i].gets();
+    return Status::Ok();
+  }
+  Result<std::unique_ptr<OpGraph>> EndCapture() override;
+  // The growths of the workspaces in `used` (a bit per workspace): what a graph that used them was recorded with.
+  int64_t WorkspaceGrowths(uint32_t used) const {
+    int64_t n = 0;
+    for (int i = 0; i < kNumWorkspaces; ++i) {
+      if (used & (1u << i)) n += ws_[i].growths();
+    }
+    return n;
+  }
+  // What a launch of a graph adds to the statistics: the calls its capture recorded.
+  void AddStats(const EpilogueStats& e, const AttentionStats& a) {
+    epilogue_stats_.cublaslt += e.cublaslt;
+    epilogue_stats_.fallback += e.fallback;
+    epilogue_stats_.bias_cublaslt += e.bias_cublaslt;
+    epilogue_stats_.bias_fallback += e.bias_fallback;
+    attention_stats_.stored_ds += a.stored_ds;
+    attention_stats_.recompute += a.recompute;
+    attention_stats_.cudnn_forward += a.cudnn_forward;
+    attention_stats_.cudnn_backward += a.cudnn_backward;
+    attention_stats_.cudnn_fallback += a.cudnn_fallback;
+    attention_stats_.split_dkdv += a.split_dkdv;
   }
 
   // ---- GEMMs: row-major problems mapped onto column-major cuBLAS (a row-major X is a column-major X^T) ----
@@ -892,8 +951,10 @@ class CudaBackend final : public ops::Backend {
     kCudnn,
     kCudnnRows,
     kCudnnCheck,
+    kBlas,
     kNumWorkspaces
   };
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   static constexpr size_t kLtWorkspaceBytes = kCublasLtWorkspaceBytes;
   // Pinned staging of small host-to-device copies (token ids, targets, loss weights): a ring of kStageSlots
   // page-locked buffers of kStageBytes, each with the event of its last copy. Allocated on first use.
@@ -1113,10 +1174,86 @@ class CudaBackend final : public ops::Backend {
   bool cublas_converts_ = false;                 // bf16 GEMMs on fp32 operands, CUBLAS_COMPUTE_32F_FAST_16BF
   bool keep_ = false;  // bf16 GEMMs take the caller's kept operand roundings (ops::Bf16Copies)
   Workspace ws_[kNumWorkspaces];
+  bool capture_ = false;  // between BeginCapture and EndCapture
+  EpilogueStats capture_epi_;
+  AttentionStats capture_att_;
+  int64_t capture_gets_[kNumWorkspaces] = {};  // each workspace's uses when the capture began
   Stage stage_[kStageSlots];
   int next_stage_ = 0;
   bool plant_no_stage_wait_ = false;
 };
+
+// An instantiated capture of the backend's stream.
+class CudaGraph final : public ops::Backend::OpGraph {
+ public:
+  CudaGraph(CudaBackend* backend, cudaGraphExec_t exec, int64_t ops, uint32_t used, EpilogueStats epi,
+            AttentionStats att)
+      : backend_(backend),
+        exec_(exec),
+        ops_(ops),
+        used_(used),
+        growths_(backend->WorkspaceGrowths(used)),
+        epi_(epi),
+        att_(std::move(att)) {}
+  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  bool Stale() const override { return backend_->WorkspaceGrowths(used_) != growths_; }
+  Status Launch() override {
+    if (Stale()) {
+      return FailedPrecondition("a stale graph: a backend workspace it reads has been replaced since its capture");
+    }
+    MS_CUDA_OK(cudaGraphLaunch(exec_, backend_->stream()), "cudaGraphLaunch");
+    backend_->AddStats(epi_, att_);
+    return Status::Ok();
+  }
+  int64_t ops() const override { return ops_; }
+
+ private:
+  CudaBackend* backend_;
+  cudaGraphExec_t exec_;
+  int64_t ops_;
+  uint32_t used_;    // the workspaces its ops read or write (a bit each)
+  int64_t growths_;  // theirs when it was recorded
+  EpilogueStats epi_;
+  AttentionStats att_;
+};
+
+Result<std::unique_ptr<ops::Backend::OpGraph>> CudaBackend::EndCapture() {
+  if (!capture_) return FailedPrecondition("EndCapture without BeginCapture");
+  capture_ = false;
+  cudaGraph_t graph = nullptr;
+  if (const cudaError_t e = cudaStreamEndCapture(s_, &graph); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return FailedPrecondition(
+        "the graph capture failed ({}: {}): an op in it waited for the device, copied to or from pageable host "
+        "memory, or used another stream",
+        cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  size_t nodes = 0;
+  const cudaError_t ne = cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  MS_CUDA_OK(ne, "cudaGraphGetNodes");
+  MS_CUDA_OK(ie, "cudaGraphInstantiate");
+  EpilogueStats epi;
+  epi.cublaslt = epilogue_stats_.cublaslt - capture_epi_.cublaslt;
+  epi.fallback = epilogue_stats_.fallback - capture_epi_.fallback;
+  epi.bias_cublaslt = epilogue_stats_.bias_cublaslt - capture_epi_.bias_cublaslt;
+  epi.bias_fallback = epilogue_stats_.bias_fallback - capture_epi_.bias_fallback;
+  AttentionStats att;
+  att.stored_ds = attention_stats_.stored_ds - capture_att_.stored_ds;
+  att.recompute = attention_stats_.recompute - capture_att_.recompute;
+  att.cudnn_forward = attention_stats_.cudnn_forward - capture_att_.cudnn_forward;
+  att.cudnn_backward = attention_stats_.cudnn_backward - capture_att_.cudnn_backward;
+  att.cudnn_fallback = attention_stats_.cudnn_fallback - capture_att_.cudnn_fallback;
+  att.split_dkdv = attention_stats_.split_dkdv - capture_att_.split_dkdv;
+  uint32_t used = 0;
+  for (int i = 0; i < kNumWorkspaces; ++i) {
+    if (ws_[i].gets() != capture_gets_[i]) used |= 1u << i;
+  }
+  return std::unique_ptr<ops::Backend::OpGraph>(
+      new CudaGraph(this, exec, static_cast<int64_t>(nodes), used, epi, std::move(att)));
+}
 
 }  // namespace
 

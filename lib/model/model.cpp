@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include "model/acts.h"
 #include "ops/ops.h"
 
 namespace ms::model {
@@ -99,81 +100,6 @@ void ExtractShard(const float* global, float* local, const std::vector<int64_t>&
     }
   }
 }
-
-namespace {
-// Element `at` of bf16 storage held in a float array (2 per float).
-void* Bf16At(const DeviceArray<float>& a, int64_t at) {
-  return static_cast<void*>(reinterpret_cast<uint16_t*>(a.data()) + at);
-}
-// p + off, or null for a buffer that is not there (an fp32 activation kept only as its bf16 rounding).
-template <typename T>
-T* Off(T* p, int64_t off) {
-  return p ? p + off : nullptr;
-}
-// Allocates n bf16 elements in a float array.
-Status AllocateBf16(DeviceArray<float>& a, ops::Backend* be, int64_t n) {
-  return a.Allocate(be, (n + 1) / 2);
-}
-}  // namespace
-
-// Activations of one micro-batch in one chunk (R = rows_, N = B*T).
-// All device memory (host memory on the CPU backend); only inputs_host / targets_host live on the host.
-struct Gpt::Acts {
-  std::vector<int32_t> inputs_host, targets_host;  // [N]
-  DeviceArray<int32_t> inputs, targets;            // [N]; inputs as local vocab ids under tp (-1: another rank's row)
-  DeviceArray<float> res;                          // (layers+1) x [R, C]
-  struct Layer {
-    // fch: bf16 with Bf16Fc; qkv: bf16 with Bf16AttnIO; atty: unallocated without Atty32 (only its rounding atty_16)
-    DeviceArray<float> ln1, ln1_mean, ln1_rstd, ln1_full, qkv, atty, lse, fch, fch_gelu;
-    DeviceArray<float> mid, ln2, ln2_mean, ln2_rstd, ln2_full;
-    // bf16 roundings of the GEMM inputs (all N rows), made in the forward (by the LayerNorms, the bias + GeLU or
-    // the GEMMs) and read again by the weight gradients' (backends that keep bf16 operands; else unallocated): ln1
-    // (qkv, and fc in the parallel block), ln2 (fc, sequential), atty (attn.proj), fch_gelu (mlp.proj). Where the
-    // producer writes the rounding (RoundedLn / RoundedGelu) nothing else reads the fp32 output: ln1, ln2 and
-    // fch_gelu are then not allocated (null) and not written.
-    DeviceArray<float> ln1_16, ln2_16, atty_16, fch_gelu_16;
-  };
-  std::vector<Layer> layers;
-  DeviceArray<float> lnf, lnf_mean, lnf_rstd, lnf_full, logits, ce_lse, losses;  // logits: dlogits after the loss
-  DeviceArray<float> lnf_16;      // the head GEMM's input, bf16 (lnf then unallocated: RoundedLn)
-  DeviceArray<float> dlogits_16;  // dlogits rounded to bf16 by the cross-entropy: then no fp32 dlogits are written
-  DeviceArray<float> logits_16;   // Bf16Logits: the logits in bf16 (no fp32 logits), their gradient written over them
-  bool dlogits_ready = false;     // the fused classifier loss wrote dlogits over the logits, for weight dlogits_weight
-  float dlogits_weight = 0.0f;
-  DeviceArray<float> dx_in;  // [R, C] gradient of the chunk input (to send upstream)
-  bool forward_done = false;
-};
-
-struct Gpt::LayerW {
-  const ParamInfo *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *mprojw, *mprojb;
-};
-
-// A layer's kept bf16 GEMM operands (KeptLayer): the weights' roundings and where its GEMM inputs' roundings live;
-// empty (every GEMM rounds its own operands) when the backend keeps none.
-struct Gpt::LayerBf16 {
-  const void* w[4] = {};  // qkv, attn.proj, mlp.fc, mlp.proj
-  const DeviceArray<float>*ln1 = nullptr, *fc_in = nullptr, *atty = nullptr, *fch_gelu = nullptr;
-  int64_t C = 0, HlD = 0, Fl = 0;
-  int64_t mine = 0;  // this rank's first row of the [N, C] LayerNorm outputs (tp_rank * R under SpGather16, else 0)
-  ops::Bf16Copies Make(int j, const DeviceArray<float>* in, int64_t at, bool ready) const {
-    if (!in) return {};
-    return {w[j], Bf16At(*in, at), ready};
-  }
-  // Where a producer writes its output's rounding (from row0 on; null when nothing is kept): the LayerNorm
-  // feeding qkv (and fc in the parallel block), the one feeding fc (sequential block) — this rank's rows, under
-  // sequence parallelism the gather writes the others' — the bias + GeLU, the attention (all N rows of the local
-  // heads, with or without sequence parallelism).
-  void* Ln1Out() const { return ln1 ? Bf16At(*ln1, mine * C) : nullptr; }
-  void* FcInOut() const { return fc_in ? Bf16At(*fc_in, mine * C) : nullptr; }
-  void* GeluOut(int64_t row0) const { return fch_gelu ? Bf16At(*fch_gelu, row0 * Fl) : nullptr; }
-  void* AttyOut() const { return atty ? Bf16At(*atty, 0) : nullptr; }  // the attention forward's rounding
-  // For the GEMM rows from row0 on; `ready`: those input rows are already rounded (by their producer or an earlier
-  // GEMM).
-  ops::Bf16Copies Qkv(int64_t row0, bool ready) const { return Make(0, ln1, row0 * C, ready); }
-  ops::Bf16Copies Proj(int64_t row0, bool ready) const { return Make(1, atty, row0 * HlD, ready); }
-  ops::Bf16Copies Fc(int64_t row0, bool ready) const { return Make(2, fc_in, row0 * C, ready); }
-  ops::Bf16Copies Mproj(int64_t row0, bool ready) const { return Make(3, fch_gelu, row0 * Fl, ready); }
-};
 
 Gpt::~Gpt() = default;
 
@@ -440,6 +366,12 @@ Result<const void*> Gpt::KeptWeight(const ParamInfo* p) {
   const size_t i = static_cast<size_t>(p - params_.data());
   void* dst = Bf16At(bf16_params_, p->offset);
   if (!in_step_ || bf16_made_in_[i] != step_id_) {
+    if (be_->capturing()) {  // the graph would repeat the cast at every launch, unseen by the step's bookkeeping
+      return Status(Code::kInternal,
+                    fmt::format("the bf16 copy of {} would be made inside a graph capture (graphs.cpp: "
+                                "PrepareKeptWeights makes them before)",
+                                p->name));
+    }
     MS_RETURN_IF_ERROR(be_->CastToBf16(dst, param_data() + p->offset, p->numel).WithContext("bf16 copy of " + p->name));
     bf16_made_in_[i] = in_step_ ? step_id_ : 0;
     ++bf16_weight_casts_;
@@ -806,24 +738,25 @@ Status Gpt::ResidualLayerNorm(float* res, const float* x, const float* part, con
 
 Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, const int32_t* targets, const float* x_in,
                                 const std::function<Status(int)>& before_layer) {
-  auto before = [&](int layer) { return before_layer ? before_layer(layer) : Status::Ok(); };
   if (chunk < 0 || chunk >= num_chunks()) return InvalidArgument("chunk {} of {}", chunk, num_chunks());
-  const Chunk& ch = chunks_[chunk];
-  const int64_t B = B_, T = spec_.seq_len, C = spec_.hidden, V = spec_.vocab, N = N_, R = rows_;
-  const int64_t D = C / spec_.heads, HlD = Hl_ * D, Fl = Fl_;
-  const bool seq = spec_.block == config::BlockKind::kSequential;
-  const bool tp = shard_.tp_size > 1, sp = shard_.sequence_parallel && tp;
   MS_ASSIGN_OR_RETURN(Acts * acts, SlotActs(chunk, slot));
-  Acts& a = *acts;
-  float* s = scratch_.data();
-  float* partR = s + R * C;
-  float* part = s + 3 * R * C;
-  float* e_full = part + 3 * N * C;
-  auto P = [&](const ParamInfo* p) { return param_data() + p->offset; };
+  MS_RETURN_IF_ERROR(ForwardInputs(chunk, *acts, inputs, targets, x_in));
+  if (GraphsApply(chunk)) {
+    MS_RETURN_IF_ERROR(ForwardGraphed(chunk, slot, *acts, before_layer));
+  } else {
+    MS_RETURN_IF_ERROR(ForwardCompute(chunk, *acts, x_in, before_layer));
+  }
+  if (!chunks_[chunk].head) return 0.0f;
+  return HeadLoss(*acts);
+}
 
+// The host's part of a forward: the token ids checked and uploaded (as local vocabulary ids under tp), the targets
+// checked, kept and uploaded.
+Status Gpt::ForwardInputs(int chunk, Acts& a, const int32_t* inputs, const int32_t* targets, const float* x_in) {
+  const Chunk& ch = chunks_[chunk];
+  const int64_t V = spec_.vocab, N = N_;
   if (ch.embedding) {
     if (!inputs) return InvalidArgument("the embedding chunk needs input tokens");
-    MS_RETURN_IF_ERROR(before(-1));
     const int64_t vstart = shard_.tp_rank * Vl_;
     for (int64_t i = 0; i < N; ++i) {
       if (inputs[i] < 0 || inputs[i] >= V) {
@@ -833,6 +766,37 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
       a.inputs_host[i] = (local >= 0 && local < Vl_) ? static_cast<int32_t>(local) : -1;
     }
     MS_RETURN_IF_ERROR(be_->CopyFromHost(a.inputs.data(), a.inputs_host.data(), sizeof(int32_t) * N));
+  } else if (!x_in) {
+    return InvalidArgument("chunk {} needs the previous stage's activations", ch.global);
+  }
+  if (ch.head) {
+    if (!targets) return InvalidArgument("the head chunk needs targets");
+    for (int64_t i = 0; i < N; ++i) {
+      if (targets[i] >= V) return InvalidArgument("target id {} at position {} is >= vocab {}", targets[i], i, V);
+    }
+    std::memcpy(a.targets_host.data(), targets, sizeof(int32_t) * N);
+    MS_RETURN_IF_ERROR(be_->CopyFromHost(a.targets.data(), targets, sizeof(int32_t) * N));
+  }
+  return Status::Ok();
+}
+
+// The device's part of a forward (ForwardInputs has run): only backend ops and, under tp, the collectives. The head
+// chunk leaves its per-token losses in a.losses (HeadLoss takes them).
+Status Gpt::ForwardCompute(int chunk, Acts& a, const float* x_in, const std::function<Status(int)>& before_layer) {
+  auto before = [&](int layer) { return before_layer ? before_layer(layer) : Status::Ok(); };
+  const Chunk& ch = chunks_[chunk];
+  const int64_t B = B_, T = spec_.seq_len, C = spec_.hidden, N = N_, R = rows_;
+  const int64_t D = C / spec_.heads, HlD = Hl_ * D, Fl = Fl_;
+  const bool seq = spec_.block == config::BlockKind::kSequential;
+  const bool tp = shard_.tp_size > 1, sp = shard_.sequence_parallel && tp;
+  float* s = scratch_.data();
+  float* partR = s + R * C;
+  float* part = s + 3 * R * C;
+  float* e_full = part + 3 * N * C;
+  auto P = [&](const ParamInfo* p) { return param_data() + p->offset; };
+
+  if (ch.embedding) {
+    MS_RETURN_IF_ERROR(before(-1));
     float* x0 = a.res.data();
     if (!tp) {
       MS_RETURN_IF_ERROR(be_->EmbeddingForward(x0, a.inputs.data(), P(FindParam("embed.wte")), N, C));
@@ -849,16 +813,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     const int64_t row0 = sp ? shard_.tp_rank * R : 0;
     MS_RETURN_IF_ERROR(be_->AddPositions(x0, wpe, R, C, T, row0));
   } else {
-    if (!x_in) return InvalidArgument("chunk {} needs the previous stage's activations", ch.global);
     MS_RETURN_IF_ERROR(be_->Copy(a.res.data(), x_in, sizeof(float) * R * C));
-  }
-  if (ch.head) {
-    if (!targets) return InvalidArgument("the head chunk needs targets");
-    for (int64_t i = 0; i < N; ++i) {
-      if (targets[i] >= V) return InvalidArgument("target id {} at position {} is >= vocab {}", targets[i], i, V);
-    }
-    std::memcpy(a.targets_host.data(), targets, sizeof(int32_t) * N);
-    MS_RETURN_IF_ERROR(be_->CopyFromHost(a.targets.data(), targets, sizeof(int32_t) * N));
   }
 
   // Column-parallel GEMMs consume the gathered LayerNorm output (kept in ln*_full for backward), row-parallel
@@ -1013,12 +968,12 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
     }
   }
   a.forward_done = true;
-  if (!ch.head) return 0.0f;
+  if (!ch.head) return Status::Ok();
   MS_RETURN_IF_ERROR(before(spec_.layers));
   return HeadForward(a, a.res.data() + ch.num_layers * R * C);
 }
 
-Result<float> Gpt::HeadForward(Acts& a, const float* x) {
+Status Gpt::HeadForward(Acts& a, const float* x) {
   const int64_t C = spec_.hidden, N = N_, R = rows_, Vl = Vl_;
   const bool tp = shard_.tp_size > 1;
   auto P = [&](const char* name) { return param_data() + FindParam(name)->offset; };
@@ -1079,6 +1034,13 @@ Result<float> Gpt::HeadForward(Acts& a, const float* x) {
     MS_RETURN_IF_ERROR(TpAllReduce(se, 2 * N, comm::ReduceOp::kSum, "loss sumexp+target"));  // both together
     MS_RETURN_IF_ERROR(be_->VocabParallelFinish(a.losses.data(), a.ce_lse.data(), mx, se, tl, a.targets.data(), N));
   }
+  return Status::Ok();
+}
+
+// The head forward's per-token losses (a.losses): held on the device between BeginDeferredLosses and
+// TakeDeferredLosses (0 returned), else read back and averaged over the counted targets.
+Result<float> Gpt::HeadLoss(Acts& a) {
+  const int64_t N = N_;
   if (deferred_cap_ > 0) {
     if (deferred_n_ >= deferred_cap_) {
       return Status(Code::kInternal, fmt::format("head forward {} of a step begun for {} deferred micro-batch losses",
@@ -1217,6 +1179,16 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   }
   Acts& a = *it->second;
   a.forward_done = false;
+  if (!chunks_[chunk].head && !dout) {
+    return InvalidArgument("chunk {} needs the gradient of its output", chunks_[chunk].global);
+  }
+  if (GraphsApply(chunk)) return BackwardGraphed(chunk, slot, a, dloss, on_layer_done);
+  return BackwardCompute(chunk, a, dout, dloss, on_layer_done);
+}
+
+// The backward's ops (BackwardChunk has checked its arguments).
+Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
+                            const std::function<void(int)>& on_layer_done) {
   const Chunk& ch = chunks_[chunk];
   const int64_t B = B_, T = spec_.seq_len, C = spec_.hidden, N = N_, R = rows_;
   const int64_t D = C / spec_.heads, HlD = Hl_ * D, Fl = Fl_;

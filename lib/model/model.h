@@ -60,6 +60,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -246,6 +247,28 @@ class Gpt {
   // Under sequence parallelism: sums the partial gradients of replicated tensors across tp.
   Status ReduceSequenceParallelGrads();
 
+  // CUDA graphs (runtime.cuda_graphs; graphs.cpp): each micro-batch slot's forward and backward ops recorded once as a
+  // graph (ops::Backend::BeginCapture) and launched again at every later micro-batch of that slot: one launch in
+  // place of hundreds of kernel launches and GEMM calls. The host's part stays outside the graph — token and target
+  // uploads, the hooks (before_layer: all run before the forward's launch; on_layer_done: all after the backward's),
+  // the losses' copy — so the graph sees the same pointers every time. A slot's forward or backward first runs
+  // eagerly (allocating the workspaces its ops need), is captured at its next call, and captured again when what it
+  // was recorded for changes (the loss weight, a workspace the backend replaced). They apply to the training
+  // micro-batches (between BeginDeferredLosses and TakeDeferredLosses, with the head's loss fused: dloss > 0) of a
+  // chunk that holds the embeddings and the head (pp 1) at tp 1, on a backend that records graphs; elsewhere the ops
+  // run as before. A capture that fails (an op that waits for the device or uploads inside it) turns graphs off for
+  // the rest of the run, with its reason in graph_stats().failure, and the ops run eagerly.
+  // EnableGraphs returns why graphs cannot apply to this model at all ("" where they can).
+  std::string EnableGraphs(bool on);
+  struct GraphStats {
+    int64_t captures = 0;  // graphs recorded
+    int64_t launches = 0;  // forwards and backwards run as a graph launch
+    int64_t eager = 0;     // forwards and backwards of graph-enabled slots run without one (warm-up, recaptures)
+    int64_t ops = 0;       // operations in the graphs recorded (the last capture of each)
+    std::string failure;   // the first capture failure (graphs then off)
+  };
+  const GraphStats& graph_stats() const { return graph_stats_; }
+
   // Timeline hook (e.g. the Chrome trace; null: none): called with (name, lane, start, end) in
   // NowSeconds() for every TP collective ("tp ...", lane "tp": from its launch to the return of
   // the Wait that completed it) and every GEMM step that feeds or drains one ("gemm ...", lane
@@ -308,7 +331,28 @@ class Gpt {
   Result<float*> TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local,
                                      bool may_bf16 = true);
   void GemmSpan(std::string_view what, int chunk, int chunks, double start);  // reports a GEMM step's span
-  Result<float> HeadForward(Acts& a, const float* x);
+  Status HeadForward(Acts& a, const float* x);
+  Result<float> HeadLoss(Acts& a);
+  Status ForwardInputs(int chunk, Acts& a, const int32_t* inputs, const int32_t* targets, const float* x_in);
+  Status ForwardCompute(int chunk, Acts& a, const float* x_in, const std::function<Status(int)>& before_layer);
+  Status BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
+                         const std::function<void(int)>& on_layer_done);
+  // Graphs (graphs.cpp).
+  bool GraphsApply(int chunk) const;
+  Status ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Status(int)>& before_layer);
+  Status BackwardGraphed(int chunk, int slot, Acts& a, float dloss, const std::function<void(int)>& on_layer_done);
+  Status PrepareKeptWeights(int chunk);
+  struct SlotGraph {
+    std::unique_ptr<ops::Backend::OpGraph> graph;
+    uint64_t cond = 0;           // what the body was run or recorded for (loss weights)
+    bool warm = false;           // the body has run eagerly with `cond`
+    bool dlogits_ready = false;  // host state the body leaves, restored after each launch
+    float dlogits_weight = 0.0f;
+  };
+  // Runs `body` as graph `g`: launched where it was captured for the same `cond`, captured (then launched) where the
+  // body ran eagerly once with it, else run eagerly. True: an earlier capture was launched (the body did not run, so
+  // the caller restores the host state it leaves).
+  Result<bool> RunGraphed(SlotGraph& g, const char* what, uint64_t cond, const std::function<Status()>& body);
   // The bf16 rounding of GEMM weight `p` for the backend's kept operands (null when the backend keeps none): cast
   // into the mirror bf16_params_ at its first use in a step (BeginStep .. EndStep) and reused for the rest of the
   // step; outside a step cast at every call.
@@ -443,6 +487,11 @@ class Gpt {
   int64_t red16_rows_ = 0;
   DeviceArray<float> red16_;
   SpanHook span_;
+  bool graphs_on_ = false;
+  bool plant_graph_not_launched_ = false;  // test hooks (graphs.cpp)
+  bool plant_capture_waits_ = false;
+  std::map<std::tuple<int, int, bool>, std::unique_ptr<SlotGraph>> graphs_;  // (chunk, slot, backward)
+  GraphStats graph_stats_;
 };
 
 // ---- inference ---------------------------------------------------------------------------

@@ -311,6 +311,13 @@ Status Backend::ResidualLayerNormForward16(float*, const float*, const void*, co
       "ResidualLayerNormForward16: the {} backend keeps no bf16 activations (runtime.activations: bf16)", name());
 }
 
+Status Backend::BeginCapture() {
+  return Unimplemented("the {} backend records no graphs (runtime.cuda_graphs needs a CUDA backend)", name());
+}
+Result<std::unique_ptr<Backend::OpGraph>> Backend::EndCapture() {
+  return Unimplemented("the {} backend records no graphs", name());
+}
+
 Status Backend::CastToBf16(void*, const float*, int64_t) {
   return FailedPrecondition("the {} backend keeps no bf16 GEMM operands (CastToBf16)", name());
 }

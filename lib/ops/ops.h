@@ -235,6 +235,25 @@ class Backend {
   virtual Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;    // device -> host; waits
   virtual Status Synchronize() = 0;                                                // all work done
 
+  // Recorded sequences of ops (CUDA graphs, runtime.cuda_graphs): between BeginCapture and EndCapture the ops called
+  // are recorded, not run, and the OpGraph returned runs them again, with the same pointers and scalars, each time
+  // it is launched (in stream order, like any op). What a capture cannot hold fails the call that meets it and the
+  // capture (EndCapture returns the reason): a wait for the device (CopyToHost, Synchronize), a copy from host memory
+  // that is not the backend's own pinned staging, a workspace that has to grow. A graph is stale — Launch refuses it
+  // with FailedPrecondition, to be captured again — once the backend has replaced a workspace its ops read. Only
+  // where supports_graphs() (the CUDA backends); elsewhere BeginCapture is Unimplemented.
+  class OpGraph {
+   public:
+    virtual ~OpGraph() = default;
+    virtual Status Launch() = 0;
+    virtual bool Stale() const = 0;   // Launch would refuse it: capture it again
+    virtual int64_t ops() const = 0;  // operations recorded (kernels, copies, GEMMs)
+  };
+  virtual bool supports_graphs() const { return false; }
+  virtual Status BeginCapture();
+  virtual Result<std::unique_ptr<OpGraph>> EndCapture();
+  virtual bool capturing() const { return false; }
+
   // True where the GEMMs round fp32 operands to bf16 with cast kernels and take kept roundings (Bf16Copies,
   // CastToBf16); the results are the same bits with and without them. False: both are refused / ignored.
   virtual bool keeps_bf16_copies() const { return false; }

@@ -411,6 +411,18 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     LogInfo(
         "parallel.tp_reduce_dtype: bf16 — the layers' tensor-parallel sums travel and add in bf16 (half the bytes)");
   }
+  bool graphs_on = false;
+  if (spec.runtime.cuda_graphs) {
+    const std::string why = gpt->EnableGraphs(true);
+    graphs_on = why.empty();
+    if (!why.empty()) {
+      if (rt.rank == 0) LogWarn("runtime.cuda_graphs: not used: {}; the ops are launched one by one", why);
+    } else if (rt.rank == 0) {
+      LogInfo(
+          "runtime.cuda_graphs: each micro-batch slot's forward and backward recorded once, then launched as one "
+          "CUDA graph");
+    }
+  }
   if (spec.log.trace && par.tp > 1) {  // TP collectives and the GEMM chunks they overlap with
     gpt->set_span_hook([&trace](std::string_view what, std::string_view lane, double t0, double t1) {
       trace.Span(what, lane, t0, t1);
@@ -985,6 +997,12 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           "megascale's kernels and found wrong); {} calls by megascale's kernels{}",
           as.cudnn_forward, as.cudnn_backward, as.cudnn_disagreed, as.cudnn_fallback,
           as.cudnn_note.empty() ? "" : " (first fallback: " + as.cudnn_note + ")");
+    }
+    if (graphs_on) {
+      const model::Gpt::GraphStats& gs = gpt->graph_stats();
+      LogInfo(
+          "CUDA graphs: {} recorded ({} operations), {} forwards and backwards launched as graphs, {} run op by op{}",
+          gs.captures, gs.ops, gs.launches, gs.eager, gs.failure.empty() ? "" : "; " + gs.failure);
     }
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,

@@ -1760,5 +1760,95 @@ TEST_CASE("cuda backend (emulated): identity and errors") {
   p.gpu_dev->Free(l);
 }
 
+// ---- graphs (runtime.cuda_graphs): ops recorded by BeginCapture / EndCapture, launched again ----
+
+TEST_CASE("cuda backend: a recorded graph of ops gives the bits of running them, launch after launch") {
+  Pair p(true, Bf16Operands::kCast);  // the casts' workspaces: what a capture must not grow
+  ops::Backend& be = *p.gpu;
+  REQUIRE(be.supports_graphs());
+  const int64_t N = 37, IC = 24, OC = 40;
+  float* x = p.On(be, Random(N * IC, 1));
+  float* w = p.On(be, Random(OC * IC, 2));
+  float* b = p.On(be, Random(OC, 3));
+  float* out = p.On(be, std::vector<float>(N * OC));
+  float* y = p.On(be, std::vector<float>(N * OC));
+  auto ops = [&](float* dst_out, float* dst_y) {
+    REQUIRE(be.MatmulForward(dst_out, x, w, b, N, IC, OC).ok());
+    REQUIRE(be.GeluForward(dst_y, dst_out, N * OC).ok());
+  };
+  ops(out, y);  // the first run sizes the workspaces
+  const std::vector<float> zeros(static_cast<size_t>(N * OC), 0.0f);
+  REQUIRE(be.CopyFromHost(y, zeros.data(), zeros.size() * sizeof(float)).ok());
+  REQUIRE(be.BeginCapture().ok());
+  CHECK(be.capturing());
+  ops(out, y);
+  auto graph = be.EndCapture();
+  REQUIRE_MESSAGE(graph.ok(), graph.status().ToString());
+  CHECK_FALSE(be.capturing());
+  CHECK((*graph)->ops() >= 3);           // the casts, the GEMM, the bias add, the GeLU
+  CHECK(p.Get(be, y, N * OC) == zeros);  // recorded, not run
+  float* ref_out = p.On(be, std::vector<float>(N * OC));
+  float* ref_y = p.On(be, std::vector<float>(N * OC));
+  for (uint32_t seed : {7u, 8u}) {  // new inputs in the same buffer: each launch reads them
+    const std::vector<float> xs = Random(N * IC, seed);
+    REQUIRE(be.CopyFromHost(x, xs.data(), xs.size() * sizeof(float)).ok());
+    REQUIRE((*graph)->Launch().ok());
+    ops(ref_out, ref_y);
+    CHECK(p.Get(be, y, N * OC) == p.Get(be, ref_y, N * OC));
+    CHECK(p.Get(be, out, N * OC) == p.Get(be, ref_out, N * OC));
+  }
+  // A workspace replaced after the capture (a larger GEMM's casts) makes the graph stale: refused, not run.
+  float* big = p.On(be, Random(4 * N * IC, 9));
+  float* big_out = p.On(be, std::vector<float>(4 * N * OC));
+  REQUIRE(be.MatmulForward(big_out, big, w, nullptr, 4 * N, IC, OC).ok());
+  CHECK((*graph)->Stale());
+  const Status stale = (*graph)->Launch();
+  CHECK(stale.code() == Code::kFailedPrecondition);
+  CHECK(stale.message().find("stale") != std::string::npos);
+}
+
+TEST_CASE("cuda backend: what a capture cannot hold fails with a reason, and the backend works on") {
+  Pair p(true, Bf16Operands::kCast);
+  ops::Backend& be = *p.gpu;
+  const int64_t N = 16, IC = 8, OC = 8;
+  float* x = p.On(be, Random(8 * N * IC, 1));
+  float* w = p.On(be, Random(OC * IC, 2));
+  float* out = p.On(be, std::vector<float>(8 * N * OC));
+  REQUIRE(be.MatmulForward(out, x, w, nullptr, N, IC, OC).ok());
+  SUBCASE("a wait for the device") {
+    REQUIRE(be.BeginCapture().ok());
+    CHECK_FALSE(be.Synchronize().ok());
+    auto g = be.EndCapture();
+    REQUIRE_FALSE(g.ok());
+    CHECK(g.status().message().find("graph capture failed") != std::string::npos);
+  }
+  SUBCASE("an upload from the host") {
+    REQUIRE(be.BeginCapture().ok());
+    const float one = 1;
+    const Status s = be.CopyFromHost(x, &one, sizeof one);
+    CHECK(s.code() == Code::kFailedPrecondition);
+    CHECK(s.message().find("inside a graph capture") != std::string::npos);
+    CHECK(be.EndCapture().ok());
+  }
+  SUBCASE("a workspace that has to grow") {
+    REQUIRE(be.BeginCapture().ok());
+    const Status s = be.MatmulForward(out, x, w, nullptr, 8 * N, IC, OC);
+    CHECK(s.code() == Code::kFailedPrecondition);
+    CHECK(s.message().find("would grow") != std::string::npos);
+    CHECK(be.EndCapture().ok());
+  }
+  SUBCASE("a second BeginCapture, an EndCapture without one") {
+    REQUIRE(be.BeginCapture().ok());
+    CHECK_FALSE(be.BeginCapture().ok());
+    CHECK(be.EndCapture().ok());
+    CHECK_FALSE(be.EndCapture().ok());
+  }
+  REQUIRE(be.MatmulForward(out, x, w, nullptr, 8 * N, IC, OC).ok());
+  REQUIRE(be.Synchronize().ok());
+  // The CPU backend records no graphs.
+  CHECK_FALSE(p.cpu->supports_graphs());
+  CHECK(p.cpu->BeginCapture().code() == Code::kUnimplemented);
+}
+
 }  // namespace
 }  // namespace ms::cuda

@@ -144,3 +144,160 @@ TEST_CASE("pinned host memory (cudaMallocHost): copies read and write it when th
   cudaFree(d);
   cudaStreamDestroy(s);
 }
+
+// ---- stream capture (CUDA graphs): recorded, not run; each launch runs the recording again ----
+
+namespace {
+
+struct Captured {
+  cudaStream_t s = nullptr;
+  float* dev = nullptr;
+  float* pinned = nullptr;
+  Captured() {
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&dev), 2 * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), 2 * sizeof(float)) == cudaSuccess);
+  }
+  ~Captured() {
+    cudaFreeHost(pinned);
+    cudaFree(dev);
+    cudaStreamDestroy(s);
+  }
+  float Read(int i) {
+    float v = -1;
+    REQUIRE(cudaMemcpy(&v, dev + i, sizeof v, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return v;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("stream capture: the operations are recorded, not run, and every launch runs them again in order") {
+  for (auto mode : {ms::sim::StreamMode::kSync, ms::sim::StreamMode::kAsync, ms::sim::StreamMode::kDeferred}) {
+    CAPTURE(ms::sim::StreamModeName(mode));
+    Mode m(mode);
+    Captured c;
+    const float three = 3;
+    REQUIRE(cudaMemcpy(c.dev, &three, sizeof three, cudaMemcpyHostToDevice) == cudaSuccess);
+    std::atomic<int> ran{0};
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+    REQUIRE(cudaStreamIsCapturing(c.s, &st) == cudaSuccess);
+    CHECK(st == cudaStreamCaptureStatusNone);
+    REQUIRE(cudaStreamBeginCapture(c.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    REQUIRE(cudaStreamIsCapturing(c.s, &st) == cudaSuccess);
+    CHECK(st == cudaStreamCaptureStatusActive);
+    // dev[1] = pinned[0] (read when the graph runs), dev[0] = dev[1], then a host operation.
+    REQUIRE(cudaMemcpyAsync(c.dev + 1, c.pinned, sizeof(float), cudaMemcpyHostToDevice, c.s) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(c.dev, c.dev + 1, sizeof(float), cudaMemcpyDeviceToDevice, c.s) == cudaSuccess);
+    REQUIRE(ms::sim::EnqueueOnStream(c.s, "count", [&] {
+              ++ran;
+              return cudaSuccess;
+            }) == cudaSuccess);
+    cudaEvent_t ev = nullptr;
+    REQUIRE(cudaEventCreate(&ev) == cudaSuccess);
+    REQUIRE(cudaEventRecord(ev, c.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(c.s, ev, 0) == cudaSuccess);  // an event of the same capture: allowed
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(c.s, &graph) == cudaSuccess);
+    REQUIRE(graph != nullptr);
+    size_t nodes = 0;
+    REQUIRE(cudaGraphGetNodes(graph, nullptr, &nodes) == cudaSuccess);
+    CHECK(nodes == 3);
+    CHECK(ran == 0);
+    CHECK(c.Read(0) == 3.0f);  // nothing ran during the capture
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);  // the executable graph keeps its own copy
+    c.pinned[0] = 5;
+    REQUIRE(cudaGraphLaunch(exec, c.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(c.s) == cudaSuccess);
+    CHECK(c.Read(0) == 5.0f);
+    CHECK(ran == 1);
+    c.pinned[0] = 9;
+    REQUIRE(cudaGraphLaunch(exec, c.s) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, c.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(c.s) == cudaSuccess);
+    CHECK(c.Read(0) == 9.0f);
+    CHECK(ran == 3);
+    REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+    cudaEventDestroy(ev);
+  }
+}
+
+TEST_CASE("stream capture: what CUDA refuses during a capture fails and invalidates it") {
+  Captured c;
+  cudaGraph_t graph = nullptr;
+  auto begin = [&] { REQUIRE(cudaStreamBeginCapture(c.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess); };
+  auto end_invalid = [&] {
+    CHECK(cudaStreamEndCapture(c.s, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    (void)cudaGetLastError();
+  };
+  SUBCASE("synchronizing or querying the capturing stream") {
+    begin();
+    CHECK(cudaStreamSynchronize(c.s) == cudaErrorStreamCaptureUnsupported);
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(c.s, &st) == cudaSuccess);
+    CHECK(st == cudaStreamCaptureStatusInvalidated);
+    CHECK(cudaMemsetAsync(c.dev, 0, 4, c.s) == cudaErrorStreamCaptureInvalidated);
+    end_invalid();
+    begin();
+    CHECK(cudaStreamQuery(c.s) == cudaErrorStreamCaptureUnsupported);
+    end_invalid();
+  }
+  SUBCASE("the capturing thread synchronizing the device") {
+    begin();
+    CHECK(cudaDeviceSynchronize() == cudaErrorStreamCaptureUnsupported);
+    end_invalid();
+  }
+  SUBCASE("a copy from or to pageable host memory") {
+    float pageable[2] = {1, 2};
+    begin();
+    CHECK(cudaMemcpyAsync(c.dev, pageable, sizeof(float), cudaMemcpyHostToDevice, c.s) ==
+          cudaErrorStreamCaptureUnsupported);
+    end_invalid();
+    begin();
+    CHECK(cudaMemcpyAsync(pageable, c.dev, sizeof(float), cudaMemcpyDeviceToHost, c.s) ==
+          cudaErrorStreamCaptureUnsupported);
+    end_invalid();
+  }
+  SUBCASE("an event recorded in the capture, queried or synchronized; waits across the capture's boundary") {
+    cudaEvent_t in = nullptr, out = nullptr;
+    REQUIRE(cudaEventCreate(&in) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&out) == cudaSuccess);
+    begin();
+    REQUIRE(cudaEventRecord(in, c.s) == cudaSuccess);
+    CHECK(cudaEventQuery(in) == cudaErrorCapturedEvent);
+    end_invalid();
+    begin();
+    REQUIRE(cudaEventRecord(in, c.s) == cudaSuccess);
+    CHECK(cudaEventSynchronize(in) == cudaErrorCapturedEvent);
+    end_invalid();
+    cudaStream_t other = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaEventRecord(out, other) == cudaSuccess);
+    begin();
+    CHECK(cudaStreamWaitEvent(c.s, out, 0) == cudaErrorStreamCaptureIsolation);
+    end_invalid();
+    begin();
+    REQUIRE(cudaEventRecord(in, c.s) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(other, in, 0) == cudaErrorStreamCaptureUnsupported);  // joining: not emulated
+    end_invalid();
+    cudaStreamDestroy(other);
+    cudaEventDestroy(in);
+    cudaEventDestroy(out);
+  }
+  SUBCASE("a second capture of the stream, an end without a capture, the legacy stream") {
+    begin();
+    CHECK(cudaStreamBeginCapture(c.s, cudaStreamCaptureModeGlobal) == cudaErrorIllegalState);
+    REQUIRE(cudaStreamEndCapture(c.s, &graph) == cudaSuccess);  // the first capture is unharmed (and empty)
+    REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+    CHECK(cudaStreamEndCapture(c.s, &graph) == cudaErrorIllegalState);
+    CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) == cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+  }
+  // Afterwards the stream works as before.
+  REQUIRE(cudaMemsetAsync(c.dev, 0, sizeof(float), c.s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(c.s) == cudaSuccess);
+  CHECK(c.Read(0) == 0.0f);
+}

@@ -274,6 +274,29 @@ case("bf16-112-lamb-keep-is-cast", "parallel: {dp: 2}", ["train.precision=bf16",
      ["runtime.bf16_operands=cast"], check=same_bits)
 case("planted-unwritten-optimizer-bf16-caught", "", ["train.precision=bf16"], ["runtime.bf16_operands=cast"], KEEP,
      {"MEGASCALE_PLANT": "optimizer_bf16_unwritten"}, True, check=same_bits)
+# CUDA graphs (runtime.cuda_graphs): each micro-batch slot's forward and backward recorded once, then launched as one
+# graph, give the bits of launching the ops one by one (the one slot of pp 1: its forward and backward run op by op at
+# the first micro-batch, recorded at the second, launched for the 22 after); on two data-parallel ranks with ZeRO-1
+# too (the optimizer's parameter gathers waited for before the forward's launch, the gradient buckets reduced after
+# the backward's); under the emulator the one-rank graph run has the deferred streams (work runs only when waited
+# for: an upload not ordered before a launch would read stale memory). Graphs counted but not launched (a planted
+# bug) change the losses; a capture that fails (planted: it waits for the device) leaves the run op by op, with the
+# same bits, and says why.
+GRAPHS = ["train.precision=bf16", "runtime.activations=bf16"]
+GRAPHS_RAN = "22 forwards and backwards launched as graphs, 2 run op by op"
+case("cuda-graphs-same-bits", "parallel: {micro_batches: 2}", GRAPHS, ["runtime.cuda_graphs=false"],
+     ["runtime.cuda_graphs=true"], None if GPU else {"MS_SIM_STREAMS": "deferred"}, False,
+     [(1, "CUDA graphs: 2 recorded ("), (1, GRAPHS_RAN)], check=same_bits)
+case("cuda-graphs-112-zero1-same-bits", "parallel: {dp: 2, zero: 1, micro_batches: 2}",
+     [*GRAPHS, "model.block=sequential"], ["runtime.cuda_graphs=false"], ["runtime.cuda_graphs=true"], None, False,
+     [(1, GRAPHS_RAN)], check=same_bits)
+case("planted-graphs-not-launched-caught", "parallel: {micro_batches: 2}", GRAPHS, ["runtime.cuda_graphs=false"],
+     ["runtime.cuda_graphs=true"], {"MEGASCALE_PLANT": "graph_not_launched"}, True, check=same_bits)
+case("cuda-graphs-failed-capture-runs-op-by-op", "parallel: {micro_batches: 2}", GRAPHS, ["runtime.cuda_graphs=false"],
+     ["runtime.cuda_graphs=true"], {"MEGASCALE_PLANT": "graph_capture_waits"}, False,
+     [(1, "runtime.cuda_graphs: recording the forward (chunk 0, slot 0) graph failed"),
+      (1, "CUDA graphs: 0 recorded (0 operations), 0 forwards and backwards launched as graphs")],
+     check=same_bits)
 
 
 
