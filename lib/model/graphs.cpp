@@ -1,7 +1,9 @@
 // CUDA graphs of the training micro-batches (runtime.cuda_graphs): Gpt::EnableGraphs and what ForwardChunk /
 // BackwardChunk do with it (model.h). The forward and backward ops of a slot are recorded once through the backend
-// (ops::Backend::BeginCapture / EndCapture) and the recording launched at the slot's later micro-batches; the host's
-// work around them (uploads, hooks, the losses' copy) runs as without graphs.
+// (ops::Backend::BeginCapture / EndCapture), in segments cut at the pass's hooks, and launched at the slot's later
+// micro-batches, the hooks between the segments; the host's work around them (uploads, the losses' copy) runs as
+// without graphs.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,76 +46,115 @@ bool Gpt::GraphsApply(int chunk) const {
          chunks_[chunk].embedding && chunks_[chunk].head;
 }
 
-Status Gpt::PrepareKeptWeights(int chunk) {
-  if (!keep_bf16_) return Status::Ok();
-  const Chunk& ch = chunks_[chunk];
-  for (int l = ch.first_layer; l < ch.first_layer + ch.num_layers; ++l) {
-    const LayerW w = Layer(l);
-    for (const ParamInfo* p : {w.qkvw, w.projw, w.fcw, w.mprojw}) MS_RETURN_IF_ERROR(KeptWeight(p).status());
+Status Gpt::CastKeptWeights(int layer) {
+  if (!keep_bf16_ || layer < 0) return Status::Ok();
+  if (layer == spec_.layers) {  // the head's
+    return KeptWeight(FindParam(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight")).status();
   }
-  if (ch.head) {
-    MS_RETURN_IF_ERROR(KeptWeight(FindParam(spec_.tied_embeddings ? "embed.wte" : "lm_head.weight")).status());
-  }
+  const LayerW w = Layer(layer);
+  for (const ParamInfo* p : {w.qkvw, w.projw, w.fcw, w.mprojw}) MS_RETURN_IF_ERROR(KeptWeight(p).status());
   return Status::Ok();
 }
 
-Result<bool> Gpt::RunGraphed(SlotGraph& g, const char* what, uint64_t cond, const std::function<Status()>& body) {
-  if (g.graph && (g.cond != cond || g.graph->Stale())) {
-    g.graph.reset();
+Status Gpt::LaunchSegments(const SlotGraph& g, const char* what, const Hook& hook) {
+  for (const SlotGraph::Segment& seg : g.segments) {
+    if (seg.graph->ops() > 0 && !plant_graph_not_launched_) {
+      MS_RETURN_IF_ERROR(seg.graph->Launch().WithContext(fmt::format("launching the {} graph", what)));
+    }
+    if (seg.hook && hook) MS_RETURN_IF_ERROR(hook(seg.arg));
+  }
+  ++graph_stats_.launches;
+  return Status::Ok();
+}
+
+Result<bool> Gpt::RunGraphed(SlotGraph& g, const char* what, uint64_t cond, const Hook& hook, bool hooks_lead,
+                             const std::function<Status(const Hook&)>& body) {
+  const bool stale = std::any_of(g.segments.begin(), g.segments.end(),
+                                 [](const SlotGraph::Segment& seg) { return seg.graph->Stale(); });
+  if (!g.segments.empty() && (g.cond != cond || stale)) {
+    g.segments.clear();
     g.warm = false;  // run once more before recording again (a replaced workspace may be replaced again)
   }
-  if (g.graph) {
-    if (!plant_graph_not_launched_) {
-      MS_RETURN_IF_ERROR(g.graph->Launch().WithContext(fmt::format("launching the {} graph", what)));
-    }
-    ++graph_stats_.launches;
+  if (!g.segments.empty()) {
+    MS_RETURN_IF_ERROR(LaunchSegments(g, what, hook));
     return true;
   }
   if (!g.warm || g.cond != cond) {
     g.cond = cond;
-    MS_RETURN_IF_ERROR(body());
+    MS_RETURN_IF_ERROR(body(hook));
     g.warm = true;
     ++graph_stats_.eager;
     return false;
   }
+  // Record: at each hook the segment so far is closed and the next one begun. Leading hooks (the forward's: what a
+  // layer's ops need first) run there, between the captures, and not again at the launch that follows the
+  // recording; trailing ones (the backward's: what follows a layer's ops) run at the launch, after their segment.
+  std::vector<SlotGraph::Segment> segments;
+  std::string failure;
+  Status hook_error;
+  bool lost = false;  // a capture could not be begun again: the body's later ops ran
+  const Hook split = [&](int arg) -> Status {
+    Result<std::unique_ptr<ops::Backend::OpGraph>> seg = be_->EndCapture();
+    if (seg.ok()) {
+      segments.push_back({std::move(*seg), true, arg});
+    } else if (failure.empty()) {
+      failure = seg.status().message();
+    }
+    if (hooks_lead && failure.empty() && hook_error.ok()) hook_error = hook(arg);
+    // Capturing again whatever happened: the rest of the pass must not run now (a failed recording runs it all
+    // eagerly below).
+    if (Status st = be_->BeginCapture(); !st.ok()) {
+      lost = true;
+      if (failure.empty()) failure = st.message();
+      return st;
+    }
+    if (!hook_error.ok()) return hook_error;
+    return failure.empty() ? Status::Ok() : FailedPrecondition("{}", failure);
+  };
   MS_RETURN_IF_ERROR(be_->BeginCapture().WithContext(fmt::format("recording the {} graph", what)));
-  const Status ran = plant_capture_waits_ ? be_->Synchronize() : body();
-  Result<std::unique_ptr<ops::Backend::OpGraph>> graph = be_->EndCapture();
-  if (!ran.ok() || !graph.ok()) {
+  const Status ran = plant_capture_waits_ ? be_->Synchronize() : body(hook ? split : Hook{});
+  if (lost) {
+    return Status(Code::kInternal, fmt::format("recording the {} graph: a capture could not be begun again after a "
+                                               "hook ({}); part of the pass ran outside it",
+                                               what, failure));
+  }
+  Result<std::unique_ptr<ops::Backend::OpGraph>> last = be_->EndCapture();
+  if (!hook_error.ok()) return hook_error;  // the pass's own failure, not the recording's
+  if (failure.empty() && !ran.ok()) failure = ran.message();
+  if (failure.empty() && !last.ok()) failure = last.status().message();
+  if (!failure.empty()) {
     // Nothing of the body ran: run it eagerly, and from now on without graphs.
-    graph_stats_.failure =
-        fmt::format("recording the {} graph failed: {}", what, (ran.ok() ? graph.status() : ran).message());
+    graph_stats_.failure = fmt::format("recording the {} graph failed: {}", what, failure);
     LogWarn("runtime.cuda_graphs: {}; the run goes on without graphs", graph_stats_.failure);
     graphs_.clear();  // g too: return without touching it
-    MS_RETURN_IF_ERROR(body());
+    MS_RETURN_IF_ERROR(body(hook));
     ++graph_stats_.eager;
     return false;
   }
-  g.graph = std::move(*graph);
+  segments.push_back({std::move(*last), false, 0});
+  g.segments = std::move(segments);
   ++graph_stats_.captures;
-  graph_stats_.ops += g.graph->ops();
-  MS_RETURN_IF_ERROR(g.graph->Launch().WithContext(fmt::format("launching the {} graph", what)));
-  ++graph_stats_.launches;
+  graph_stats_.segments += static_cast<int64_t>(g.segments.size());
+  for (const SlotGraph::Segment& seg : g.segments) graph_stats_.ops += seg.graph->ops();
+  MS_RETURN_IF_ERROR(LaunchSegments(g, what, hooks_lead ? Hook{} : hook));
   return false;
 }
 
 Status Gpt::ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Status(int)>& before_layer) {
-  const Chunk& ch = chunks_[chunk];
-  // The hooks first, in the order the ops would meet them (ZeRO's parameter gathers waited for).
-  if (before_layer) {
-    MS_RETURN_IF_ERROR(before_layer(-1));
-    for (int l = ch.first_layer; l < ch.first_layer + ch.num_layers; ++l) MS_RETURN_IF_ERROR(before_layer(l));
-    MS_RETURN_IF_ERROR(before_layer(spec_.layers));
-  }
-  // What the ops would upload or cast on their first use, made before the graph.
-  MS_RETURN_IF_ERROR(PrepareKeptWeights(chunk));
+  // What the ops would upload or cast at their first use, made before them: the loss weights now, each layer's bf16
+  // weights for the step at its hook, after the caller's (a ZeRO gather of the parameters waited for).
   if (fused_dloss_ > 0) MS_RETURN_IF_ERROR(LossWeights(fused_dloss_).status());
+  const Hook hook = [&](int layer) -> Status {
+    if (before_layer) MS_RETURN_IF_ERROR(before_layer(layer));
+    return CastKeptWeights(layer);
+  };
   auto& g = graphs_[{chunk, slot, false}];
   if (!g) g = std::make_unique<SlotGraph>();
   SlotGraph* sg = g.get();
   const std::string what = fmt::format("forward (chunk {}, slot {})", chunk, slot);
-  MS_ASSIGN_OR_RETURN(const bool replayed, RunGraphed(*sg, what.c_str(), Bits(fused_dloss_),
-                                                      [&] { return ForwardCompute(chunk, a, nullptr, {}); }));
+  MS_ASSIGN_OR_RETURN(const bool replayed,
+                      RunGraphed(*sg, what.c_str(), Bits(fused_dloss_), hook, /*hooks_lead=*/true,
+                                 [&](const Hook& h) { return ForwardCompute(chunk, a, nullptr, h); }));
   if (replayed) {
     a.forward_done = true;
     a.dlogits_ready = sg->dlogits_ready;
@@ -126,25 +167,31 @@ Status Gpt::ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Sta
 }
 
 Status Gpt::BackwardGraphed(int chunk, int slot, Acts& a, float dloss, const std::function<void(int)>& on_layer_done) {
-  const Chunk& ch = chunks_[chunk];
   if (!a.dlogits_ready) MS_RETURN_IF_ERROR(LossWeights(dloss).status());  // the head backward's weights
   auto& g = graphs_[{chunk, slot, true}];
   if (!g) g = std::make_unique<SlotGraph>();
   SlotGraph* sg = g.get();
   const uint64_t cond = Bits(dloss) | (uint64_t{a.dlogits_ready} << 32);
   const std::string what = fmt::format("backward (chunk {}, slot {})", chunk, slot);
-  MS_ASSIGN_OR_RETURN(const bool replayed, RunGraphed(*sg, what.c_str(), cond,
-                                                      [&] { return BackwardCompute(chunk, a, nullptr, dloss, {}); }));
+  Hook hook;
+  if (on_layer_done) {
+    hook = [&](int layer) {
+      on_layer_done(layer);
+      return Status::Ok();
+    };
+  }
+  // The backward's hooks return nothing: a hook's failure to cut a segment is seen by RunGraphed, which keeps the
+  // rest of the pass captured.
+  MS_ASSIGN_OR_RETURN(const bool replayed,
+                      RunGraphed(*sg, what.c_str(), cond, hook, /*hooks_lead=*/false, [&](const Hook& h) {
+                        std::function<void(int)> done;
+                        if (h) done = [&h](int layer) { (void)h(layer); };
+                        return BackwardCompute(chunk, a, nullptr, dloss, done);
+                      }));
   if (replayed) {
     a.dlogits_ready = sg->dlogits_ready;
   } else if (graphs_.count({chunk, slot, true})) {
     sg->dlogits_ready = a.dlogits_ready;
-  }
-  // The hooks after the ops, in the order the ops would meet them (the data-parallel reductions' buckets).
-  if (on_layer_done) {
-    on_layer_done(spec_.layers);
-    for (int l = ch.first_layer + ch.num_layers - 1; l >= ch.first_layer; --l) on_layer_done(l);
-    on_layer_done(-1);
   }
   return Status::Ok();
 }

@@ -369,7 +369,7 @@ Result<const void*> Gpt::KeptWeight(const ParamInfo* p) {
     if (be_->capturing()) {  // the graph would repeat the cast at every launch, unseen by the step's bookkeeping
       return Status(Code::kInternal,
                     fmt::format("the bf16 copy of {} would be made inside a graph capture (graphs.cpp: "
-                                "PrepareKeptWeights makes them before)",
+                                "CastKeptWeights makes them before)",
                                 p->name));
     }
     MS_RETURN_IF_ERROR(be_->CastToBf16(dst, param_data() + p->offset, p->numel).WithContext("bf16 copy of " + p->name));

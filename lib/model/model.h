@@ -247,24 +247,27 @@ class Gpt {
   // Under sequence parallelism: sums the partial gradients of replicated tensors across tp.
   Status ReduceSequenceParallelGrads();
 
-  // CUDA graphs (runtime.cuda_graphs; graphs.cpp): each micro-batch slot's forward and backward ops recorded once as a
-  // graph (ops::Backend::BeginCapture) and launched again at every later micro-batch of that slot: one launch in
-  // place of hundreds of kernel launches and GEMM calls. The host's part stays outside the graph — token and target
-  // uploads, the hooks (before_layer: all run before the forward's launch; on_layer_done: all after the backward's),
-  // the losses' copy — so the graph sees the same pointers every time. A slot's forward or backward first runs
-  // eagerly (allocating the workspaces its ops need), is captured at its next call, and captured again when what it
-  // was recorded for changes (the loss weight, a workspace the backend replaced). They apply to the training
-  // micro-batches (between BeginDeferredLosses and TakeDeferredLosses, with the head's loss fused: dloss > 0) of a
-  // chunk that holds the embeddings and the head (pp 1) at tp 1, on a backend that records graphs; elsewhere the ops
-  // run as before. A capture that fails (an op that waits for the device or uploads inside it) turns graphs off for
-  // the rest of the run, with its reason in graph_stats().failure, and the ops run eagerly.
+  // CUDA graphs (runtime.cuda_graphs; graphs.cpp): each micro-batch slot's forward and backward ops recorded once as
+  // graphs (ops::Backend::BeginCapture) and launched again at every later micro-batch of that slot, in place of
+  // hundreds of kernel launches and GEMM calls. The host's part stays outside the graphs — token and target uploads,
+  // the losses' copy, the hooks — so the graphs see the same pointers every time. A pass is recorded in segments cut
+  // at its hooks (before_layer, on_layer_done): a launch runs segment, hook, segment, hook, ... in the order the ops
+  // meet them, so a ZeRO parameter gather is still waited for just before its layer and a data-parallel bucket still
+  // leaves as soon as its layer's gradients are final (one graph per pass where no hooks are given). A slot's pass
+  // first runs eagerly (allocating the workspaces its ops need), is recorded at its next call, and recorded again when
+  // what it was recorded for changes (the loss weight, a workspace the backend replaced). Graphs apply to the training
+  // micro-batches (between BeginDeferredLosses and TakeDeferredLosses) of a chunk that holds the embeddings and the
+  // head (pp 1) at tp 1, on a backend that records graphs; elsewhere the ops run as before. A capture that fails (an
+  // op that waits for the device or uploads inside it) turns graphs off for the rest of the run, with its reason in
+  // graph_stats().failure, and the ops run eagerly.
   // EnableGraphs returns why graphs cannot apply to this model at all ("" where they can).
   std::string EnableGraphs(bool on);
   struct GraphStats {
-    int64_t captures = 0;  // graphs recorded
-    int64_t launches = 0;  // forwards and backwards run as a graph launch
-    int64_t eager = 0;     // forwards and backwards of graph-enabled slots run without one (warm-up, recaptures)
-    int64_t ops = 0;       // operations in the graphs recorded (the last capture of each)
+    int64_t captures = 0;  // passes recorded
+    int64_t segments = 0;  // graphs they were recorded in (the last recording of each pass)
+    int64_t ops = 0;       // operations in them
+    int64_t launches = 0;  // forwards and backwards run by launching their graphs
+    int64_t eager = 0;     // forwards and backwards of graph-enabled slots run without (warm-up, recaptures)
     std::string failure;   // the first capture failure (graphs then off)
   };
   const GraphStats& graph_stats() const { return graph_stats_; }
@@ -341,18 +344,27 @@ class Gpt {
   bool GraphsApply(int chunk) const;
   Status ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Status(int)>& before_layer);
   Status BackwardGraphed(int chunk, int slot, Acts& a, float dloss, const std::function<void(int)>& on_layer_done);
-  Status PrepareKeptWeights(int chunk);
+  Status CastKeptWeights(int layer);  // the step's bf16 copies of a layer's weights (spec_.layers: the head's)
+  using Hook = std::function<Status(int)>;
   struct SlotGraph {
-    std::unique_ptr<ops::Backend::OpGraph> graph;
-    uint64_t cond = 0;           // what the body was run or recorded for (loss weights)
-    bool warm = false;           // the body has run eagerly with `cond`
-    bool dlogits_ready = false;  // host state the body leaves, restored after each launch
+    struct Segment {
+      std::unique_ptr<ops::Backend::OpGraph> graph;
+      bool hook = false;  // the pass's hook follows, with `arg`
+      int arg = 0;
+    };
+    std::vector<Segment> segments;  // empty: not recorded
+    uint64_t cond = 0;              // what the pass was run or recorded for (loss weights)
+    bool warm = false;              // the pass has run eagerly with `cond`
+    bool dlogits_ready = false;     // host state the pass leaves, restored after each launch
     float dlogits_weight = 0.0f;
   };
-  // Runs `body` as graph `g`: launched where it was captured for the same `cond`, captured (then launched) where the
-  // body ran eagerly once with it, else run eagerly. True: an earlier capture was launched (the body did not run, so
-  // the caller restores the host state it leaves).
-  Result<bool> RunGraphed(SlotGraph& g, const char* what, uint64_t cond, const std::function<Status()>& body);
+  // Runs a pass (`body`, given the hook it calls) as graph `g`: launched where it was recorded for the same `cond`,
+  // recorded (then launched) where it ran eagerly once with it, else run eagerly; `hook` (may be empty) runs where
+  // the pass calls it — before the segment that follows (hooks_lead: the forward's) or after the one before. True:
+  // an earlier recording was launched (the body did not run, so the caller restores the host state it leaves).
+  Result<bool> RunGraphed(SlotGraph& g, const char* what, uint64_t cond, const Hook& hook, bool hooks_lead,
+                          const std::function<Status(const Hook&)>& body);
+  Status LaunchSegments(const SlotGraph& g, const char* what, const Hook& hook);
   // The bf16 rounding of GEMM weight `p` for the backend's kept operands (null when the backend keeps none): cast
   // into the mirror bf16_params_ at its first use in a step (BeginStep .. EndStep) and reused for the rest of the
   // step; outside a step cast at every call.

@@ -419,8 +419,8 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       if (rt.rank == 0) LogWarn("runtime.cuda_graphs: not used: {}; the ops are launched one by one", why);
     } else if (rt.rank == 0) {
       LogInfo(
-          "runtime.cuda_graphs: each micro-batch slot's forward and backward recorded once, then launched as one "
-          "CUDA graph");
+          "runtime.cuda_graphs: each micro-batch slot's forward and backward recorded once, then launched as CUDA "
+          "graphs (cut at the layers' hooks, which run between them)");
     }
   }
   if (spec.log.trace && par.tp > 1) {  // TP collectives and the GEMM chunks they overlap with
@@ -1001,8 +1001,9 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     if (graphs_on) {
       const model::Gpt::GraphStats& gs = gpt->graph_stats();
       LogInfo(
-          "CUDA graphs: {} recorded ({} operations), {} forwards and backwards launched as graphs, {} run op by op{}",
-          gs.captures, gs.ops, gs.launches, gs.eager, gs.failure.empty() ? "" : "; " + gs.failure);
+          "CUDA graphs: {} recorded ({} operations in {} graphs), {} forwards and backwards launched as graphs, {} "
+          "run op by op{}",
+          gs.captures, gs.ops, gs.segments, gs.launches, gs.eager, gs.failure.empty() ? "" : "; " + gs.failure);
     }
     LogInfo("done: {} steps in {}, loss {:.4f} -> {:.4f}, validation {:.4f}; run directory {}", summary.steps_done,
             metrics::Progress::FormatDuration(summary.seconds), summary.first_loss, summary.final_loss,
