@@ -131,10 +131,10 @@ PY
       done
       # Which path ran the fc GEMMs' GeLU epilogues and the qkv GEMMs' bias epilogues (cuBLASLt, or the GEMM +
       # kernel fallback where it had no algorithm), what runtime.activations: bf16 kept in bf16, and which attention
-      # backward ran (dS kept or formed again).
+      # backward ran (dS kept or formed again), whether the -graphs run launched graphs.
       grep -h -e "fc GEMMs with the bias + GeLU epilogue" -e "qkv GEMMs with the bias epilogue" -e "kept in bf16:" \
         -e "tensor-core attention backwards:" -e "attention by cuDNN" -e "attention_kernels: cudnn" \
-        -e "fused attention (B" \
+        -e "fused attention (B" -e "CUDA graphs:" -e "runtime.cuda_graphs:" \
         "$work"/train-*/train.log \
         "$work"/train-*/logs/rank-0.log 2>/dev/null | sed 's/^/  /' || true
     fi
