@@ -27,8 +27,6 @@ std::string Gpt::EnableGraphs(bool on) {
     why = fmt::format("the {} backend records no graphs", be_->name());
   } else if (shard_.tp_size > 1) {
     why = fmt::format("tensor parallelism (tp {}) communicates inside each micro-batch", shard_.tp_size);
-  } else if (num_chunks() != 1 || !chunks_[0].embedding || !chunks_[0].head) {
-    why = "pipeline parallelism: a stage's micro-batch waits for its neighbours' activations and gradients";
   }
   graphs_on_ = on && why.empty();
   if (!graphs_on_) graphs_.clear();
@@ -40,10 +38,9 @@ std::string Gpt::EnableGraphs(bool on) {
   return why;
 }
 
-bool Gpt::GraphsApply(int chunk) const {
-  // Training micro-batches only (their losses deferred), with the kept bf16 weights made per step.
-  return graphs_on_ && graph_stats_.failure.empty() && deferred_cap_ > 0 && (in_step_ || !keep_bf16_) &&
-         chunks_[chunk].embedding && chunks_[chunk].head;
+bool Gpt::GraphsApply(int /*chunk*/) const {
+  // Training micro-batches only (between BeginStep and EndStep: the kept bf16 weights made once per step).
+  return graphs_on_ && graph_stats_.failure.empty() && in_step_;
 }
 
 Status Gpt::CastKeptWeights(int layer) {
@@ -140,10 +137,15 @@ Result<bool> Gpt::RunGraphed(SlotGraph& g, const char* what, uint64_t cond, cons
   return false;
 }
 
-Status Gpt::ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Status(int)>& before_layer) {
+Status Gpt::ForwardGraphed(int chunk, int slot, Acts& a, const float* x_in,
+                           const std::function<Status(int)>& before_layer) {
   // What the ops would upload or cast at their first use, made before them: the loss weights now, each layer's bf16
   // weights for the step at its hook, after the caller's (a ZeRO gather of the parameters waited for).
-  if (fused_dloss_ > 0) MS_RETURN_IF_ERROR(LossWeights(fused_dloss_).status());
+  const bool deferred = deferred_cap_ > 0;  // the head's loss: fused with its gradient where dloss > 0
+  if (chunks_[chunk].head && deferred && fused_dloss_ > 0) MS_RETURN_IF_ERROR(LossWeights(fused_dloss_).status());
+  // The previous stage's activations (from the pipeline's receive buffer) into the slot's, ahead of the graphs.
+  if (!chunks_[chunk].embedding)
+    MS_RETURN_IF_ERROR(be_->Copy(a.res.data(), x_in, sizeof(float) * rows_ * spec_.hidden));
   const Hook hook = [&](int layer) -> Status {
     if (before_layer) MS_RETURN_IF_ERROR(before_layer(layer));
     return CastKeptWeights(layer);
@@ -152,9 +154,10 @@ Status Gpt::ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Sta
   if (!g) g = std::make_unique<SlotGraph>();
   SlotGraph* sg = g.get();
   const std::string what = fmt::format("forward (chunk {}, slot {})", chunk, slot);
-  MS_ASSIGN_OR_RETURN(const bool replayed,
-                      RunGraphed(*sg, what.c_str(), Bits(fused_dloss_), hook, /*hooks_lead=*/true,
-                                 [&](const Hook& h) { return ForwardCompute(chunk, a, nullptr, h); }));
+  MS_ASSIGN_OR_RETURN(
+      const bool replayed,
+      RunGraphed(*sg, what.c_str(), Bits(fused_dloss_) | (uint64_t{deferred} << 32), hook, /*hooks_lead=*/true,
+                 [&](const Hook& h) { return ForwardCompute(chunk, a, nullptr, h); }));
   if (replayed) {
     a.forward_done = true;
     a.dlogits_ready = sg->dlogits_ready;
@@ -166,8 +169,13 @@ Status Gpt::ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Sta
   return Status::Ok();
 }
 
-Status Gpt::BackwardGraphed(int chunk, int slot, Acts& a, float dloss, const std::function<void(int)>& on_layer_done) {
-  if (!a.dlogits_ready) MS_RETURN_IF_ERROR(LossWeights(dloss).status());  // the head backward's weights
+Status Gpt::BackwardGraphed(int chunk, int slot, Acts& a, const float* dout, float dloss,
+                            const std::function<void(int)>& on_layer_done) {
+  if (chunks_[chunk].head && !a.dlogits_ready) MS_RETURN_IF_ERROR(LossWeights(dloss).status());  // its weights
+  // The next stage's gradient (from the pipeline's receive buffer) into the residual gradient, ahead of the graphs.
+  if (!chunks_[chunk].head) {
+    MS_RETURN_IF_ERROR(be_->Copy(scratch_.data(), dout, sizeof(float) * rows_ * spec_.hidden));
+  }
   auto& g = graphs_[{chunk, slot, true}];
   if (!g) g = std::make_unique<SlotGraph>();
   SlotGraph* sg = g.get();

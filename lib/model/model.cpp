@@ -742,7 +742,7 @@ Result<float> Gpt::ForwardChunk(int chunk, int slot, const int32_t* inputs, cons
   MS_ASSIGN_OR_RETURN(Acts * acts, SlotActs(chunk, slot));
   MS_RETURN_IF_ERROR(ForwardInputs(chunk, *acts, inputs, targets, x_in));
   if (GraphsApply(chunk)) {
-    MS_RETURN_IF_ERROR(ForwardGraphed(chunk, slot, *acts, before_layer));
+    MS_RETURN_IF_ERROR(ForwardGraphed(chunk, slot, *acts, x_in, before_layer));
   } else {
     MS_RETURN_IF_ERROR(ForwardCompute(chunk, *acts, x_in, before_layer));
   }
@@ -812,7 +812,7 @@ Status Gpt::ForwardCompute(int chunk, Acts& a, const float* x_in, const std::fun
     const float* wpe = P(FindParam("embed.wpe"));
     const int64_t row0 = sp ? shard_.tp_rank * R : 0;
     MS_RETURN_IF_ERROR(be_->AddPositions(x0, wpe, R, C, T, row0));
-  } else {
+  } else if (x_in) {  // (none: a graph's pass, whose caller copied it there first)
     MS_RETURN_IF_ERROR(be_->Copy(a.res.data(), x_in, sizeof(float) * R * C));
   }
 
@@ -1182,7 +1182,7 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   if (!chunks_[chunk].head && !dout) {
     return InvalidArgument("chunk {} needs the gradient of its output", chunks_[chunk].global);
   }
-  if (GraphsApply(chunk)) return BackwardGraphed(chunk, slot, a, dloss, on_layer_done);
+  if (GraphsApply(chunk)) return BackwardGraphed(chunk, slot, a, dout, dloss, on_layer_done);
   return BackwardCompute(chunk, a, dout, dloss, on_layer_done);
 }
 
@@ -1247,8 +1247,8 @@ Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
     dres_summed = dsum != nullptr;
     done(spec_.layers);
   } else {
-    if (!dout) return InvalidArgument("chunk {} needs the gradient of its output", ch.global);
-    MS_RETURN_IF_ERROR(be_->Copy(dres, dout, sizeof(float) * R * C));
+    // (No dout: a graph's pass, whose caller copied it there first.)
+    if (dout) MS_RETURN_IF_ERROR(be_->Copy(dres, dout, sizeof(float) * R * C));
   }
   auto dres_at = [&](int64_t row0) -> const void* {
     return dres_rounded ? static_cast<const void*>(static_cast<uint16_t*>(dres16_all) + row0 * C) : nullptr;

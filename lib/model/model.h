@@ -256,8 +256,9 @@ class Gpt {
   // leaves as soon as its layer's gradients are final (one graph per pass where no hooks are given). A slot's pass
   // first runs eagerly (allocating the workspaces its ops need), is recorded at its next call, and recorded again when
   // what it was recorded for changes (the loss weight, a workspace the backend replaced). Graphs apply to the training
-  // micro-batches (between BeginDeferredLosses and TakeDeferredLosses) of a chunk that holds the embeddings and the
-  // head (pp 1) at tp 1, on a backend that records graphs; elsewhere the ops run as before. A capture that fails (an
+  // micro-batches (between BeginStep and EndStep) at tp 1, on a backend that records graphs — a pipeline stage's
+  // received activations or gradient copied into the slot's buffers ahead of its graphs —; elsewhere the ops run as
+  // before. A capture that fails (an
   // op that waits for the device or uploads inside it) turns graphs off for the rest of the run, with its reason in
   // graph_stats().failure, and the ops run eagerly.
   // EnableGraphs returns why graphs cannot apply to this model at all ("" where they can).
@@ -342,8 +343,10 @@ class Gpt {
                          const std::function<void(int)>& on_layer_done);
   // Graphs (graphs.cpp).
   bool GraphsApply(int chunk) const;
-  Status ForwardGraphed(int chunk, int slot, Acts& a, const std::function<Status(int)>& before_layer);
-  Status BackwardGraphed(int chunk, int slot, Acts& a, float dloss, const std::function<void(int)>& on_layer_done);
+  Status ForwardGraphed(int chunk, int slot, Acts& a, const float* x_in,
+                        const std::function<Status(int)>& before_layer);
+  Status BackwardGraphed(int chunk, int slot, Acts& a, const float* dout, float dloss,
+                         const std::function<void(int)>& on_layer_done);
   Status CastKeptWeights(int layer);  // the step's bf16 copies of a layer's weights (spec_.layers: the head's)
   using Hook = std::function<Status(int)>;
   struct SlotGraph {

@@ -151,7 +151,7 @@ def case(name, *a, check=compare):
     if QUICK and name not in ("fp32-111-parallel", "bf16-112-sequential-zero1"):
         skipped.append(name)
         return
-    if GPU and "-112-" in name and gpu_count() < 2:
+    if GPU and ("-112-" in name or "-121-" in name) and gpu_count() < 2:
         # Two ranks on one host use devices 0 and 1 (NCCL groups): not possible on a one-GPU machine.
         print(f"skip {name}: two ranks need two GPUs, {gpu_count()} visible")
         skipped.append(name)
@@ -290,6 +290,11 @@ case("cuda-graphs-same-bits", "parallel: {micro_batches: 2}", GRAPHS, ["runtime.
 case("cuda-graphs-112-zero1-same-bits", "parallel: {dp: 2, zero: 1, micro_batches: 2}",
      [*GRAPHS, "model.block=sequential"], ["runtime.cuda_graphs=false"], ["runtime.cuda_graphs=true"], None, False,
      [(1, GRAPHS_RAN)], check=same_bits)
+# ... and on two pipeline stages with 2 virtual stages each (4 micro-batches a step: the stages' activations and
+# gradients copied from the pipeline's receive buffers into the slot's ahead of the graphs).
+case("cuda-graphs-121-interleaved-same-bits", "parallel: {pp: 2, virtual_stages: 2, micro_batches: 4}",
+     [*GRAPHS, "model.layers=4"], ["runtime.cuda_graphs=false"], ["runtime.cuda_graphs=true"], None, False,
+     [(1, "CUDA graphs: 16 recorded ("), (1, "80 forwards and backwards launched as graphs")], check=same_bits)
 case("planted-graphs-not-launched-caught", "parallel: {micro_batches: 2}", GRAPHS, ["runtime.cuda_graphs=false"],
      ["runtime.cuda_graphs=true"], {"MEGASCALE_PLANT": "graph_not_launched"}, True, check=same_bits)
 case("cuda-graphs-failed-capture-runs-op-by-op", "parallel: {micro_batches: 2}", GRAPHS, ["runtime.cuda_graphs=false"],
