@@ -253,14 +253,14 @@ class Gpt {
   // the losses' copy, the hooks — so the graphs see the same pointers every time. A pass is recorded in segments cut
   // at its hooks (before_layer, on_layer_done): a launch runs segment, hook, segment, hook, ... in the order the ops
   // meet them, so a ZeRO parameter gather is still waited for just before its layer and a data-parallel bucket still
-  // leaves as soon as its layer's gradients are final (one graph per pass where no hooks are given). A slot's pass
-  // first runs eagerly (allocating the workspaces its ops need), is recorded at its next call, and recorded again when
-  // what it was recorded for changes (the loss weight, a workspace the backend replaced). Graphs apply to the training
-  // micro-batches (between BeginStep and EndStep) at tp 1, on a backend that records graphs — a pipeline stage's
-  // received activations or gradient copied into the slot's buffers ahead of its graphs —; elsewhere the ops run as
-  // before. A capture that fails (an
-  // op that waits for the device or uploads inside it) turns graphs off for the rest of the run, with its reason in
-  // graph_stats().failure, and the ops run eagerly.
+  // leaves as soon as its layer's gradients are final. The forward is always cut at its layers (each layer's bf16
+  // weight copies for the step are made there, outside the graphs); a backward given no hook is one graph. A slot's
+  // pass first runs eagerly (allocating the workspaces its ops need), is recorded at its next call, and recorded again
+  // when what it was recorded for changes (the loss weight, a workspace the backend replaced). Graphs apply to the
+  // training micro-batches (between BeginStep and EndStep) at tp 1, on a backend that records graphs — a pipeline
+  // stage's received activations or gradient copied into the slot's buffers ahead of its graphs —; elsewhere the ops
+  // run as before. A capture that fails (an op that waits for the device or uploads inside it) turns graphs off for
+  // the rest of the run, with its reason in graph_stats().failure, and the ops run eagerly.
   // EnableGraphs returns why graphs cannot apply to this model at all ("" where they can).
   std::string EnableGraphs(bool on);
   struct GraphStats {
