@@ -143,6 +143,11 @@ PY
       grep -h -e "^torch .* on " -e "^PyTorch .*median step" -e "^attention .*causal" -e "^attention .*not run" \
         "$work"/torch-*.log 2>/dev/null | sed 's/^/  /' || true
     fi
+    if grep -qs "cuDNN backward form" "$work"/tests/*.log; then
+      echo "cuDNN's attention backward per graph form (cuda_backend_gpu; the default: deterministic 0, padding mask 1"
+      echo "  at T % 128 != 0 on cuDNN <= 9.15, else 0):"
+      grep -h -o "cuDNN backward form.*" "$work"/tests/*.log | sed 's/^/  /' || true
+    fi
     echo "logs: $work${OUT:+ (and $OUT/logs.tar.gz)}"
   } >"$work/summary.txt"
   if [[ $out != "$work" ]]; then

@@ -131,6 +131,12 @@ double CudnnCheckTolerance();
 // fills. (On an H200 at 2829a9d, whose backward graph was wrong, a pattern there showed up in dqkv.)
 void SetCudnnScratchFill(int byte);
 int CudnnScratchFill();
+// Tests (diagnosis on a GPU): the form of cuDNN's attention backward graph for the plans built after the call,
+// process-wide; each -1 (what cudnn-frontend does for the loaded release: the default), 0 (off) or 1 (on).
+// deterministic: dQ written straight from dS K (the frontend's deterministic form) instead of accumulated in fp32;
+// padding_mask: the padding-mask workaround the frontend applies for cuDNN <= 9.15 at T % 128 != 0. No effect in a
+// build without cuDNN support.
+void SetCudnnBackwardForm(int deterministic, int padding_mask);
 
 // ---- NCCL communicators (lib/cuda/nccl_comm.cpp) ----------------------------------------------------------------
 //

@@ -138,6 +138,7 @@ class CudaBackend final : public ops::Backend {
     }
     if (blas_) (void)cublasDestroy(blas_);
     if (lt_) (void)cublasLtDestroy(lt_);
+    for (void* p : cudnn_kept_) device_->Free(p);
   }
 
   const char* name() const override { return LinkedFlavor() == Flavor::kEmulated ? "cuda (emulated)" : "cuda"; }
@@ -484,8 +485,19 @@ class CudaBackend final : public ops::Backend {
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (!aligned(qkv16) || !aligned(out16) || (H * D) % 8 != 0) return "rows not 16-byte aligned";
     if (!cudnn_sdpa_) {
-      auto made =
-          cudnn::Sdpa::Create(s_, [this](size_t bytes) -> Result<void*> { return CudnnScratch(kCudnn, bytes); });
+      cudnn::Sdpa::Memory memory;
+      memory.workspace = [this](size_t bytes) -> Result<void*> { return CudnnScratch(kCudnn, bytes); };
+      memory.zero = [this](void* p, size_t bytes) -> Status {
+        MS_CUDA_OK(cudaMemsetAsync(p, 0, bytes, s_), "zeroing cuDNN's dQ accumulator");
+        return Status::Ok();
+      };
+      memory.keep = [this](const void* host, size_t bytes) -> Result<void*> {
+        MS_ASSIGN_OR_RETURN(void* p, device_->Alloc(bytes));
+        cudnn_kept_.push_back(p);
+        MS_CUDA_OK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "uploading cuDNN's sequence lengths");
+        return p;
+      };
+      auto made = cudnn::Sdpa::Create(s_, std::move(memory));
       if (!made.ok()) {
         cudnn_attention_ = false;
         return made.status().message();
@@ -1162,9 +1174,10 @@ class CudaBackend final : public ops::Backend {
   cublasLtHandle_t lt_ = nullptr;
   EpilogueStats epilogue_stats_;
   AttentionStats attention_stats_;
-  bool cudnn_attention_ = false;  // runtime.attention_kernels: cudnn (EnableCudnnAttention), until cuDNN fails
-  bool cudnn_wanted_ = false;     // asked for (EnableCudnnAttention), whether or not cuDNN is still on
-  bool split_dkdv_ = false;       // runtime.attention_split_dkdv (EnableSplitDkDv)
+  bool cudnn_attention_ = false;   // runtime.attention_kernels: cudnn (EnableCudnnAttention), until cuDNN fails
+  bool cudnn_wanted_ = false;      // asked for (EnableCudnnAttention), whether or not cuDNN is still on
+  bool split_dkdv_ = false;        // runtime.attention_split_dkdv (EnableSplitDkDv)
+  std::vector<void*> cudnn_kept_;  // device memory cuDNN's plans keep (cudnn::Sdpa::Memory::keep)
 #if defined(MS_CUDA_HAVE_CUDNN)
   std::unique_ptr<cudnn::Sdpa> cudnn_sdpa_;  // made at the first forward cuDNN takes
   std::set<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>> cudnn_checked_;  // (pass, shape) checked
@@ -1277,6 +1290,14 @@ void SetCudnnScratchFill(int byte) {
 }
 int CudnnScratchFill() {
   return cudnn_scratch_fill.load();
+}
+
+void SetCudnnBackwardForm(int deterministic, int padding_mask) {
+#if defined(MS_CUDA_HAVE_CUDNN)
+  cudnn::SetFormOverride(deterministic, padding_mask);
+#else
+  (void)deterministic, (void)padding_mask;
+#endif
 }
 
 void SetCudnnCheckTolerance(double rtol) {

@@ -4,6 +4,7 @@
 #include <cudnn.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -206,7 +207,9 @@ class GraphBuilder {
                       {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y}},
                      what);
   }
-  Status Matmul(Desc a, Desc b, Desc c, std::string_view what) {
+  // c = a b; m, n, k: tensors of the problem's true sizes per batch (the padding-mask form), or null.
+  Status Matmul(Desc a, Desc b, Desc c, std::string_view what, Desc m_override = nullptr, Desc n_override = nullptr,
+                Desc k_override = nullptr) {
     MS_ASSIGN_OR_RETURN(Desc m, d_.Make(CUDNN_BACKEND_MATMUL_DESCRIPTOR, what));
     const cudnnDataType_t f = CUDNN_DATA_FLOAT;
     MS_RETURN_IF_ERROR(d_.Set(m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, what));
@@ -215,7 +218,10 @@ class GraphBuilder {
                      {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
                       {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
                       {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
-                      {CUDNN_ATTR_OPERATION_MATMUL_DESC, m}},
+                      {CUDNN_ATTR_OPERATION_MATMUL_DESC, m},
+                      {CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, m_override},
+                      {CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, n_override},
+                      {CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, k_override}},
                      what);
   }
   // y = x with other dims and strides (a transpose, as cuDNN's attention graphs express one), or another type.
@@ -263,6 +269,10 @@ enum Uid : int64_t {
   kNegInf = 11,
   kWindow = 12,
   kRowTerms = 13,  // the backward's sum_d dO O per query (fp32, in the caller's scratch)
+  kOne = 14,       // 1.0 (the frontend's "one_tensor": the row terms are the reduction times it)
+  kDQAccum = 15,   // dQ in fp32, accumulated over the key blocks (in the workspace, after the plan's)
+  kSeqQ = 16,      // the padding-mask form's sequence lengths, (B, 1, 1, 1) int32: T each
+  kSeqKV = 17,
 };
 
 // The causal (and window) mask of scores x (B, H, T, T): kept where row >= col (and col + window > row), else -inf.
@@ -339,12 +349,31 @@ Result<Desc> BuildForward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
   return g.Graph(handle);
 }
 
-// The backward graph (FlashAttention's, as cuDNN's frontend composes it, with the dP workspace: deterministic, no
-// atomics): from Q, K, V, O, dO (bf16, megascale's layouts) and Stats,
-//   D_t = sum_d dO O (fp32, uid kRowTerms: written by the graph into the caller's scratch);
-//   P = exp(mask(scale Q Kᵀ) - Stats);  dV = Pᵀ dO;  dS = P (dO Vᵀ - D) scale;  dK = dSᵀ Q;  dQ = dS K
-// dQ, dK, dV written in bf16 into megascale's dqkv (B, T, 3, H, D).
-Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
+// The padding mask of the frontend's workaround for cuDNN <= 9.15 at T % 128 != 0: scores x (B, H, T, T) kept where
+// row < seq_q and col < seq_kv (both T: the mask changes no value; it steers cuDNN's engine), else -inf.
+Result<Desc> PaddingMask(GraphBuilder& g, Desc x, Desc neg_inf, Desc seq_q, Desc seq_kv, const SdpaShape& s) {
+  const auto I = CUDNN_DATA_INT32, BOOL = CUDNN_DATA_BOOLEAN;
+  const std::vector<int64_t> bhtt = {s.B, s.H, s.T, s.T};
+  MS_ASSIGN_OR_RETURN(Desc row, g.Virtual(bhtt, I, "row index (padding)"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, I, x, nullptr, nullptr, row, "row index (padding)", 2));
+  MS_ASSIGN_OR_RETURN(Desc col, g.Virtual(bhtt, I, "column index (padding)"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, I, x, nullptr, nullptr, col, "column index (padding)", 3));
+  MS_ASSIGN_OR_RETURN(Desc row_in, g.Virtual(bhtt, BOOL, "row < seq_q"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_LT, BOOL, row, seq_q, nullptr, row_in, "row < seq_q"));
+  MS_ASSIGN_OR_RETURN(Desc col_in, g.Virtual(bhtt, BOOL, "col < seq_kv"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_LT, BOOL, col, seq_kv, nullptr, col_in, "col < seq_kv"));
+  MS_ASSIGN_OR_RETURN(Desc keep, g.Virtual(bhtt, BOOL, "padding mask"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_LOGICAL_AND, BOOL, row_in, col_in, nullptr, keep, "padding mask"));
+  MS_ASSIGN_OR_RETURN(Desc masked, g.Virtual(bhtt, CUDNN_DATA_FLOAT, "padding-masked scores"));
+  MS_RETURN_IF_ERROR(
+      g.Pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, x, neg_inf, keep, masked, "padding-masked scores"));
+  return masked;
+}
+
+// The backward graph of cudnn_sdpa.h's header comment, as cudnn-frontend's CompositeSDPABackwardNode builds it for
+// cuDNN >= 9 (not deterministic: dQ through the fp32 dQacc): from Q, K, V, O, dO (bf16, megascale's layouts) and
+// Stats; dQ, dK, dV written in bf16 into megascale's dqkv (B, T, 3, H, D).
+Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, const GraphOptions& o, cudnnHandle_t handle) {
   GraphBuilder g(d);
   const int64_t B = s.B, T = s.T, H = s.H, D = s.D, C = H * D;
   const auto F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
@@ -360,33 +389,48 @@ Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
   MS_ASSIGN_OR_RETURN(Desc dK, (g.Tensor({{B, H, T, D}, qkv_bhtd, BF, false}, kDK, "dK")));
   MS_ASSIGN_OR_RETURN(Desc dV, (g.Tensor({{B, H, T, D}, qkv_bhtd, BF, false}, kDV, "dV")));
   MS_ASSIGN_OR_RETURN(Desc rows, (g.Tensor({{B, H, T, 1}, {H * T, T, 1, 1}, F, false}, kRowTerms, "row terms")));
+  Desc dQacc = nullptr;
+  if (!o.deterministic) {
+    MS_ASSIGN_OR_RETURN(dQacc, (g.Tensor({{B, H, T, D}, {H * T * D, T * D, D, 1}, F, false}, kDQAccum, "dQacc")));
+  }
   MS_ASSIGN_OR_RETURN(Desc scale, g.Scalar(kScale, F, "attention scale"));
   MS_ASSIGN_OR_RETURN(Desc neg_inf, g.Scalar(kNegInf, F, "-inf"));
+  MS_ASSIGN_OR_RETURN(Desc one, g.Scalar(kOne, F, "one"));
+  Desc seq_q = nullptr, seq_kv = nullptr;  // the padding-mask form's sequence lengths
+  if (o.padding_mask) {
+    MS_ASSIGN_OR_RETURN(seq_q, (g.Tensor({{B, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_INT32, false}, kSeqQ, "seq_q")));
+    MS_ASSIGN_OR_RETURN(seq_kv, (g.Tensor({{B, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_INT32, false}, kSeqKV, "seq_kv")));
+  }
   const std::vector<int64_t> bhtt = {B, H, T, T}, transposed = {H * T * T, T * T, 1, T};
 
-  // D_t = sum_d dO O, through a (B, H, T, D) product laid out densely, as cudnn-frontend lays it out. (Up to
-  // 2829a9d its T stride was H D, as in O's (B, T, H, D) layout, with the H stride T D: a layout in which the rows
-  // of different heads overlap. On an H200 that backward's dqkv came out wrong while the forward was right.)
-  MS_ASSIGN_OR_RETURN(Desc dOO, (g.VirtualStrided({B, H, T, D}, {H * T * D, T * D, D, 1}, F, "dO O")));
+  // D = 1 · sum_d dO O: the product (B, H, T, D) with the frontend's strides (O's row stride H D, head stride T D),
+  // the sum virtual, its product with one the row terms.
+  MS_ASSIGN_OR_RETURN(Desc dOO, (g.VirtualStrided({B, H, T, D}, {H * T * D, T * D, H * D, 1}, F, "dO O")));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, dO, O, nullptr, dOO, "dO O"));
-  MS_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rows, "row terms"));
+  MS_ASSIGN_OR_RETURN(Desc sum, g.Virtual({B, H, T, 1}, F, "sum_d dO O"));
+  MS_RETURN_IF_ERROR(g.Reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, sum, "sum_d dO O"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, sum, one, nullptr, rows, "row terms"));
   // P = exp(mask(scale Q Kᵀ) - Stats)
   MS_ASSIGN_OR_RETURN(Desc S, g.Virtual(bhtt, F, "S = Q K^T"));
-  MS_RETURN_IF_ERROR(g.Matmul(Q, Kt, S, "S = Q K^T"));
+  MS_RETURN_IF_ERROR(g.Matmul(Q, Kt, S, "S = Q K^T", seq_q, seq_kv));
   MS_ASSIGN_OR_RETURN(Desc Ss, g.Virtual(bhtt, F, "S * scale"));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_MUL, F, S, scale, nullptr, Ss, "S * scale"));
+  Desc Sp = Ss;
+  if (o.padding_mask) {
+    MS_ASSIGN_OR_RETURN(Sp, PaddingMask(g, Ss, neg_inf, seq_q, seq_kv, s));
+  }
+  MS_ASSIGN_OR_RETURN(Desc Sm, Mask(g, Sp, neg_inf, s));
   MS_ASSIGN_OR_RETURN(Desc Sl, g.Virtual(bhtt, F, "S - Stats"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, F, Ss, Stats, nullptr, Sl, "S - Stats"));
-  MS_ASSIGN_OR_RETURN(Desc Sm, Mask(g, Sl, neg_inf, s));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, F, Sm, Stats, nullptr, Sl, "S - Stats"));
   MS_ASSIGN_OR_RETURN(Desc P, g.Virtual(bhtt, F, "P"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_EXP, F, Sm, nullptr, nullptr, P, "P = exp"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_EXP, F, Sl, nullptr, nullptr, P, "P = exp"));
   // dV = Pᵀ dO
   MS_ASSIGN_OR_RETURN(Desc Pt, g.VirtualStrided(bhtt, transposed, BF, "P^T"));
   MS_RETURN_IF_ERROR(g.Reshape(P, Pt, "P^T"));
-  MS_RETURN_IF_ERROR(g.Matmul(Pt, dO, dV, "dV = P^T dO"));
+  MS_RETURN_IF_ERROR(g.Matmul(Pt, dO, dV, "dV = P^T dO", seq_kv, nullptr, seq_q));
   // dS = P (dO Vᵀ - D) scale
   MS_ASSIGN_OR_RETURN(Desc dP, g.Virtual(bhtt, F, "dP = dO V^T"));
-  MS_RETURN_IF_ERROR(g.Matmul(dO, Vt, dP, "dP = dO V^T"));
+  MS_RETURN_IF_ERROR(g.Matmul(dO, Vt, dP, "dP = dO V^T", seq_q, seq_kv));
   MS_ASSIGN_OR_RETURN(Desc dPd, g.Virtual(bhtt, F, "dP - D"));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, F, dP, rows, nullptr, dPd, "dP - D"));
   MS_ASSIGN_OR_RETURN(Desc dSu, g.Virtual(bhtt, F, "P (dP - D)"));
@@ -396,11 +440,16 @@ Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
   // dK = dSᵀ Q
   MS_ASSIGN_OR_RETURN(Desc dSt, g.VirtualStrided(bhtt, transposed, BF, "dS^T"));
   MS_RETURN_IF_ERROR(g.Reshape(dS, dSt, "dS^T"));
-  MS_RETURN_IF_ERROR(g.Matmul(dSt, Q, dK, "dK = dS^T Q"));
-  // dQ = dS K (K: Kᵀ transposed back)
+  MS_RETURN_IF_ERROR(g.Matmul(dSt, Q, dK, "dK = dS^T Q", seq_kv, nullptr, seq_q));
+  // dQ = dS K (K: Kᵀ transposed back), accumulated in fp32, then rounded
   MS_ASSIGN_OR_RETURN(Desc K, (g.VirtualStrided({B, H, T, D}, qkv_bhtd, BF, "K")));
   MS_RETURN_IF_ERROR(g.Reshape(Kt, K, "K"));
-  MS_RETURN_IF_ERROR(g.Matmul(dS, K, dQ, "dQ = dS K"));
+  if (o.deterministic) {  // the frontend's deterministic form: dQ written straight
+    MS_RETURN_IF_ERROR(g.Matmul(dS, K, dQ, "dQ = dS K", seq_q, nullptr, seq_kv));
+  } else {
+    MS_RETURN_IF_ERROR(g.Matmul(dS, K, dQacc, "dQacc = dS K", seq_q, nullptr, seq_kv));
+    MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_IDENTITY, F, dQacc, nullptr, nullptr, dQ, "dQ = dQacc"));
+  }
   return g.Graph(handle);
 }
 
@@ -442,6 +491,25 @@ std::string Unsupported(const SdpaShape& s) {
   return "";
 }
 
+namespace {
+std::atomic<int> override_deterministic{-1}, override_padding_mask{-1};
+}  // namespace
+
+void SetFormOverride(int deterministic, int padding_mask) {
+  override_deterministic.store(deterministic < 0 ? -1 : deterministic != 0);
+  override_padding_mask.store(padding_mask < 0 ? -1 : padding_mask != 0);
+}
+
+GraphOptions GraphFor(const SdpaShape& s, int64_t version) {
+  GraphOptions o;
+  o.padding_mask = version <= 91500 && s.T % 128 != 0;
+  o.lowest_for_inf = version < 91000;
+  o.zero_dq_accum = version < 90600;
+  if (const int d = override_deterministic.load(); d >= 0) o.deterministic = d != 0;
+  if (const int p = override_padding_mask.load(); p >= 0) o.padding_mask = p != 0;
+  return o;
+}
+
 Result<int64_t> Version() {
   MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
   return static_cast<int64_t>(api->GetVersion());
@@ -459,8 +527,8 @@ std::string H100DeviceProperties() {
 
 namespace {
 
-Result<Desc> Build(Descs& d, const SdpaShape& s, Pass pass, cudnnHandle_t handle = nullptr) {
-  return pass == Pass::kForward ? BuildForward(d, s, handle) : BuildBackward(d, s, handle);
+Result<Desc> Build(Descs& d, const SdpaShape& s, Pass pass, const GraphOptions& o, cudnnHandle_t handle = nullptr) {
+  return pass == Pass::kForward ? BuildForward(d, s, handle) : BuildBackward(d, s, o, handle);
 }
 
 Result<Desc> JsonDevice(Descs& d, const std::string& json) {
@@ -481,26 +549,30 @@ struct Deviceless {
   Desc prop = nullptr;
   std::vector<Desc> configs;
 };
-Result<Deviceless> HeuristicsFor(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
+Result<Deviceless> HeuristicsFor(const SdpaShape& s, Pass pass, const std::string& deviceprop_json,
+                                 const GraphOptions* options) {
   if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
   MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
+  const GraphOptions o = options ? *options : GraphFor(s, static_cast<int64_t>(api->GetVersion()));
   Deviceless out;
   out.d = std::make_unique<Descs>(*api);
   MS_ASSIGN_OR_RETURN(out.prop, JsonDevice(*out.d, deviceprop_json));
-  MS_ASSIGN_OR_RETURN(Desc graph, Build(*out.d, s, pass));
+  MS_ASSIGN_OR_RETURN(Desc graph, Build(*out.d, s, pass, o));
   MS_ASSIGN_OR_RETURN(out.configs, EngineConfigs(*out.d, graph, out.prop));
   return out;
 }
 
 }  // namespace
 
-Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
-  MS_ASSIGN_OR_RETURN(Deviceless h, HeuristicsFor(s, pass, deviceprop_json));
+Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json,
+                          const GraphOptions* options) {
+  MS_ASSIGN_OR_RETURN(Deviceless h, HeuristicsFor(s, pass, deviceprop_json, options));
   return static_cast<int>(h.configs.size());
 }
 
-Result<std::vector<std::string>> PlansDeviceless(const SdpaShape& s, Pass pass, const std::string& deviceprop_json) {
-  MS_ASSIGN_OR_RETURN(Deviceless h, HeuristicsFor(s, pass, deviceprop_json));
+Result<std::vector<std::string>> PlansDeviceless(const SdpaShape& s, Pass pass, const std::string& deviceprop_json,
+                                                 const GraphOptions* options) {
+  MS_ASSIGN_OR_RETURN(Deviceless h, HeuristicsFor(s, pass, deviceprop_json, options));
   std::vector<std::string> out;
   for (Desc config : h.configs) {
     Descs& d = *h.d;
@@ -525,12 +597,15 @@ const char* PassName(Pass pass) {
 struct Sdpa::Impl {
   const Api* api = nullptr;
   cudnnHandle_t handle = nullptr;
-  Workspace workspace;
+  Memory memory;
   struct Plan {
     std::unique_ptr<Descs> descs;  // keeps the graph, the config and the plan alive
     Desc plan = nullptr;
-    int64_t workspace_bytes = 0;
+    int64_t workspace_bytes = 0;  // the plan's own
     int64_t engine = -1;
+    GraphOptions options;
+    int64_t accum_at = 0, accum_bytes = 0;  // the backward's dQacc: its offset in the workspace, its size
+    int32_t* seq_lens = nullptr;            // the padding-mask form: B of T for seq_q, then B for seq_kv (kept)
   };
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
 
@@ -547,8 +622,9 @@ struct Sdpa::Impl {
     if (it != plans.end()) return &it->second;
     Plan p;
     p.descs = std::make_unique<Descs>(*api);
+    p.options = GraphFor(s, static_cast<int64_t>(api->GetVersion()));
     Descs& d = *p.descs;
-    MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass, handle));
+    MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass, p.options, handle));
     MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, nullptr));
     if (configs.empty()) {
       return FailedPrecondition(
@@ -578,6 +654,15 @@ struct Sdpa::Impl {
     if (p.plan == nullptr) {
       return last.WithContext(fmt::format("no engine configuration of the attention {} builds", PassName(pass)));
     }
+    if (pass == Pass::kBackward && !p.options.deterministic) {
+      p.accum_at = (p.workspace_bytes + 255) / 256 * 256;
+      p.accum_bytes = static_cast<int64_t>(sizeof(float)) * s.B * s.H * s.T * s.D;
+    }
+    if (pass == Pass::kBackward && p.options.padding_mask) {
+      const std::vector<int32_t> lens(static_cast<size_t>(2 * s.B), static_cast<int32_t>(s.T));
+      MS_ASSIGN_OR_RETURN(void* kept, memory.keep(lens.data(), sizeof(int32_t) * lens.size()));
+      p.seq_lens = static_cast<int32_t*>(kept);
+    }
     return &plans.emplace(Key(s, pass), std::move(p)).first->second;
   }
 };
@@ -585,11 +670,12 @@ struct Sdpa::Impl {
 Sdpa::Sdpa(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Sdpa::~Sdpa() = default;
 
-Result<std::unique_ptr<Sdpa>> Sdpa::Create(void* cuda_stream, Workspace workspace) {
+Result<std::unique_ptr<Sdpa>> Sdpa::Create(void* cuda_stream, Memory memory) {
   MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
+  if (!memory.workspace || !memory.zero || !memory.keep) return InvalidArgument("cuDNN attention: Memory incomplete");
   auto impl = std::make_unique<Impl>();
   impl->api = api;
-  impl->workspace = std::move(workspace);
+  impl->memory = std::move(memory);
   MS_RETURN_IF_ERROR(Check(*api, api->Create(&impl->handle), "creating a handle (cudnnCreate)"));
   MS_RETURN_IF_ERROR(
       Check(*api, api->SetStream(impl->handle, static_cast<cudaStream_t>(cuda_stream)), "cudnnSetStream"));
@@ -618,18 +704,22 @@ Status Execute(const Api& api, cudnnHandle_t handle, Desc plan, std::vector<int6
 namespace {
 // The scalars a plan's variant pack points at (host memory, read when the plan is executed).
 struct Scalars {
-  float scale, neg_inf, window;
-  explicit Scalars(const SdpaShape& s)
+  float scale, neg_inf, window, one = 1.0f;
+  Scalars(const SdpaShape& s, const GraphOptions& o)
       : scale(1.0f / std::sqrt(static_cast<float>(s.D))),
-        neg_inf(-std::numeric_limits<float>::infinity()),
+        neg_inf(o.lowest_for_inf ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity()),
         window(static_cast<float>(s.window)) {}
-  // Their uids and pointers appended (the window only where the graph masks by it).
-  void Bind(const SdpaShape& s, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
+  // Their uids and pointers appended (the window only where the graph masks by it, one only in the backward).
+  void Bind(Pass pass, const SdpaShape& s, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
     uids.insert(uids.end(), {kScale, kNegInf});
     ptrs.insert(ptrs.end(), {&scale, &neg_inf});
     if (s.window > 0 && s.window < s.T) {
       uids.push_back(kWindow);
       ptrs.push_back(&window);
+    }
+    if (pass == Pass::kBackward) {
+      uids.push_back(kOne);
+      ptrs.push_back(&one);
     }
   }
 };
@@ -639,11 +729,22 @@ Status Sdpa::Run(Pass pass, const SdpaShape& s, std::vector<int64_t> uids, std::
   if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
   MS_ASSIGN_OR_RETURN(Impl::Plan * p, impl_->PlanFor(s, pass));
   void* ws = nullptr;
-  if (p->workspace_bytes > 0) {
-    MS_ASSIGN_OR_RETURN(ws, impl_->workspace(static_cast<size_t>(p->workspace_bytes)));
+  const int64_t ws_bytes = p->accum_bytes > 0 ? p->accum_at + p->accum_bytes : p->workspace_bytes;
+  if (ws_bytes > 0) {
+    MS_ASSIGN_OR_RETURN(ws, impl_->memory.workspace(static_cast<size_t>(ws_bytes)));
   }
-  Scalars scalars(s);
-  scalars.Bind(s, uids, ptrs);
+  if (p->accum_bytes > 0) {
+    void* accum = static_cast<char*>(ws) + p->accum_at;
+    if (p->options.zero_dq_accum) MS_RETURN_IF_ERROR(impl_->memory.zero(accum, static_cast<size_t>(p->accum_bytes)));
+    uids.push_back(kDQAccum);
+    ptrs.push_back(accum);
+  }
+  if (p->seq_lens != nullptr) {
+    uids.insert(uids.end(), {kSeqQ, kSeqKV});
+    ptrs.insert(ptrs.end(), {p->seq_lens, p->seq_lens + s.B});
+  }
+  Scalars scalars(s, p->options);
+  scalars.Bind(pass, s, uids, ptrs);
   return Execute(*impl_->api, impl_->handle, p->plan, std::move(uids), std::move(ptrs), ws,
                  pass == Pass::kForward ? "executing the attention forward" : "executing the attention backward");
 }
@@ -667,8 +768,12 @@ Status Sdpa::Backward(const void* qkv16, const void* out16, const void* dout16, 
 std::string Sdpa::Describe(const SdpaShape& s, Pass pass) const {
   auto it = impl_->plans.find(Impl::Key(s, pass));
   if (it == impl_->plans.end()) return "no plan yet";
-  return fmt::format("engine configuration {} of the heuristics' list, {} bytes of workspace", it->second.engine,
-                     it->second.workspace_bytes);
+  const Impl::Plan& p = it->second;
+  return fmt::format("engine configuration {} of the heuristics' list, {} bytes of workspace{}{}{}", p.engine,
+                     p.workspace_bytes,
+                     p.accum_bytes > 0 ? fmt::format(" and {} of dQacc", p.accum_bytes) : std::string(),
+                     p.options.padding_mask ? ", the padding-mask form" : "",
+                     p.options.deterministic ? ", the deterministic form" : "");
 }
 
 }  // namespace ms::cuda::cudnn

@@ -4,15 +4,22 @@
 // cuDNN is loaded at run time (dlopen of libcudnn.so.9), only when a job asks for it (`runtime.attention_kernels:
 // cudnn`): megascale builds, starts and trains without it. cuDNN 9's backend API has no single operation for causal
 // or sliding-window attention before 9.21 (and none for its backward), so both passes are built as the composite
-// operation graphs its fused flash-attention engines recognize, as NVIDIA's cudnn-frontend composes them:
+// operation graphs its fused flash-attention engines recognize, operation for operation as NVIDIA's cudnn-frontend
+// (include/cudnn_frontend/node/scaled_dot_product_flash_attention.h, cuDNN >= 9, not deterministic) composes them —
+// the graphs PyTorch's cuDNN attention runs:
 //   forward:  S = Q Kᵀ (fp32) · scale;  S = (row >= col) ? S : -inf;  with a window W also (col + W > row) ? S : -inf;
 //             m = max_row S;  E = exp(S - m);  l = sum_row E;  Stats = m + log l;  O = (E / l) V
-//   backward: D = sum_d dO O;  P = exp(mask(scale Q Kᵀ) - Stats);  dV = Pᵀ dO;  dS = P (dO Vᵀ - D) scale;
-//             dK = dSᵀ Q;  dQ = dS K  (dQ written directly, not accumulated in fp32: the dP-workspace form the
-//             frontend uses for deterministic backwards)
+//   backward: D = 1 · sum_d dO O (into the caller's row terms);  P = exp(mask(scale Q Kᵀ) - Stats);  dV = Pᵀ dO;
+//             dS = P (dO Vᵀ - D) scale;  dK = dSᵀ Q;  dQacc = dS K (fp32, in the workspace);  dQ = dQacc
+//             where cuDNN <= 9.15 gets T % 128 != 0 wrong without a padding mask, the frontend's workaround: a
+//             padding mask (row < T and col < T, from device tensors of the sequence lengths) before the causal
+//             one, and the sequence lengths as the matmuls' M / N / K overrides (GraphOptions).
 // with Q, K, V strided views of megascale's qkv (B, T, 3, H, D) in bf16, O its attention output (B, T, H, D) in bf16,
 // dQ, dK, dV views of dqkv (B, T, 3, H, D) in bf16, and Stats the log-sum-exp of the scaled, masked scores — exactly
 // the `lse` (B, H, T) megascale's own kernels write and read, so either backward follows either forward.
+// (Up to 2829a9d the backward wrote dQ straight from dS K — the form the frontend keeps for deterministic backwards,
+// with a B H T^2 dP workspace —, subtracted Stats before the causal mask and reduced the row terms straight into
+// their tensor; on an H200 with cuDNN 9.14 it computed a wrong dqkv at every shape tried, the forward right.)
 //
 // Device-less check: `EngineConfigs` asks cuDNN's heuristics, for a device described by properties (JSON,
 // `H100DeviceProperties()`), how many engine configurations support a graph, and `PlansDeviceless` builds their plans
@@ -50,20 +57,46 @@ std::string H100DeviceProperties();
 
 enum class Pass { kForward, kBackward };
 
+// Choices in building the graphs that depend on the cuDNN release.
+struct GraphOptions {
+  bool padding_mask = false;  // the backward's padding-mask workaround (cuDNN <= 9.15 at T % 128 != 0)
+  // The frontend's deterministic form of the backward: dQ written straight from dS K, no fp32 accumulator (cuDNN
+  // keeps dP in a workspace of B H T^2 size). Never GraphFor's choice; megascale's graph up to 2829a9d had it.
+  bool deterministic = false;
+  bool lowest_for_inf = false;  // the masks write the lowest float, not -inf (cuDNN < 9.10 prefers it)
+  bool zero_dq_accum = false;   // dQacc zeroed before each backward (before 9.6 cuDNN does not do it itself)
+};
+// What cudnn-frontend does for cuDNN `version` (e.g. 91400) at shape s, with SetFormOverride's overrides applied.
+GraphOptions GraphFor(const SdpaShape& s, int64_t version);
+// Tests (diagnosis on a GPU): GraphFor's `deterministic` and `padding_mask` overridden for the plans built after the
+// call, process-wide; each -1 (GraphFor's own choice), 0 or 1.
+void SetFormOverride(int deterministic, int padding_mask);
+
 // Engine configurations cuDNN's heuristics (mode A) find for the graph of `pass` on the device described by
 // `deviceprop_json`; an error names what cuDNN refused (the descriptor, the attribute, cuDNN's message).
-Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json);
+// `options`: GraphFor(s, the loaded version) unless given.
+Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json,
+                          const GraphOptions* options = nullptr);
 // For each of those configurations, what finalizing its execution plan for that device says: "ok", or cuDNN's error.
 // Without a GPU (the stub libcuda) a plan whose kernel cuDNN compiled fails only when the driver is asked to load
 // it (CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER); any other error is a plan cuDNN could not build.
-Result<std::vector<std::string>> PlansDeviceless(const SdpaShape& s, Pass pass, const std::string& deviceprop_json);
+Result<std::vector<std::string>> PlansDeviceless(const SdpaShape& s, Pass pass, const std::string& deviceprop_json,
+                                                 const GraphOptions* options = nullptr);
 
 // On a GPU: one cuDNN handle on one stream, an execution plan per pass and shape (built at its first use).
 class Sdpa {
  public:
-  // workspace(bytes): device memory of at least that many bytes, valid until the next call (the backend's scratch).
-  using Workspace = std::function<Result<void*>(size_t bytes)>;
-  static Result<std::unique_ptr<Sdpa>> Create(void* cuda_stream, Workspace workspace);
+  // What the backend gives it, all on the stream's device:
+  struct Memory {
+    // Device memory of at least `bytes`, valid until the next call (the backend's scratch).
+    std::function<Result<void*>(size_t bytes)> workspace;
+    // `bytes` at p set to zero, enqueued on the stream.
+    std::function<Status(void* p, size_t bytes)> zero;
+    // Device memory holding a copy of `bytes` at host, kept as long as the backend (the sequence lengths of the
+    // padding-mask workaround, uploaded once per shape when its plan is built).
+    std::function<Result<void*>(const void* host, size_t bytes)> keep;
+  };
+  static Result<std::unique_ptr<Sdpa>> Create(void* cuda_stream, Memory memory);
   ~Sdpa();
   Sdpa(const Sdpa&) = delete;
   Sdpa& operator=(const Sdpa&) = delete;
@@ -72,9 +105,9 @@ class Sdpa {
   // 16-byte aligned. Launched on the stream; nothing synchronizes.
   Status Forward(const void* qkv16, void* out16, float* lse, const SdpaShape& s);
   // dqkv16 (B, T, 3, H, D) bf16 WRITTEN (dQ, dK, dV) from qkv16, the forward's out16 and lse, and dout16 (B, T, H, D)
-  // bf16; row_terms: B * H * T floats of device scratch (overwritten: sum_d dout * out per query). The dP workspace
-  // form of the backward (no atomics: deterministic); its workspace is the plan's (B H T^2 * 6 bytes with cuDNN 9.14
-  // on an H200: 1.2 GB at GPT-2 small's 16 x 1024 tokens).
+  // bf16; row_terms: B * H * T floats of device scratch (overwritten: sum_d dout * out per query). The workspace
+  // is the plan's and dQacc's (B H T D fp32 after it: 50 MB at GPT-2 small's 16 x 1024 tokens); dQ is accumulated
+  // over key blocks (atomics: not bit-for-bit deterministic).
   Status Backward(const void* qkv16, const void* out16, const void* dout16, const float* lse, void* dqkv16,
                   float* row_terms, const SdpaShape& s);
   // What the first call for a pass and shape chose: the engine configuration, its workspace (for the run's log).

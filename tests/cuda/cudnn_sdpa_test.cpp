@@ -1,5 +1,5 @@
-// cuDNN's fused attention graph (lib/cuda/cudnn_sdpa.cpp), device-less: the forward graph megascale builds must be
-// one that cuDNN's heuristics find engines for on an H100 (sm_90), at the GPU configs' shapes, odd shapes and with a
+// cuDNN's fused attention graph (lib/cuda/cudnn_sdpa.cpp), device-less: the graphs megascale builds must be
+// ones that cuDNN's heuristics find engines for on an H100 (sm_90), at the GPU configs' shapes, odd shapes and with a
 // sliding window — checked on a machine without a GPU through cuDNN's device properties (JSON) and the toolkit's stub
 // libcuda (ctest sets LD_LIBRARY_PATH). A Volta (sm_70), where cuDNN has no fused flash attention, must get none:
 // the check discriminates. The numbers themselves only a GPU computes (cuda_backend_gpu).
@@ -81,6 +81,79 @@ TEST_CASE("every engine's plan of the attention forward and backward compiles fo
       CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
     }
   }
+}
+
+// What cudnn-frontend does per cuDNN release, which the backward follows (cudnn_sdpa.h, GraphOptions).
+TEST_CASE("the graphs' release-dependent choices follow cudnn-frontend's") {
+  const auto o914 = cudnn::GraphFor({2, 70, 3, 64, 0}, 91400);
+  CHECK(o914.padding_mask);  // cuDNN <= 9.15 and T % 128 != 0
+  CHECK_FALSE(o914.lowest_for_inf);
+  CHECK_FALSE(o914.zero_dq_accum);
+  CHECK_FALSE(cudnn::GraphFor({16, 1024, 12, 64, 0}, 91400).padding_mask);  // T a multiple of 128
+  CHECK(cudnn::GraphFor({2, 300, 2, 64, 128}, 91500).padding_mask);
+  CHECK_FALSE(cudnn::GraphFor({2, 70, 3, 64, 0}, 91600).padding_mask);
+  CHECK_FALSE(cudnn::GraphFor({2, 70, 3, 64, 0}, 91900).padding_mask);
+  const auto o905 = cudnn::GraphFor({2, 128, 3, 64, 0}, 90500);
+  CHECK(o905.lowest_for_inf);  // before 9.10
+  CHECK(o905.zero_dq_accum);   // before 9.6
+  CHECK_FALSE(o905.padding_mask);
+}
+
+// The padding-mask form of the backward (what a GPU machine's cuDNN 9.14 gets at T % 128 != 0: the sequence lengths
+// as device tensors, the mask before the causal one, the matmuls' M / N / K overrides) is built and taken by the
+// fused engines of this machine's cuDNN too, and its plans compile.
+TEST_CASE("the backward's padding-mask form has engines on an H100, and its plans compile") {
+  cudnn::GraphOptions o;
+  o.padding_mask = true;
+  const cudnn::SdpaShape shapes[] = {{2, 70, 3, 64, 0}, {1, 129, 2, 128, 0}, {2, 300, 4, 64, 128}, {1, 77, 4, 32, 0}};
+  for (const auto& s : shapes) {
+    CAPTURE(s.T);
+    CAPTURE(s.D);
+    CAPTURE(s.window);
+    auto n = cudnn::EngineConfigs(s, cudnn::Pass::kBackward, cudnn::H100DeviceProperties(), &o);
+    const std::string why = n.ok() ? std::string() : n.status().message();
+    INFO(why);
+    REQUIRE(n.ok());
+    CHECK(*n >= 1);
+  }
+  auto plans = cudnn::PlansDeviceless({2, 70, 3, 64, 0}, cudnn::Pass::kBackward, cudnn::H100DeviceProperties(), &o);
+  const std::string why = plans.ok() ? std::string() : plans.status().message();
+  INFO(why);
+  REQUIRE(plans.ok());
+  CHECK(!plans->empty());
+  for (const std::string& p : *plans) {
+    CAPTURE(p);
+    CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
+  }
+}
+
+// The deterministic form (dQ written straight, the frontend's for deterministic backwards; megascale's graph up to
+// 2829a9d) is kept for diagnosis on a GPU (SetCudnnBackwardForm): the engines take it too, with and without the
+// padding mask; SetFormOverride sets GraphFor's choices and -1 gives them back.
+TEST_CASE("the backward's deterministic form has engines on an H100; the form override") {
+  for (const bool padding : {false, true}) {
+    cudnn::GraphOptions o;
+    o.deterministic = true;
+    o.padding_mask = padding;
+    CAPTURE(padding);
+    auto n = cudnn::EngineConfigs({2, 70, 3, 64, 0}, cudnn::Pass::kBackward, cudnn::H100DeviceProperties(), &o);
+    const std::string why = n.ok() ? std::string() : n.status().message();
+    INFO(why);
+    REQUIRE(n.ok());
+    CHECK(*n >= 1);
+  }
+  cudnn::SetFormOverride(1, 0);
+  auto o = cudnn::GraphFor({2, 70, 3, 64, 0}, 91400);
+  CHECK(o.deterministic);
+  CHECK_FALSE(o.padding_mask);
+  cudnn::SetFormOverride(-1, 1);
+  o = cudnn::GraphFor({2, 256, 3, 64, 0}, 91900);
+  CHECK_FALSE(o.deterministic);
+  CHECK(o.padding_mask);
+  cudnn::SetFormOverride(-1, -1);
+  o = cudnn::GraphFor({2, 70, 3, 64, 0}, 91400);
+  CHECK_FALSE(o.deterministic);
+  CHECK(o.padding_mask);
 }
 
 TEST_CASE("no fused-attention engine on a Volta: the check discriminates") {
