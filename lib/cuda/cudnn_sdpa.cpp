@@ -422,8 +422,12 @@ Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, const GraphOptions& o, 
   MS_ASSIGN_OR_RETURN(Desc Sm, Mask(g, Sp, neg_inf, s));
   MS_ASSIGN_OR_RETURN(Desc Sl, g.Virtual(bhtt, F, "S - Stats"));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_SUB, F, Sm, Stats, nullptr, Sl, "S - Stats"));
+  Desc Sl2 = Sl;  // cuDNN 9.0 - 9.9: the padding mask again after the statistics, as the frontend does there
+  if (o.second_padding_mask) {
+    MS_ASSIGN_OR_RETURN(Sl2, PaddingMask(g, Sl, neg_inf, seq_q, seq_kv, s));
+  }
   MS_ASSIGN_OR_RETURN(Desc P, g.Virtual(bhtt, F, "P"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_EXP, F, Sl, nullptr, nullptr, P, "P = exp"));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_EXP, F, Sl2, nullptr, nullptr, P, "P = exp"));
   // dV = Pᵀ dO
   MS_ASSIGN_OR_RETURN(Desc Pt, g.VirtualStrided(bhtt, transposed, BF, "P^T"));
   MS_RETURN_IF_ERROR(g.Reshape(P, Pt, "P^T"));
@@ -488,6 +492,7 @@ std::string Unsupported(const SdpaShape& s) {
     return fmt::format("head dim {}: cuDNN's fused attention takes a multiple of 8 up to 128", s.D);
   }
   if (s.window < 0) return fmt::format("window {} < 0", s.window);
+  if (s.T == 1) return "T 1: cuDNN's fused attention does not take one query and one key (cudnn-frontend refuses it)";
   return "";
 }
 
@@ -505,8 +510,10 @@ GraphOptions GraphFor(const SdpaShape& s, int64_t version) {
   o.padding_mask = version <= 91500 && s.T % 128 != 0;
   o.lowest_for_inf = version < 91000;
   o.zero_dq_accum = version < 90600;
+  o.second_padding_mask = o.padding_mask && version >= 90000 && version < 91000;
   if (const int d = override_deterministic.load(); d >= 0) o.deterministic = d != 0;
   if (const int p = override_padding_mask.load(); p >= 0) o.padding_mask = p != 0;
+  o.second_padding_mask = o.second_padding_mask && o.padding_mask;
   return o;
 }
 
@@ -620,9 +627,16 @@ struct Sdpa::Impl {
   Result<Plan*> PlanFor(const SdpaShape& s, Pass pass) {
     auto it = plans.find(Key(s, pass));
     if (it != plans.end()) return &it->second;
+    const int64_t version = static_cast<int64_t>(api->GetVersion());
+    if (pass == Pass::kBackward && (version == 91000 || version == 91001)) {
+      return FailedPrecondition(
+          "cuDNN {} has known bugs in its fused attention backward (cudnn-frontend refuses 9.10.0 and 9.10.1): use "
+          "9.10.2 or newer",
+          version);
+    }
     Plan p;
     p.descs = std::make_unique<Descs>(*api);
-    p.options = GraphFor(s, static_cast<int64_t>(api->GetVersion()));
+    p.options = GraphFor(s, version);
     Descs& d = *p.descs;
     MS_ASSIGN_OR_RETURN(Desc graph, Build(d, s, pass, p.options, handle));
     MS_ASSIGN_OR_RETURN(std::vector<Desc> configs, EngineConfigs(d, graph, nullptr));

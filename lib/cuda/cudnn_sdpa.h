@@ -13,7 +13,8 @@
 //             dS = P (dO Vᵀ - D) scale;  dK = dSᵀ Q;  dQacc = dS K (fp32, in the workspace);  dQ = dQacc
 //             where cuDNN <= 9.15 gets T % 128 != 0 wrong without a padding mask, the frontend's workaround: a
 //             padding mask (row < T and col < T, from device tensors of the sequence lengths) before the causal
-//             one, and the sequence lengths as the matmuls' M / N / K overrides (GraphOptions).
+//             one (on 9.0 - 9.9 again after the statistics), and the sequence lengths as the matmuls' M / N / K
+//             overrides (GraphOptions); 9.10.0 and 9.10.1, whose backward the frontend refuses, are refused too.
 // with Q, K, V strided views of megascale's qkv (B, T, 3, H, D) in bf16, O its attention output (B, T, H, D) in bf16,
 // dQ, dK, dV views of dqkv (B, T, 3, H, D) in bf16, and Stats the log-sum-exp of the scaled, masked scores — exactly
 // the `lse` (B, H, T) megascale's own kernels write and read, so either backward follows either forward.
@@ -49,7 +50,7 @@ struct SdpaShape {
 Result<int64_t> Version();
 
 // Why cuDNN's fused attention cannot take this problem (empty: it can): D a multiple of 8 up to 128 (bf16 rows 16-byte
-// aligned), T >= 1, window >= 0.
+// aligned), T >= 2 (one query and one key cudnn-frontend refuses), window >= 0.
 std::string Unsupported(const SdpaShape& s);
 
 // The device properties of an H100 SXM (132 SMs, sm_90) as cuDNN's JSON, for the device-less checks below.
@@ -63,8 +64,9 @@ struct GraphOptions {
   // The frontend's deterministic form of the backward: dQ written straight from dS K, no fp32 accumulator (cuDNN
   // keeps dP in a workspace of B H T^2 size). Never GraphFor's choice; megascale's graph up to 2829a9d had it.
   bool deterministic = false;
-  bool lowest_for_inf = false;  // the masks write the lowest float, not -inf (cuDNN < 9.10 prefers it)
-  bool zero_dq_accum = false;   // dQacc zeroed before each backward (before 9.6 cuDNN does not do it itself)
+  bool lowest_for_inf = false;       // the masks write the lowest float, not -inf (cuDNN < 9.10 prefers it)
+  bool zero_dq_accum = false;        // dQacc zeroed before each backward (before 9.6 cuDNN does not do it itself)
+  bool second_padding_mask = false;  // with the padding mask on cuDNN 9.0 - 9.9: again after the statistics
 };
 // What cudnn-frontend does for cuDNN `version` (e.g. 91400) at shape s, with SetFormOverride's overrides applied.
 GraphOptions GraphFor(const SdpaShape& s, int64_t version);

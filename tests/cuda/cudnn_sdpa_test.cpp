@@ -97,6 +97,9 @@ TEST_CASE("the graphs' release-dependent choices follow cudnn-frontend's") {
   CHECK(o905.lowest_for_inf);  // before 9.10
   CHECK(o905.zero_dq_accum);   // before 9.6
   CHECK_FALSE(o905.padding_mask);
+  CHECK_FALSE(o905.second_padding_mask);
+  CHECK(cudnn::GraphFor({2, 70, 3, 64, 0}, 90500).second_padding_mask);  // 9.0 - 9.9 with the padding mask
+  CHECK_FALSE(o914.second_padding_mask);
 }
 
 // The padding-mask form of the backward (what a GPU machine's cuDNN 9.14 gets at T % 128 != 0: the sequence lengths
@@ -106,6 +109,13 @@ TEST_CASE("the backward's padding-mask form has engines on an H100, and its plan
   cudnn::GraphOptions o;
   o.padding_mask = true;
   const cudnn::SdpaShape shapes[] = {{2, 70, 3, 64, 0}, {1, 129, 2, 128, 0}, {2, 300, 4, 64, 128}, {1, 77, 4, 32, 0}};
+  {  // cuDNN 9.0 - 9.9's form: the padding mask again after the statistics (taken by this release's engines too)
+    cudnn::GraphOptions o2 = o;
+    o2.second_padding_mask = true;
+    auto n = cudnn::EngineConfigs(shapes[0], cudnn::Pass::kBackward, cudnn::H100DeviceProperties(), &o2);
+    REQUIRE(n.ok());
+    CHECK(*n >= 1);
+  }
   for (const auto& s : shapes) {
     CAPTURE(s.T);
     CAPTURE(s.D);
@@ -172,6 +182,8 @@ TEST_CASE("shapes cuDNN's fused attention does not take are named, not built") {
   CHECK(cudnn::Unsupported({2, 64, 4, 60, 0}).find("head dim 60") != std::string::npos);
   CHECK(cudnn::Unsupported({2, 64, 4, 256, 0}).find("head dim 256") != std::string::npos);
   CHECK(cudnn::Unsupported({0, 64, 4, 64, 0}).find("empty") != std::string::npos);
+  CHECK(cudnn::Unsupported({2, 1, 4, 64, 0}).find("T 1") != std::string::npos);
+  CHECK(cudnn::Unsupported({2, 2, 4, 64, 0}).empty());
   auto r = cudnn::EngineConfigs({2, 64, 4, 60, 0}, cudnn::Pass::kBackward, cudnn::H100DeviceProperties());
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().find("head dim 60") != std::string::npos);
