@@ -128,10 +128,55 @@ struct TensorSpec {
   bool by_value = false;
 };
 
-// Builds an operation graph: tensors get their uids here (virtual ones from 1000 on).
+GraphRecord::Type RecordType(cudnnDataType_t t) {
+  switch (t) {
+    case CUDNN_DATA_BFLOAT16:
+      return GraphRecord::Type::kBf16;
+    case CUDNN_DATA_INT32:
+      return GraphRecord::Type::kInt32;
+    case CUDNN_DATA_BOOLEAN:
+      return GraphRecord::Type::kBool;
+    default:
+      return GraphRecord::Type::kFloat;
+  }
+}
+GraphRecord::Op RecordOp(cudnnPointwiseMode_t m) {
+  using O = GraphRecord::Op;
+  switch (m) {
+    case CUDNN_POINTWISE_ADD:
+      return O::kAdd;
+    case CUDNN_POINTWISE_SUB:
+      return O::kSub;
+    case CUDNN_POINTWISE_DIV:
+      return O::kDiv;
+    case CUDNN_POINTWISE_EXP:
+      return O::kExp;
+    case CUDNN_POINTWISE_LOG:
+      return O::kLog;
+    case CUDNN_POINTWISE_IDENTITY:
+      return O::kIdentity;
+    case CUDNN_POINTWISE_GEN_INDEX:
+      return O::kGenIndex;
+    case CUDNN_POINTWISE_CMP_GE:
+      return O::kCmpGe;
+    case CUDNN_POINTWISE_CMP_GT:
+      return O::kCmpGt;
+    case CUDNN_POINTWISE_CMP_LT:
+      return O::kCmpLt;
+    case CUDNN_POINTWISE_LOGICAL_AND:
+      return O::kLogicalAnd;
+    case CUDNN_POINTWISE_BINARY_SELECT:
+      return O::kBinarySelect;
+    default:
+      return O::kMul;  // the one mode left among those the graphs use
+  }
+}
+
+// Builds an operation graph: tensors get their uids here (virtual ones from 1000 on); with a record, each tensor
+// and operation is also written into it (GraphRecord).
 class GraphBuilder {
  public:
-  explicit GraphBuilder(Descs& d) : d_(d) {}
+  explicit GraphBuilder(Descs& d, GraphRecord* record = nullptr) : d_(d), record_(record) {}
 
   Result<Desc> Tensor(const TensorSpec& t, int64_t uid, std::string_view what) {
     MS_ASSIGN_OR_RETURN(Desc desc, d_.Make(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what));
@@ -146,6 +191,10 @@ class GraphBuilder {
     MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v, what));
     if (bv) MS_RETURN_IF_ERROR(d_.Set(desc, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &bv, what));
     MS_RETURN_IF_ERROR(d_.Finalize(desc, what));
+    uids_[desc] = uid;
+    if (record_) {
+      record_->tensors.push_back({uid, t.dims, t.strides, RecordType(t.type), v, bv, std::string(what)});
+    }
     return desc;
   }
   // A virtual intermediate of the given dims (packed, row-major) and type.
@@ -187,6 +236,7 @@ class GraphBuilder {
     MS_RETURN_IF_ERROR(d_.Set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math, what));
     if (axis >= 0) MS_RETURN_IF_ERROR(d_.Set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, what));
     MS_RETURN_IF_ERROR(d_.Finalize(pw, what));
+    Record(RecordOp(mode), {x, b, t}, y, what, axis);
     return Operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
                      {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw},
                       {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
@@ -201,6 +251,7 @@ class GraphBuilder {
     MS_RETURN_IF_ERROR(d_.Set(r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, what));
     MS_RETURN_IF_ERROR(d_.Set(r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, what));
     MS_RETURN_IF_ERROR(d_.Finalize(r, what));
+    Record(mode == CUDNN_REDUCE_TENSOR_MAX ? GraphRecord::Op::kReduceMax : GraphRecord::Op::kReduceAdd, {x}, y, what);
     return Operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
                      {{CUDNN_ATTR_OPERATION_REDUCTION_DESC, r},
                       {CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
@@ -214,6 +265,7 @@ class GraphBuilder {
     const cudnnDataType_t f = CUDNN_DATA_FLOAT;
     MS_RETURN_IF_ERROR(d_.Set(m, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f, what));
     MS_RETURN_IF_ERROR(d_.Finalize(m, what));
+    Record(GraphRecord::Op::kMatmul, {a, b}, c, what);  // the overrides (sequence lengths = T) change nothing here
     return Operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
                      {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
                       {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
@@ -226,6 +278,7 @@ class GraphBuilder {
   }
   // y = x with other dims and strides (a transpose, as cuDNN's attention graphs express one), or another type.
   Status Reshape(Desc x, Desc y, std::string_view what) {
+    Record(GraphRecord::Op::kReshape, {x}, y, what);
     return Operation(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
                      {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}}, what);
   }
@@ -249,7 +302,18 @@ class GraphBuilder {
   }
 
  private:
+  void Record(GraphRecord::Op op, std::initializer_list<Desc> in, Desc out, std::string_view what, int64_t axis = -1) {
+    if (!record_) return;
+    GraphRecord::Operation o{op, {}, uids_.at(out), axis, std::string(what)};
+    for (Desc d : in) {
+      if (d != nullptr) o.in.push_back(uids_.at(d));
+    }
+    record_->ops.push_back(std::move(o));
+  }
+
   Descs& d_;
+  GraphRecord* record_ = nullptr;
+  std::map<Desc, int64_t> uids_;
   std::vector<Desc> ops_;
   int64_t next_virtual_ = 1000;
 };
@@ -307,8 +371,8 @@ Result<Desc> Mask(GraphBuilder& g, Desc x, Desc neg_inf, const SdpaShape& s) {
 }
 
 // The forward graph of cudnn_sdpa.h's header comment; Q, K, V, O in megascale's layouts.
-Result<Desc> BuildForward(Descs& d, const SdpaShape& s, cudnnHandle_t handle) {
-  GraphBuilder g(d);
+Result<Desc> BuildForward(Descs& d, const SdpaShape& s, cudnnHandle_t handle, GraphRecord* record) {
+  GraphBuilder g(d, record);
   const int64_t B = s.B, T = s.T, H = s.H, D = s.D, C = H * D;
   const auto F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
   // qkv (B, T, 3, H, D): head h's query at t * 3C + h * D, its key C further, its value 2C further.
@@ -373,8 +437,9 @@ Result<Desc> PaddingMask(GraphBuilder& g, Desc x, Desc neg_inf, Desc seq_q, Desc
 // The backward graph of cudnn_sdpa.h's header comment, as cudnn-frontend's CompositeSDPABackwardNode builds it for
 // cuDNN >= 9 (not deterministic: dQ through the fp32 dQacc): from Q, K, V, O, dO (bf16, megascale's layouts) and
 // Stats; dQ, dK, dV written in bf16 into megascale's dqkv (B, T, 3, H, D).
-Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, const GraphOptions& o, cudnnHandle_t handle) {
-  GraphBuilder g(d);
+Result<Desc> BuildBackward(Descs& d, const SdpaShape& s, const GraphOptions& o, cudnnHandle_t handle,
+                           GraphRecord* record) {
+  GraphBuilder g(d, record);
   const int64_t B = s.B, T = s.T, H = s.H, D = s.D, C = H * D;
   const auto F = CUDNN_DATA_FLOAT, BF = CUDNN_DATA_BFLOAT16;
   const std::vector<int64_t> qkv_bhtd = {T * 3 * C, D, 3 * C, 1}, qkv_bhdt = {T * 3 * C, D, 1, 3 * C};
@@ -534,8 +599,9 @@ std::string H100DeviceProperties() {
 
 namespace {
 
-Result<Desc> Build(Descs& d, const SdpaShape& s, Pass pass, const GraphOptions& o, cudnnHandle_t handle = nullptr) {
-  return pass == Pass::kForward ? BuildForward(d, s, handle) : BuildBackward(d, s, o, handle);
+Result<Desc> Build(Descs& d, const SdpaShape& s, Pass pass, const GraphOptions& o, cudnnHandle_t handle = nullptr,
+                   GraphRecord* record = nullptr) {
+  return pass == Pass::kForward ? BuildForward(d, s, handle, record) : BuildBackward(d, s, o, handle, record);
 }
 
 Result<Desc> JsonDevice(Descs& d, const std::string& json) {
@@ -570,6 +636,15 @@ Result<Deviceless> HeuristicsFor(const SdpaShape& s, Pass pass, const std::strin
 }
 
 }  // namespace
+
+Result<GraphRecord> RecordGraph(const SdpaShape& s, Pass pass, const GraphOptions& options) {
+  if (std::string why = Unsupported(s); !why.empty()) return InvalidArgument("cuDNN attention: {}", why);
+  MS_ASSIGN_OR_RETURN(const Api* api, LoadApi());
+  Descs d(*api);
+  GraphRecord record;
+  MS_RETURN_IF_ERROR(Build(d, s, pass, options, nullptr, &record).status());
+  return record;
+}
 
 Result<int> EngineConfigs(const SdpaShape& s, Pass pass, const std::string& deviceprop_json,
                           const GraphOptions* options) {

@@ -74,6 +74,50 @@ GraphOptions GraphFor(const SdpaShape& s, int64_t version);
 // call, process-wide; each -1 (GraphFor's own choice), 0 or 1.
 void SetFormOverride(int deterministic, int padding_mask);
 
+// The graph of `pass` as megascale builds it, recorded beside the cuDNN descriptors (building it loads cuDNN): its
+// tensors and operations in order, for a reference interpreter that checks what the graph computes without a GPU
+// (tests/cuda/cudnn_sdpa_test.cpp). A reshape keeps its input's memory and reads it with its output's dims and
+// strides (how the graphs express a transpose).
+struct GraphRecord {
+  enum class Type { kFloat, kBf16, kInt32, kBool };
+  enum class Op {
+    kMul,
+    kAdd,
+    kSub,
+    kDiv,
+    kExp,
+    kLog,
+    kIdentity,
+    kGenIndex,
+    kCmpGe,
+    kCmpGt,
+    kCmpLt,
+    kLogicalAnd,
+    kBinarySelect,
+    kReduceAdd,
+    kReduceMax,
+    kMatmul,
+    kReshape
+  };
+  struct Tensor {
+    int64_t uid = 0;
+    std::vector<int64_t> dims, strides;
+    Type type = Type::kFloat;
+    bool is_virtual = true, by_value = false;
+    std::string name;
+  };
+  struct Operation {
+    Op op = Op::kMul;
+    std::vector<int64_t> in;  // uids: x[, b[, t]] (pointwise), x (reduction, reshape), a, b (matmul)
+    int64_t out = 0;
+    int64_t axis = -1;  // GEN_INDEX
+    std::string name;
+  };
+  std::vector<Tensor> tensors;
+  std::vector<Operation> ops;
+};
+Result<GraphRecord> RecordGraph(const SdpaShape& s, Pass pass, const GraphOptions& options);
+
 // Engine configurations cuDNN's heuristics (mode A) find for the graph of `pass` on the device described by
 // `deviceprop_json`; an error names what cuDNN refused (the descriptor, the attribute, cuDNN's message).
 // `options`: GraphFor(s, the loaded version) unless given.
