@@ -339,14 +339,25 @@ enum Uid : int64_t {
   kSeqKV = 17,
 };
 
+// The row and column indices (int32) of scores x (B, H, T, T), generated in `math` (as the frontend does for the mask
+// they serve).
+Result<std::pair<Desc, Desc>> RowColumn(GraphBuilder& g, Desc x, cudnnDataType_t math, const SdpaShape& s,
+                                        std::string_view what) {
+  const std::vector<int64_t> bhtt = {s.B, s.H, s.T, s.T};
+  const std::string r = fmt::format("row index ({})", what), c = fmt::format("column index ({})", what);
+  MS_ASSIGN_OR_RETURN(Desc row, g.Virtual(bhtt, CUDNN_DATA_INT32, r));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, math, x, nullptr, nullptr, row, r, 2));
+  MS_ASSIGN_OR_RETURN(Desc col, g.Virtual(bhtt, CUDNN_DATA_INT32, c));
+  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, math, x, nullptr, nullptr, col, c, 3));
+  return std::make_pair(row, col);
+}
+
 // The causal (and window) mask of scores x (B, H, T, T): kept where row >= col (and col + window > row), else -inf.
 Result<Desc> Mask(GraphBuilder& g, Desc x, Desc neg_inf, const SdpaShape& s) {
   const auto F = CUDNN_DATA_FLOAT;
   const std::vector<int64_t> bhtt = {s.B, s.H, s.T, s.T};
-  MS_ASSIGN_OR_RETURN(Desc row, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, x, nullptr, nullptr, row, "row index", 2));
-  MS_ASSIGN_OR_RETURN(Desc col, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, x, nullptr, nullptr, col, "column index", 3));
+  MS_ASSIGN_OR_RETURN(const auto rc, RowColumn(g, x, F, s, "causal"));
+  const auto [row, col] = rc;
   MS_ASSIGN_OR_RETURN(Desc keep, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "row >= col"));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep, "row >= col"));
   MS_ASSIGN_OR_RETURN(Desc masked, g.Virtual(bhtt, F, "causal mask"));
@@ -354,12 +365,8 @@ Result<Desc> Mask(GraphBuilder& g, Desc x, Desc neg_inf, const SdpaShape& s) {
   if (s.window <= 0 || s.window >= s.T) return masked;
   // Sliding window: keep col + window > row (megascale's t - window < s).
   MS_ASSIGN_OR_RETURN(Desc w, g.Scalar(kWindow, F, "window"));
-  MS_ASSIGN_OR_RETURN(Desc row2, g.Virtual(bhtt, CUDNN_DATA_INT32, "row index (window)"));
-  MS_RETURN_IF_ERROR(
-      g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, masked, nullptr, nullptr, row2, "row index (window)", 2));
-  MS_ASSIGN_OR_RETURN(Desc col2, g.Virtual(bhtt, CUDNN_DATA_INT32, "column index (window)"));
-  MS_RETURN_IF_ERROR(
-      g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, F, masked, nullptr, nullptr, col2, "column index (window)", 3));
+  MS_ASSIGN_OR_RETURN(const auto rc2, RowColumn(g, masked, F, s, "window"));
+  const auto [row2, col2] = rc2;
   MS_ASSIGN_OR_RETURN(Desc colw, g.Virtual(bhtt, F, "col + window"));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_ADD, F, col2, w, nullptr, colw, "col + window", 3));
   MS_ASSIGN_OR_RETURN(Desc inwin, g.Virtual(bhtt, CUDNN_DATA_BOOLEAN, "col + window > row"));
@@ -416,12 +423,10 @@ Result<Desc> BuildForward(Descs& d, const SdpaShape& s, cudnnHandle_t handle, Gr
 // The padding mask of the frontend's workaround for cuDNN <= 9.15 at T % 128 != 0: scores x (B, H, T, T) kept where
 // row < seq_q and col < seq_kv (both T: the mask changes no value; it steers cuDNN's engine), else -inf.
 Result<Desc> PaddingMask(GraphBuilder& g, Desc x, Desc neg_inf, Desc seq_q, Desc seq_kv, const SdpaShape& s) {
-  const auto I = CUDNN_DATA_INT32, BOOL = CUDNN_DATA_BOOLEAN;
+  const auto BOOL = CUDNN_DATA_BOOLEAN;
   const std::vector<int64_t> bhtt = {s.B, s.H, s.T, s.T};
-  MS_ASSIGN_OR_RETURN(Desc row, g.Virtual(bhtt, I, "row index (padding)"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, I, x, nullptr, nullptr, row, "row index (padding)", 2));
-  MS_ASSIGN_OR_RETURN(Desc col, g.Virtual(bhtt, I, "column index (padding)"));
-  MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_GEN_INDEX, I, x, nullptr, nullptr, col, "column index (padding)", 3));
+  MS_ASSIGN_OR_RETURN(const auto rc, RowColumn(g, x, CUDNN_DATA_INT32, s, "padding"));
+  const auto [row, col] = rc;
   MS_ASSIGN_OR_RETURN(Desc row_in, g.Virtual(bhtt, BOOL, "row < seq_q"));
   MS_RETURN_IF_ERROR(g.Pointwise(CUDNN_POINTWISE_CMP_LT, BOOL, row, seq_q, nullptr, row_in, "row < seq_q"));
   MS_ASSIGN_OR_RETURN(Desc col_in, g.Virtual(bhtt, BOOL, "col < seq_kv"));

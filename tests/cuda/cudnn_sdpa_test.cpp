@@ -77,18 +77,25 @@ TEST_CASE("the attention forward and backward graphs have engines on an H100") {
 
 // The plans' kernels (cuDNN compiles them at run time, NVRTC): each plan of GPT-2 small's shape gets as far as the
 // driver's module load, which the stub cannot do — so cuDNN built and compiled every one.
+namespace {
+// Every engine configuration's plan of the graph compiles for an H100 (the stub libcuda stops it at the module load).
+void CheckPlansCompile(const cudnn::SdpaShape& s, cudnn::Pass pass, const cudnn::GraphOptions* o = nullptr) {
+  auto plans = cudnn::PlansDeviceless(s, pass, cudnn::H100DeviceProperties(), o);
+  const std::string why = plans.ok() ? std::string() : plans.status().message();
+  INFO(why);
+  REQUIRE(plans.ok());
+  CHECK(!plans->empty());
+  for (const std::string& p : *plans) {
+    CAPTURE(p);
+    CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
+  }
+}
+}  // namespace
+
 TEST_CASE("every engine's plan of the attention forward and backward compiles for an H100") {
   for (cudnn::Pass pass : {cudnn::Pass::kForward, cudnn::Pass::kBackward}) {
     CAPTURE(pass == cudnn::Pass::kForward ? "forward" : "backward");
-    auto plans = cudnn::PlansDeviceless({16, 1024, 12, 64, 0}, pass, cudnn::H100DeviceProperties());
-    const std::string why = plans.ok() ? std::string() : plans.status().message();
-    INFO(why);
-    REQUIRE(plans.ok());
-    CHECK(!plans->empty());
-    for (const std::string& p : *plans) {
-      CAPTURE(p);
-      CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
-    }
+    CheckPlansCompile({16, 1024, 12, 64, 0}, pass);
   }
 }
 
@@ -135,15 +142,7 @@ TEST_CASE("the backward's padding-mask form has engines on an H100, and its plan
     REQUIRE(n.ok());
     CHECK(*n >= 1);
   }
-  auto plans = cudnn::PlansDeviceless({2, 70, 3, 64, 0}, cudnn::Pass::kBackward, cudnn::H100DeviceProperties(), &o);
-  const std::string why = plans.ok() ? std::string() : plans.status().message();
-  INFO(why);
-  REQUIRE(plans.ok());
-  CHECK(!plans->empty());
-  for (const std::string& p : *plans) {
-    CAPTURE(p);
-    CHECK((p == "ok" || p.find("CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER") != std::string::npos));
-  }
+  CheckPlansCompile({2, 70, 3, 64, 0}, cudnn::Pass::kBackward, &o);
 }
 
 // The deterministic form (dQ written straight, the frontend's for deterministic backwards; megascale's graph up to
@@ -407,9 +406,9 @@ std::pair<bool, std::string> GraphsMatchReference(const cudnn::SdpaShape& s, con
     m[10].mem->at(0) = static_cast<float>(m[10].mem->at(0));
     m[11] = Scalar(neg_inf);
     m[12] = Scalar(static_cast<double>(s.window));
-    m[14] = Scalar(1.0);                                                                         // kOne
+    m[14] = Scalar(1.0);                                                                             // kOne
     m[16] = View{std::make_shared<std::vector<double>>(B, static_cast<double>(T)), 0, nullptr, {}};  // seq_q
-    m[17] = m[16];                                                                               // seq_kv
+    m[17] = m[16];                                                                                   // seq_kv
   };
   // Forward: Q, Kᵀ, V from qkv; O and Stats written.
   std::map<int64_t, View> f;
