@@ -15,7 +15,8 @@ resumes on the emulated CUDA backend, both continuing on the uninterrupted run's
 operands (runtime.bf16_operands: keep, the default: roundings written by the LayerNorms and the bias + GeLU or by
 the GEMMs, weights once per step, or by the optimizer with its update) give the bits of casting at every GEMM
 (`cast`), fused and unfused, on one rank and on two, while a planted stale copy (MEGASCALE_PLANT=kept_bf16_stale,
-MEGASCALE_PLANT=optimizer_bf16_unwritten) is caught. Every CUDA-backend train row carries rank 0's peak device
+MEGASCALE_PLANT=optimizer_bf16_unwritten) is caught; runtime.attention_kernels: cudnn is refused by megascale-emu and,
+on a GPU, trains on the CPU backend's losses with every attention call cuDNN's (none found wrong by its check). Every CUDA-backend train row carries rank 0's peak device
 memory so far (device_mem_peak_mib, never falling; none on the CPU backend), and `megascale bench` on the CUDA
 backend reports it per point (table, CSV, JSON).
 
@@ -303,6 +304,33 @@ case("cuda-graphs-failed-capture-runs-op-by-op", "parallel: {micro_batches: 2}",
       (1, "CUDA graphs: 0 recorded (0 operations in 0 graphs), 0 forwards and backwards launched as graphs")],
      check=same_bits)
 
+
+def cudnn_attention(name, extra, sets, rtol, emu_sets):
+    """runtime.attention_kernels: cudnn. The emulated backend cannot run cuDNN: megascale-emu refuses the key at
+    start, naming it and the flavor. On a GPU the run trains on the CPU backend's losses within rtol with every
+    attention call cuDNN's: none checked against megascale's kernels and found wrong, none by megascale's kernels."""
+    if not GPU:
+        run_dir = os.path.join(WORK, name + "-emu")
+        path = os.path.join(WORK, name + ".yaml")
+        spec(path, run_dir, extra)
+        args = ["train", path, "--set", "runtime.backend=cuda"]
+        for s in [*sets, *emu_sets]:
+            args += ["--set", s]
+        rc, out, err = run(EMU, *args)
+        if rc == 0:
+            return "megascale-emu trained with runtime.attention_kernels: cudnn"
+        if "attention_kernels" not in err or "emulated" not in err:
+            return f"the refusal names neither the key nor the flavor: {err.strip()[-600:]}"
+        print(f"     {name}: refused: {err.strip().splitlines()[-1][:200]}")
+        return None
+    return compare(name, extra, sets, rtol, emu_sets,
+                   ["attention by cuDNN's fused attention: ",
+                    "(0 of them checked against megascale's kernels and found wrong); 0 calls by megascale's kernels"])
+
+
+# cuDNN's fused attention (head dim 16, T 32: on cuDNN <= 9.15 the backward's padding-mask form; a window of 12).
+case("cudnn-attention", "parallel: {micro_batches: 2}", ["train.precision=bf16"], 1e-2,
+     ["runtime.activations=bf16", "runtime.attention_kernels=cudnn"], check=cudnn_attention)
 
 
 def checkpoint_crossover():
