@@ -863,8 +863,9 @@ std::string Sdpa::Describe(const SdpaShape& s, Pass pass) const {
   auto it = impl_->plans.find(Impl::Key(s, pass));
   if (it == impl_->plans.end()) return "no plan yet";
   const Impl::Plan& p = it->second;
-  return fmt::format("engine configuration {} of the heuristics' list, {} bytes of workspace{}{}{}", p.engine,
-                     p.workspace_bytes,
+  const int64_t v = static_cast<int64_t>(impl_->api->GetVersion());
+  return fmt::format("cuDNN {}.{}.{}, engine configuration {} of the heuristics' list, {} bytes of workspace{}{}{}",
+                     v / 10000, v / 100 % 100, v % 100, p.engine, p.workspace_bytes,
                      p.accum_bytes > 0 ? fmt::format(" and {} of dQacc", p.accum_bytes) : std::string(),
                      p.options.padding_mask ? ", the padding-mask form" : "",
                      p.options.deterministic ? ", the deterministic form" : "");
