@@ -45,6 +45,9 @@
 
 #include "kernels.h"
 #include "ops/ops.h"
+#if defined(MS_BENCH_HAVE_CUDNN)
+#include "cuda/cudnn_sdpa.h"
+#endif
 
 namespace {
 
@@ -1252,6 +1255,65 @@ double KeysSeen(int64_t T, int64_t window) {
   return sum;
 }
 
+#if defined(MS_BENCH_HAVE_CUDNN)
+// cuDNN's fused attention as runtime.attention_kernels: cudnn runs it (lib/cuda/cudnn_sdpa.h: the graphs built as
+// cudnn-frontend builds them), on device memory of its own; null (the reason kept) where cuDNN does not load here.
+struct CudnnAttention {
+  std::unique_ptr<ms::cuda::cudnn::Sdpa> sdpa;
+  std::string why;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  std::vector<void*> kept;
+  cudaStream_t stream = nullptr;
+
+  explicit CudnnAttention(cudaStream_t s) : stream(s) {
+    if (g_dry) return;
+    ms::cuda::cudnn::Sdpa::Memory m;
+    m.workspace = [this](size_t n) -> ms::Result<void*> {
+      if (n > ws_bytes) {  // grown between measurements only (the first call of a shape, before its timing)
+        if (cudaStreamSynchronize(stream) != cudaSuccess) return ms::Internal("cuDNN workspace: stream failed");
+        if (ws) cudaFree(ws);
+        ws = nullptr;
+        ws_bytes = 0;
+        if (cudaMalloc(&ws, n) != cudaSuccess) return ms::Internal("cuDNN workspace: cudaMalloc of {} bytes", n);
+        ws_bytes = n;
+      }
+      return ws;
+    };
+    m.zero = [this](void* p, size_t n) -> ms::Status {
+      if (cudaMemsetAsync(p, 0, n, stream) != cudaSuccess) return ms::Internal("cuDNN dQacc: cudaMemsetAsync");
+      return ms::Status::Ok();
+    };
+    m.keep = [this](const void* host, size_t n) -> ms::Result<void*> {
+      void* p = nullptr;
+      if (cudaMalloc(&p, n) != cudaSuccess) return ms::Internal("cuDNN: cudaMalloc of {} bytes", n);
+      kept.push_back(p);
+      if (cudaMemcpy(p, host, n, cudaMemcpyHostToDevice) != cudaSuccess) return ms::Internal("cuDNN: cudaMemcpy");
+      return p;
+    };
+    auto made = ms::cuda::cudnn::Sdpa::Create(s, std::move(m));
+    if (made.ok()) {
+      sdpa = std::move(made).value();
+    } else {
+      why = made.status().message();
+    }
+  }
+  ~CudnnAttention() {
+    if (g_dry) return;  // nothing was made
+    (void)cudaStreamSynchronize(stream);
+    sdpa.reset();
+    if (ws) cudaFree(ws);
+    for (void* p : kept) cudaFree(p);
+  }
+  // A call's Status as the timer's launch result (the message printed where it failed).
+  static cudaError_t Launched(const ms::Status& st) {
+    if (st.ok()) return cudaSuccess;
+    fmt::print(stderr, "cuDNN attention: {}\n", st.message());
+    return cudaErrorUnknown;
+  }
+};
+#endif
+
 void BenchAttention(Bench& b, const Shape& s) {
   const int64_t T = s.seq, B = s.tokens / s.seq, H = s.heads, D = s.hidden / s.heads;
   const int64_t n_qkv = B * T * 3 * H * D, n_out = B * T * H * D, n_lse = B * H * T;
@@ -1296,6 +1358,11 @@ void BenchAttention(Bench& b, const Shape& s) {
   Fill(dout, 25);
   std::vector<int64_t> windows = {0};
   if (s.window > 0) windows.push_back(s.window);
+#if defined(MS_BENCH_HAVE_CUDNN)
+  CudnnAttention cudnn(b.stream());
+  bool cudnn_checked = false;
+  DevBuf<float> cudnn_rows(n_lse, "cuDNN row terms");
+#endif
   for (int64_t window : windows) {
     const double fwd_flops = 4.0 * B * H * D * KeysSeen(T, window);
     const std::string shape = fmt::format("B={} T={} H={} D={} window={}", B, T, H, D, window);
@@ -1455,6 +1522,55 @@ void BenchAttention(Bench& b, const Shape& s) {
       r->ref_what = f.ref_what;
       b.Emit(*r);
     }
+#if defined(MS_BENCH_HAVE_CUDNN)
+    // runtime.attention_kernels: cudnn, beside training's rows above (`... no bias` forward, `... stored dS`
+    // backward): cuDNN's fused forward (out16 and lse) and backward (dqkv16; its row terms and dQ's fp32
+    // accumulator written and read: 5 products). A first call of each, untimed, builds the plans (and says which);
+    // where cuDNN does not load or take the shape, a line says why and the rows are left out.
+    if (!cudnn_checked) {
+      cudnn_checked = true;
+      if (!g_dry && !cudnn.sdpa) fmt::print("cuDNN attention rows: not run: {}\n", cudnn.why);
+    }
+    if (g_dry || cudnn.sdpa) {
+      const ms::cuda::cudnn::SdpaShape cs{B, T, H, D, window};
+      std::string why = ms::cuda::cudnn::Unsupported(cs);
+      if (why.empty() && !g_dry) {
+        ms::Status st = cudnn.sdpa->Forward(qkv16.get(), out16.get(), lse.get(), cs);
+        if (st.ok()) {
+          st = cudnn.sdpa->Backward(qkv16.get(), out16.get(), dout16.get(), lse.get(), dqkv16.get(), cudnn_rows.get(),
+                                    cs);
+        }
+        if (st.ok() && cudaStreamSynchronize(b.stream()) != cudaSuccess) st = ms::Internal("execution failed");
+        if (st.ok()) {
+          fmt::print("cuDNN attention {}: forward {}; backward {}\n", shape,
+                     cudnn.sdpa->Describe(cs, ms::cuda::cudnn::Pass::kForward),
+                     cudnn.sdpa->Describe(cs, ms::cuda::cudnn::Pass::kBackward));
+        } else {
+          why = st.message();
+        }
+      }
+      if (!why.empty()) {
+        fmt::print("cuDNN attention {}: not run: {}\n", shape, why);
+      } else {
+        const double cudnn_bwd_bytes = 2.0 * (n_out + n_qkv + n_out + n_qkv) + F * (2 * n_lse + 2 * n_out);
+        Row cf = b.Measure(
+            "AttentionForwardBf16", shape + " bf16 qkv, out16, no bias cudnn", q16_fwd_bytes, fwd_flops,
+            [&] { return CudnnAttention::Launched(cudnn.sdpa->Forward(qkv16.get(), out16.get(), lse.get(), cs)); });
+        Row cb =
+            b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16, no bias cudnn", cudnn_bwd_bytes,
+                      bwd_flops * 5.0 / 7.0, [&] {
+                        return CudnnAttention::Launched(cudnn.sdpa->Backward(
+                            qkv16.get(), out16.get(), dout16.get(), lse.get(), dqkv16.get(), cudnn_rows.get(), cs));
+                      });
+        for (Row* r : {&cf, &cb}) {
+          r->ref = ref;
+          r->ref_flops = ref_flops;
+          r->ref_what = f.ref_what;
+          b.Emit(*r);
+        }
+      }
+    }
+#endif
   }
 }
 
