@@ -143,6 +143,11 @@ PY
       grep -h -e "^torch .* on " -e "^PyTorch .*median step" -e "^attention .*causal" -e "^attention .*not run" \
         "$work"/torch-*.log 2>/dev/null | sed 's/^/  /' || true
     fi
+    if grep -qs -e "cudnn " -e "^cuDNN attention" "$work/kernels.log"; then
+      echo "cuDNN's attention per call (kernels_bench: the plans chosen, then median ms; beside training's rows"
+      echo "  '... no bias' (forward) and '... stored dS' (backward) in kernels.log):"
+      grep -h -e "^cuDNN attention" -e " cudnn " "$work/kernels.log" | cut -c1-150 | sed 's/^/  /' || true
+    fi
     if grep -qs "cuDNN backward form" "$work"/tests/*.log; then
       echo "cuDNN's attention backward per graph form (cuda_backend_gpu; the default: deterministic 0, padding mask 1"
       echo "  at T % 128 != 0 on cuDNN <= 9.15, else 0):"
