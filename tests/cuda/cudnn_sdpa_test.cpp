@@ -256,12 +256,15 @@ void ForEach(const std::vector<int64_t>& dims, F f) {
         for (idx[3] = 0; idx[3] < dims[3]; ++idx[3]) f(idx);
 }
 
-// Runs the record with `bound` (uid -> view of user memory or a scalar's one-element memory); returns every view.
+// Runs the record with `bound` (uid -> view of user memory or a scalar's one-element memory; uids the graph lacks are
+// ignored); returns every view.
 std::map<int64_t, View> Interpret(const Rec& rec, std::map<int64_t, View> bound) {
   std::map<int64_t, const Rec::Tensor*> tensors;
   for (const auto& t : rec.tensors) tensors[t.uid] = &t;
-  std::map<int64_t, View> v = std::move(bound);
-  for (auto& [uid, view] : v) view.t = tensors.at(uid);
+  std::map<int64_t, View> v;
+  for (auto& [uid, view] : bound) {  // what the graph has no tensor for (a form without it) is left out
+    if (auto it = tensors.find(uid); it != tensors.end()) v[uid] = View{view.mem, view.offset, it->second, {}};
+  }
   auto view_of = [&](int64_t uid) -> View& {
     auto it = v.find(uid);
     if (it == v.end()) {  // an intermediate: memory of its own, dense
@@ -417,13 +420,7 @@ std::pair<bool, std::string> GraphsMatchReference(const cudnn::SdpaShape& s, con
   f[4] = Memory(std::vector<float>(B * T * C));
   f[5] = Memory(std::vector<float>(B * H * T));
   scalars(f);
-  std::map<int64_t, View> fr;
-  for (auto& [uid, view] : f) {
-    bool used = false;
-    for (const auto& t : fwd->tensors) used = used || t.uid == uid;
-    if (used) fr[uid] = view;
-  }
-  const auto fv = Interpret(*fwd, fr);
+  const auto fv = Interpret(*fwd, f);
   const std::vector<float> got_out(fv.at(4).mem->begin(), fv.at(4).mem->end()),
       got_lse(fv.at(5).mem->begin(), fv.at(5).mem->end());
   // Backward: Q, Kᵀ, Vᵀ, O (the reference's, rounded to bf16 as megascale keeps it), dO, Stats (the reference's lse);
@@ -440,13 +437,7 @@ std::pair<bool, std::string> GraphsMatchReference(const cudnn::SdpaShape& s, con
   b[13] = Memory(std::vector<float>(B * H * T, NAN));
   b[15] = Memory(std::vector<float>(B * H * T * D, 0.0f));
   scalars(b);
-  std::map<int64_t, View> br;
-  for (auto& [uid, view] : b) {
-    bool used = false;
-    for (const auto& t : bwd->tensors) used = used || t.uid == uid;
-    if (used) br[uid] = view;
-  }
-  Interpret(*bwd, br);
+  Interpret(*bwd, b);
   const std::vector<float> got_dqkv(dq.mem->begin(), dq.mem->end());
   std::string what, all;
   bool ok = true;
