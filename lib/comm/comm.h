@@ -107,6 +107,12 @@ class Work {
   virtual ~Work() = default;
   // Blocks until the operation is complete; returns its error (peer failure, timeout).
   virtual Status Wait() = 0;
+  // Orders what the backend enqueues after this call behind the operation's completion, without blocking the host
+  // where the communicator can (Communicator::waits_on_device: NCCL makes the backend's stream wait for the
+  // operation's completion event). The operation's later failure (peer failure, timeout) is then found by the
+  // communicator's watchdog, which aborts it; Drain() and every later operation of the communicator report it.
+  // Returns an error known already. The default waits on the host (Wait()).
+  virtual Status WaitOnDevice() { return Wait(); }
 };
 
 class Communicator {
@@ -153,6 +159,12 @@ class Communicator {
   // Whether an operation is ordered after the compute that produced its buffer without a host synchronization
   // (NCCL communicators wait on the device for the backend's stream), so callers may skip Synchronize().
   virtual bool orders_after_compute() const { return false; }
+  // Whether Work::WaitOnDevice leaves the host free (NCCL); false: it is Wait().
+  virtual bool waits_on_device() const { return false; }
+  // Blocks until every operation waited on the device (Work::WaitOnDevice) has completed, and returns the first
+  // failure of the communicator (its watchdog's timeout, a peer's failure). What a caller does before it relies on
+  // results computed after device waits (the end of a training step). Default: OK (nothing is waited on the device).
+  virtual Status Drain() { return Status::Ok(); }
   // Ordered after every collective issued before it; blocks until all ranks arrive.
   virtual Status Barrier() = 0;
 };

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -48,30 +50,60 @@ ncclRedOp_t ToNccl(comm::ReduceOp op) {
 
 // Test hook (docs/cuda.md): MEGASCALE_PLANT=nccl_no_compute_wait drops the communicator stream's wait for the
 // compute stream — the planted bug the deferred emulated streams must catch.
-bool PlantedNoComputeWait() {
+// MEGASCALE_PLANT=nccl_no_device_wait drops the backend stream's wait for a collective waited on the device
+// (Work::WaitOnDevice): the consumer reads the buffer before the collective has written it.
+bool Planted(const char* what) {
   const char* v = std::getenv("MEGASCALE_PLANT");
-  return v && std::strcmp(v, "nccl_no_compute_wait") == 0;
+  return v && std::strcmp(v, what) == 0;
+}
+bool PlantedNoComputeWait() {
+  return Planted("nccl_no_compute_wait");
 }
 
-// What a communicator's Works share: the NCCL handle (aborted once, by the first failure) and the first error.
+// An operation waited on the device (NcclWork::WaitOnDevice): its completion event, for the watchdog.
+// A completion event, destroyed by its last holder (the Work, the watchdog).
+using SharedEvent = std::shared_ptr<CUevent_st>;
+SharedEvent OwnEvent(cudaEvent_t ev) {
+  return SharedEvent(ev, [](cudaEvent_t e) {
+    if (e) cudaEventDestroy(e);
+  });
+}
+
+struct Watched {
+  SharedEvent done;
+  std::string what;
+  // Its timeout counts from here: when the backend's stream was made to wait for it, or when the one before it
+  // completed if that was later.
+  std::chrono::steady_clock::time_point since;
+};
+
+// What a communicator's Works share: the NCCL handle (aborted once, by the first failure), the first error, and
+// the operations waited on the device that the communicator's watchdog thread checks.
 struct Shared {
   ncclComm_t comm = nullptr;
   std::mutex mu;
+  std::condition_variable cv;  // the watchdog's: `watched` grew, or it is to stop
   bool aborted = false;
   Status failure;  // sticky: every later operation fails with it
   std::string name;
   int rank = 0, size = 0;
   std::chrono::milliseconds timeout{60'000};
+  std::deque<Watched> watched;  // oldest first: they complete in this order (one NCCL stream)
+  bool stop = false;
 
   // Aborts the communicator after a failure (the first one wins; later calls fail at once).
   Status Abort(Status why) {
     std::lock_guard<std::mutex> l(mu);
+    return AbortLocked(std::move(why));
+  }
+  Status AbortLocked(Status why) {
     if (!aborted) {
       aborted = true;
       failure = why;
       LogError("{}", why.message());
       ncclCommAbort(comm);  // unblocks the stream; the handle is gone
       comm = nullptr;
+      cv.notify_all();
     }
     return why;
   }
@@ -82,15 +114,65 @@ struct Shared {
   }
 };
 
+Status NoCompletion(const std::string& what, std::chrono::milliseconds timeout) {
+  return Timeout(
+      "{}: no completion after {:.1f} s (runtime.collective_timeout_s): the peer is stuck, dead or waiting for "
+      "something else (a send/receive issued in an order that deadlocks on NCCL's in-order stream?); the "
+      "communicator was aborted",
+      what, std::chrono::duration<double>(timeout).count());
+}
+
+// The watchdog of the operations waited on the device (one thread per communicator, asleep while there are none):
+// polls the oldest one's completion event and NCCL's asynchronous error, and aborts the communicator — which
+// unblocks its stream, and so the backend's stream waiting on it — when one fails or exceeds the group's timeout.
+void WatchdogLoop(Shared* sh) {
+  std::unique_lock<std::mutex> l(sh->mu);
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    sh->cv.wait(l, [&] { return sh->stop || !sh->watched.empty(); });
+    if (sh->stop) return;
+    if (sh->aborted) {  // nothing more will be waited for: the events go
+      sh->watched.clear();
+      continue;
+    }
+    Watched& w = sh->watched.front();
+    const cudaError_t q = cudaEventQuery(w.done.get());
+    ncclResult_t async = ncclSuccess;
+    if (sh->comm) ncclCommGetAsyncError(sh->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      sh->AbortLocked(Unavailable("{}: NCCL reported an asynchronous error: {}", w.what, ncclGetErrorString(async)))
+          .IgnoreError();
+    } else if (q == cudaSuccess) {
+      sh->watched.pop_front();
+      // The next one's clock starts now at the earliest: the host may have issued it long before the device got
+      // there (it runs up to a step ahead), which is no sign of a stuck peer.
+      if (!sh->watched.empty()) {
+        sh->watched.front().since = std::max(sh->watched.front().since, std::chrono::steady_clock::now());
+      }
+      pause = std::chrono::microseconds(20);
+    } else if (q != cudaErrorNotReady) {
+      sh->AbortLocked(Internal("{}: waiting for completion: {}", w.what, cudaGetErrorString(q))).IgnoreError();
+    } else if (std::chrono::steady_clock::now() - w.since > sh->timeout) {
+      sh->AbortLocked(NoCompletion(w.what, sh->timeout)).IgnoreError();
+    } else {
+      sh->cv.wait_for(l, pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+}
+
 class NcclWork : public comm::Work {
  public:
-  NcclWork(std::shared_ptr<Shared> shared, cudaEvent_t ev, std::string what, Status launch)
-      : shared_(std::move(shared)), ev_(ev), what_(std::move(what)), status_(std::move(launch)) {}
+  NcclWork(std::shared_ptr<Shared> shared, cudaEvent_t ev, std::string what, Status launch,
+           cudaStream_t compute = nullptr)
+      : shared_(std::move(shared)),
+        ev_(OwnEvent(ev)),
+        what_(std::move(what)),
+        status_(std::move(launch)),
+        compute_(compute) {}
+  // Never waited for: the host waits (a buffer the operation uses may be freed next).
   ~NcclWork() override {
-    if (ev_) {
-      Wait().IgnoreError();
-      cudaEventDestroy(ev_);
-    }
+    if (!on_device_) Wait().IgnoreError();
   }
   // The watchdog: polls the completion event and NCCL's asynchronous error, with the group's timeout.
   Status Wait() override {
@@ -101,7 +183,7 @@ class NcclWork : public comm::Work {
     // promptly, long waits cost no CPU.
     auto pause = std::chrono::microseconds(10);
     for (;;) {
-      cudaError_t q = cudaEventQuery(ev_);
+      cudaError_t q = cudaEventQuery(ev_.get());
       if (Status f = shared_->Failed(); !f.ok()) return status_ = f;
       ncclResult_t async = ncclSuccess;
       {
@@ -117,13 +199,7 @@ class NcclWork : public comm::Work {
         return status_ = shared_->Abort(Internal("{}: waiting for completion: {}", what_, cudaGetErrorString(q)));
       }
       const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited > shared_->timeout) {
-        return status_ = shared_->Abort(
-                   Timeout("{}: no completion after {:.1f} s (runtime.collective_timeout_s): the peer is stuck, dead "
-                           "or waiting for something else (a send/receive issued in an order that deadlocks on "
-                           "NCCL's in-order stream?); the communicator was aborted",
-                           what_, std::chrono::duration<double>(shared_->timeout).count()));
-      }
+      if (waited > shared_->timeout) return status_ = shared_->Abort(NoCompletion(what_, shared_->timeout));
       if (waited < std::chrono::milliseconds(1)) {
         std::this_thread::yield();
         continue;
@@ -132,13 +208,38 @@ class NcclWork : public comm::Work {
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
   }
+  // The backend's stream waits for the completion event; the watchdog watches it. A later Wait() still blocks the
+  // host until completion.
+  Status WaitOnDevice() override {
+    if (!status_.ok() || !ev_ || waited_ || on_device_) return status_;
+    if (Status f = shared_->Failed(); !f.ok()) return status_ = f;
+    if (!Planted("nccl_no_device_wait")) {
+      if (cudaError_t e = cudaStreamWaitEvent(compute_, ev_.get(), 0); e != cudaSuccess) {
+        return status_ = Internal("{}: ordering the compute stream after it: {}", what_, cudaGetErrorString(e));
+      }
+    }
+    on_device_ = true;
+    bool aborted = false;
+    {
+      std::lock_guard<std::mutex> l(shared_->mu);
+      aborted = shared_->aborted;
+      if (!aborted) {
+        shared_->watched.push_back({ev_, what_, std::chrono::steady_clock::now()});
+        shared_->cv.notify_all();
+      }
+    }
+    if (aborted) return status_ = shared_->Failed();
+    return status_;
+  }
 
  private:
   std::shared_ptr<Shared> shared_;
-  cudaEvent_t ev_;
+  SharedEvent ev_;
   std::string what_;
   Status status_;
-  bool waited_ = false;
+  cudaStream_t compute_;
+  bool waited_ = false;     // on the host (Wait)
+  bool on_device_ = false;  // WaitOnDevice: the watchdog watches it
 };
 
 class NcclCommunicator : public comm::Communicator {
@@ -148,6 +249,7 @@ class NcclCommunicator : public comm::Communicator {
     // The caching allocator must not hand out a freed block while this stream may still use it.
     if (options_.device) unregister_ = RegisterExternalStream(*options_.device, stream_);
     options_.device = nullptr;  // not used after this (the device may go first)
+    watchdog_ = std::thread(WatchdogLoop, shared_.get());
   }
   ~NcclCommunicator() override {
     // Work still in flight (a job ending on another error with a receive outstanding) gets the watchdog's
@@ -166,6 +268,13 @@ class NcclCommunicator : public comm::Communicator {
     cudaStreamSynchronize(stream_);
     {
       std::lock_guard<std::mutex> l(shared_->mu);
+      shared_->stop = true;
+      shared_->cv.notify_all();
+    }
+    watchdog_.join();
+    {
+      std::lock_guard<std::mutex> l(shared_->mu);
+      shared_->watched.clear();  // complete: the stream was synchronized
       if (shared_->comm) ncclCommDestroy(shared_->comm);
       shared_->comm = nullptr;
     }
@@ -178,6 +287,38 @@ class NcclCommunicator : public comm::Communicator {
   std::string name() const override { return options_.name; }
   bool p2p_in_order() const override { return true; }
   bool orders_after_compute() const override { return true; }
+  bool waits_on_device() const override { return true; }
+  // Polls the newest operation waited on the device (the stream completes them in order) itself, spinning for
+  // the first millisecond as Wait does, so that the step's end is not late by the watchdog's poll; the watchdog
+  // still owns the events and the timeout (its abort ends this loop).
+  Status Drain() override {
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(10);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> l(shared_->mu);
+        if (shared_->aborted) break;
+        ncclResult_t async = ncclSuccess;
+        if (shared_->comm) ncclCommGetAsyncError(shared_->comm, &async);
+        if (async != ncclSuccess && async != ncclInProgress) {
+          shared_
+              ->AbortLocked(Unavailable("{}: NCCL reported an asynchronous error while the step's operations were "
+                                        "drained: {}",
+                                        options_.name, ncclGetErrorString(async)))
+              .IgnoreError();
+          break;
+        }
+        if (shared_->watched.empty() || cudaEventQuery(shared_->watched.back().done.get()) == cudaSuccess) break;
+      }
+      if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1)) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+    return shared_->Failed();
+  }
 
   std::unique_ptr<comm::Work> AllReduce(float* d, int64_t n, comm::ReduceOp op) override {
     return Run("all-reduce", n, -1, [&](ncclComm_t c) {
@@ -275,7 +416,7 @@ class NcclCommunicator : public comm::Communicator {
       for (int r = 0; r < shared_->size; ++r) {
         if (r != shared_->rank) others.push_back(r);
       }
-      peers = fmt::format(" (peers {})", fmt::join(others, ","));
+      if (!others.empty()) peers = fmt::format(" (peers {})", fmt::join(others, ","));
     }
     const std::string what = fmt::format("{}{} #{} of {} {} on {} (rank {} of {})", op_name, peers, seq, count, unit,
                                          options_.name, shared_->rank, shared_->size);
@@ -301,7 +442,8 @@ class NcclCommunicator : public comm::Communicator {
     e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(done, stream_);
     if (e != cudaSuccess) return fail(Internal("{}: completion event: {}", what, cudaGetErrorString(e)));
-    return std::make_unique<NcclWork>(shared_, done, what, Status::Ok());
+    return std::make_unique<NcclWork>(shared_, done, what, Status::Ok(),
+                                      static_cast<cudaStream_t>(options_.compute_stream));
   }
 
   std::shared_ptr<Shared> shared_;
@@ -310,6 +452,7 @@ class NcclCommunicator : public comm::Communicator {
   float* barrier_buf_ = nullptr;
   uint64_t seq_ = 0;
   std::function<void()> unregister_;
+  std::thread watchdog_;
 };
 
 }  // namespace

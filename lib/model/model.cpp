@@ -406,6 +406,7 @@ void Gpt::BeginStep() {
   if (bf16_written_) std::fill(bf16_made_in_.begin(), bf16_made_in_.end(), step_id_);
   bf16_written_ = false;
   in_step_ = true;
+  tp_drain_ = false;
 }
 void* Gpt::bf16_param_data() const {
   // Under either bf16 plant the optimizer writes no copies: the kept_bf16_stale plant keeps exercising the casts.
@@ -419,8 +420,11 @@ void Gpt::InvalidateBf16Weights() {
   bf16_written_ = false;
   std::fill(bf16_made_in_.begin(), bf16_made_in_.end(), 0);
 }
-void Gpt::EndStep() {
+Status Gpt::EndStep() {
   in_step_ = false;
+  if (!tp_drain_) return Status::Ok();
+  tp_drain_ = false;
+  return comms_.tp->Drain().WithContext("the step's tensor-parallel collectives (waited for on the device)");
 }
 
 Gpt::LayerW Gpt::Layer(int l) const {
@@ -527,7 +531,11 @@ Status Gpt::TpCollectiveReady() {
   return be_->Synchronize().WithContext("waiting for the ops before a tensor-parallel collective");
 }
 Status Gpt::TpWait(comm::Work& work, std::string_view op, std::string_view what, int chunk, int chunks, double posted) {
-  Status s = work.Wait();
+  // In a step, on NCCL: the backend's stream waits for the collective, the host goes on (EndStep drains). A traced
+  // run waits on the host, so that each collective's span ends when it completed.
+  const bool on_device = in_step_ && !span_ && comms_.tp->waits_on_device();
+  tp_drain_ = tp_drain_ || on_device;
+  Status s = on_device ? work.WaitOnDevice() : work.Wait();
   if (span_ || !s.ok()) {
     const std::string name =
         chunks > 1 ? fmt::format("{} {} {}/{}", op, what, chunk + 1, chunks) : fmt::format("{} {}", op, what);

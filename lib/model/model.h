@@ -219,8 +219,12 @@ class Gpt {
   // change except before a layer's first use in the step (its before_layer hook: ZeRO's gathers): on backends
   // that keep bf16 GEMM operands (ops::Backend::keeps_bf16_copies()) each weight is rounded to bf16 once per
   // step, at its first use, instead of at every GEMM. Forwards and backwards outside a step round at every GEMM.
+  // Inside a step the tensor-parallel collectives are waited for on the device where the communicator can
+  // (comm::Communicator::waits_on_device: NCCL; untraced runs): the host queues the next ops without waiting, and
+  // EndStep drains them — it returns their failure (a timeout, a peer's failure) before anything reads the step's
+  // results. Outside a step (evaluation, tests) the host waits for each.
   void BeginStep();
-  void EndStep();
+  Status EndStep();
   // The bf16 weight copies may instead be written by the optimizer step before BeginStep, with the update
   // (ops::AdamWTensor::p16, optim::SegmentData::param16): keeps_bf16_weights() says whether the model keeps them;
   // bf16_param_data() is where (bf16 at the parameters' offsets in param_data(); null where none are kept).
@@ -481,6 +485,7 @@ class Gpt {
   std::vector<uint64_t> bf16_made_in_;
   uint64_t step_id_ = 0;
   bool in_step_ = false;
+  bool tp_drain_ = false;              // a tensor-parallel collective was waited on the device since BeginStep
   bool plant_stale_bf16_ = false;      // test hook MEGASCALE_PLANT=kept_bf16_stale
   bool plant_unwritten_bf16_ = false;  // test hook MEGASCALE_PLANT=optimizer_bf16_unwritten
   bool bf16_written_ = false;          // Bf16WeightsWritten() since the last BeginStep

@@ -291,12 +291,28 @@ Status DataParallel::Launch(Bucket& b) {
   return Status::Ok();
 }
 
-Status DataParallel::WaitBucket(Bucket& b) {
-  if (!b.work) return Status::Ok();
+Status DataParallel::WaitWork(Bucket& b, bool on_device) {
   const double t0 = NowSeconds();
-  Status s = b.work->Wait();
+  const bool dev = on_device && options_.device_waits && dp_->waits_on_device();
+  Status s = dev ? b.work->WaitOnDevice() : b.work->Wait();
+  drain_ = drain_ || dev;
   stats_.dp_wait_s += NowSeconds() - t0;
   b.work.reset();
+  return s;
+}
+
+Status DataParallel::Drain() {
+  if (!drain_) return Status::Ok();
+  drain_ = false;
+  const double t0 = NowSeconds();
+  Status s = dp_->Drain();
+  stats_.dp_wait_s += NowSeconds() - t0;
+  return s.WithContext("the step's data-parallel collectives (waited for on the device)");
+}
+
+Status DataParallel::WaitBucket(Bucket& b) {
+  if (!b.work) return Status::Ok();
+  Status s = WaitWork(b, /*on_device=*/true);
   if (options_.on_comm_span) {
     options_.on_comm_span(fmt::format("{} bucket {}", options_.zero ? "reduce-scatter" : "all-reduce", b.index),
                           b.launched_at, NowSeconds());
@@ -366,17 +382,13 @@ Status DataParallel::FinishBackward() {
     MS_RETURN_IF_ERROR(Launch(b));
     if (options_.zero == 2) {
       // Deferred buckets accumulated the full gradient over the micro-batches: take it as is.
-      const double t0 = NowSeconds();
-      Status s = b.work->Wait();
-      stats_.dp_wait_s += NowSeconds() - t0;
-      b.work.reset();
-      MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
+      MS_RETURN_IF_ERROR_CTX(WaitWork(b, /*on_device=*/true), "data-parallel gradient reduction");
       MS_RETURN_IF_ERROR(be_->Copy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk));
     } else {
       MS_RETURN_IF_ERROR(WaitBucket(b));
     }
   }
-  return Status::Ok();
+  return Drain();  // before the optimizer reads the gradients: a collective that failed on the device says so here
 }
 
 Status DataParallel::StartParamGather() {
@@ -397,12 +409,9 @@ Status DataParallel::StartParamGather() {
   return Status::Ok();
 }
 
-Status DataParallel::WaitGather(Bucket& b) {
+Status DataParallel::WaitGather(Bucket& b, bool on_device) {
   if (!b.gather_pending) return Status::Ok();
-  const double t0 = NowSeconds();
-  Status s = b.work->Wait();
-  stats_.dp_wait_s += NowSeconds() - t0;
-  b.work.reset();
+  Status s = WaitWork(b, on_device);
   b.gather_pending = false;
   if (options_.on_comm_span)
     options_.on_comm_span(fmt::format("all-gather bucket {}", b.index), b.launched_at, NowSeconds());
@@ -412,13 +421,13 @@ Status DataParallel::WaitGather(Bucket& b) {
 
 Status DataParallel::WaitParams(int layer) {
   if (layer + 1 < 0 || layer + 1 >= static_cast<int>(layer_buckets_.size())) return Status::Ok();
-  for (int bi : layer_buckets_[layer + 1]) MS_RETURN_IF_ERROR(WaitGather(buckets_[bi]));
+  for (int bi : layer_buckets_[layer + 1]) MS_RETURN_IF_ERROR(WaitGather(buckets_[bi], /*on_device=*/true));
   return Status::Ok();
 }
 
 Status DataParallel::WaitAllParams() {
-  for (auto& b : buckets_) MS_RETURN_IF_ERROR(WaitGather(b));
-  return Status::Ok();
+  for (auto& b : buckets_) MS_RETURN_IF_ERROR(WaitGather(b, /*on_device=*/false));
+  return Drain();
 }
 
 }  // namespace ms::parallel

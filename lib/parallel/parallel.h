@@ -76,12 +76,16 @@ struct DataParallelOptions {
   int zero = 0;                     // 0, 1, 2
   int64_t bucket_floats = 1 << 20;  // ~4 MB buckets
   bool overlap = true;              // false: every reduction waited at once (for measurements)
+  // Where the communicator can (comm::Communicator::waits_on_device: NCCL), the training step's collectives are
+  // waited for on the device — the backend's stream waits, the host goes on queueing — and FinishBackward drains
+  // them. False (a traced run: its spans end when the host saw each collective complete): the host waits for each.
+  bool device_waits = true;
   // Called when a collective completes: (what, launch time, time its wait returned), NowSeconds().
   std::function<void(const std::string&, double, double)> on_comm_span;
 };
 
 struct CommStats {
-  double dp_wait_s = 0;     // time the training thread blocked on data-parallel collectives
+  double dp_wait_s = 0;     // time the training thread blocked on data-parallel collectives (device waits: the drain)
   int64_t dp_launched = 0;  // collectives launched
   int64_t dp_launched_during_backward = 0;
 };
@@ -112,9 +116,10 @@ class DataParallel {
   void OptimizerStepped();
   // After the optimizer step: starts the all-gathers of updated parameters (zero >= 1).
   Status StartParamGather();
-  // Before forward uses `layer`'s parameters (-1 embeddings, L head): waits for its all-gather.
+  // Before forward uses `layer`'s parameters (-1 embeddings, L head): waits for its all-gather (on the device
+  // where DataParallelOptions::device_waits allows; FinishBackward drains).
   Status WaitParams(int layer);
-  // Waits for every outstanding all-gather (before evaluation or checkpoints).
+  // Waits for every outstanding all-gather on the host (before evaluation or checkpoints).
   Status WaitAllParams();
 
   const CommStats& stats() const { return stats_; }
@@ -140,7 +145,10 @@ class DataParallel {
   Status ReadyFor(comm::Communicator& c);
   Status Launch(Bucket& b);
   Status WaitBucket(Bucket& b);
-  Status WaitGather(Bucket& b);
+  Status WaitGather(Bucket& b, bool on_device);
+  // Waits for b.work: on the device where DataParallelOptions::device_waits allows and `on_device`, else on the host.
+  Status WaitWork(Bucket& b, bool on_device);
+  Status Drain();
 
   model::Gpt* gpt_ = nullptr;
   ops::Backend* be_ = nullptr;  // the model's
@@ -153,6 +161,7 @@ class DataParallel {
   std::vector<optim::Segment> segments_;
   std::vector<std::pair<int, int64_t>> segment_home_;  // (bucket, offset in its shard) or (-1, -1) for flat
   bool in_backward_ = false;
+  bool drain_ = false;  // a collective was waited for on the device since the last Drain
   Status pending_error_;
   CommStats stats_;
 };

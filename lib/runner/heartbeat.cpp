@@ -166,6 +166,14 @@ class TrackedComm final : public comm::Communicator {
   }
   bool p2p_in_order() const override { return inner_->p2p_in_order(); }
   bool orders_after_compute() const override { return inner_->orders_after_compute(); }
+  bool waits_on_device() const override { return inner_->waits_on_device(); }
+  Status Drain() override {  // the host waits here for what it waited for on the device
+    WaitClock clock;
+    board_->EnterWait(group_, "the step's device-waited collectives");
+    Status s = inner_->Drain();
+    board_->LeaveWait();
+    return s;
+  }
   Status Barrier() override {
     WaitClock clock;
     board_->EnterWait(group_, "barrier");
@@ -185,6 +193,10 @@ class TrackedComm final : public comm::Communicator {
       Status s = w_->Wait();
       board_->LeaveWait();
       return s;
+    }
+    Status WaitOnDevice() override {  // the host does not wait (where the communicator can): no wait to show
+      WaitClock clock;
+      return w_->WaitOnDevice();
     }
 
    private:

@@ -56,8 +56,10 @@ Status FetchBatch(const data::Sampler& sampler, bool train, int64_t first, int c
 // each action the rank issues, one group per round (GroupP2p: ncclGroupStart/End), the sends and receives of
 // every message sent in the rounds up to its next action, in the plan's order; receives are taken from those
 // groups. With a communicator that orders itself after the compute stream (orders_after_compute) no host
-// synchronization precedes a send or a receive. Test hook: MEGASCALE_PP_P2P=ungrouped keeps the Gloo order on
-// such a communicator (what the emulated NCCL test shows deadlocking).
+// synchronization precedes a send or a receive; in a training step none follows one either where the communicator
+// waits on the device (waits_on_device: the compute stream waits for the completion event; WaitAll drains). Test hook:
+// MEGASCALE_PP_P2P=ungrouped keeps the Gloo order on such a communicator (what the emulated NCCL test shows
+// deadlocking).
 class PipeComm {
  public:
   // Receive buffers are memory of the backend's device (the pipeline communicator moves device buffers).
@@ -66,12 +68,15 @@ class PipeComm {
     const char* hook = std::getenv("MEGASCALE_PP_P2P");
     in_order_ = pp && pp->p2p_in_order() && !(hook && std::string_view(hook) == "ungrouped");
     device_ordered_ = pp && pp->orders_after_compute();
+    device_waits_ = pp && pp->waits_on_device() && !trace;  // a trace's spans end when the host saw completion
   }
   // Whether the plan drives the traffic (and receives are not posted ahead by the caller).
   bool in_order() const { return in_order_; }
   void SetPlan(parallel::P2pPlan plan) { plan_ = std::move(plan); }
-  // Before the step's first action: the groups of the rounds before it.
+  // Before the step's first action: the groups of the rounds before it. Until WaitAll, receives and sends are
+  // waited for on the device where the communicator can (comm::Work::WaitOnDevice), and WaitAll drains them.
   Status BeginStep() {
+    in_step_ = true;
     if (!in_order_ || plan_.action_round.empty()) return Status::Ok();
     return IssueRounds(0, plan_.action_round[0]);
   }
@@ -102,7 +107,7 @@ class PipeComm {
     MS_RETURN_IF_ERROR(PostRecv(peer, tag));
     auto& r = recvs_[tag];
     const double t0 = NowSeconds();
-    Status s = r.work->Wait();
+    Status s = WaitFor(*r.work);
     wait_s_ += NowSeconds() - t0;
     if (trace_) trace_->Span(fmt::format("recv tag {}", tag), "pp", r.posted, NowSeconds());
     MS_RETURN_IF_ERROR_CTX(s, "pipeline receive from rank {} (tag {})", peer, tag);
@@ -141,7 +146,13 @@ class PipeComm {
       for (auto& s : v) MS_RETURN_IF_ERROR(Finish(s));
     }
     sends_.clear();
-    return Status::Ok();
+    in_step_ = false;
+    if (!drain_) return Status::Ok();
+    drain_ = false;
+    const double t0 = NowSeconds();
+    Status s = pp_->Drain();
+    wait_s_ += NowSeconds() - t0;
+    return s.WithContext("the step's pipeline sends and receives (waited for on the device)");
   }
   double wait_s() const { return wait_s_; }
   void reset_wait() { wait_s_ = 0; }
@@ -198,9 +209,14 @@ class PipeComm {
     }
     return Status::Ok();
   }
+  Status WaitFor(comm::Work& w) {
+    const bool on_device = in_step_ && device_waits_;
+    drain_ = drain_ || on_device;
+    return on_device ? w.WaitOnDevice() : w.Wait();
+  }
   Status Finish(Pending& s) {
     const double t0 = NowSeconds();
-    Status st = s.work->Wait();
+    Status st = WaitFor(*s.work);
     wait_s_ += NowSeconds() - t0;
     if (trace_) trace_->Span(fmt::format("send tag {}", s.tag), "pp", s.posted, NowSeconds());
     return st.WithContext(fmt::format("pipeline send (tag {})", s.tag));
@@ -211,6 +227,9 @@ class PipeComm {
   metrics::Trace* trace_;
   bool in_order_ = false;
   bool device_ordered_ = false;
+  bool device_waits_ = false;
+  bool in_step_ = false;  // between BeginStep and WaitAll
+  bool drain_ = false;    // something was waited for on the device since BeginStep
   std::map<int, PendingRecv> recvs_;
   std::map<std::pair<int, int>, std::vector<Pending>> sends_;
   std::optional<PendingSend> pending_;
@@ -219,7 +238,8 @@ class PipeComm {
   double wait_s_ = 0;
 };
 
-// A comm wrapper that times blocking waits (tensor-parallel collectives are waited at once).
+// A comm wrapper that times blocking waits (tensor-parallel collectives are waited at once; on NCCL in a training
+// step on the device, and the host's wait is the step's Drain).
 class TimedComm : public comm::Communicator {
  public:
   explicit TimedComm(comm::Communicator* inner) : inner_(inner) {}
@@ -262,6 +282,10 @@ class TimedComm : public comm::Communicator {
   }
   bool p2p_in_order() const override { return inner_->p2p_in_order(); }
   bool orders_after_compute() const override { return inner_->orders_after_compute(); }
+  bool waits_on_device() const override { return inner_->waits_on_device(); }
+  Status Drain() override {
+    return TimedCall(&wait_s_, [&] { return inner_->Drain(); });
+  }
   Status Barrier() override { return inner_->Barrier(); }
   double wait_s() const { return wait_s_; }
   void reset() { wait_s_ = 0; }
@@ -271,16 +295,23 @@ class TimedComm : public comm::Communicator {
    public:
     TimedWork(std::unique_ptr<comm::Work> w, double* acc) : w_(std::move(w)), acc_(acc) {}
     Status Wait() override {
-      const double t0 = NowSeconds();
-      Status s = w_->Wait();
-      *acc_ += NowSeconds() - t0;
-      return s;
+      return TimedCall(acc_, [&] { return w_->Wait(); });
+    }
+    Status WaitOnDevice() override {
+      return TimedCall(acc_, [&] { return w_->WaitOnDevice(); });
     }
 
    private:
     std::unique_ptr<comm::Work> w_;
     double* acc_;
   };
+  template <typename F>
+  static Status TimedCall(double* acc, F&& f) {
+    const double t0 = NowSeconds();
+    Status s = f();
+    *acc += NowSeconds() - t0;
+    return s;
+  }
   std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w) {
     return std::make_unique<TimedWork>(std::move(w), &wait_s_);
   }
@@ -432,6 +463,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   dpo.zero = par.zero;
   dpo.bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(par.bucket_mb * 1e6 / sizeof(float)));
   dpo.overlap = par.overlap;
+  dpo.device_waits = !spec.log.trace;  // a trace's spans end when the host saw each collective complete
   dpo.on_comm_span = [&trace](const std::string& what, double t0, double t1) { trace.Span(what, "dp", t0, t1); };
   MS_ASSIGN_OR_RETURN(auto dpe, parallel::DataParallel::Create(gpt.get(), rt.dp.get(), rt.embedding.get(), dpo));
   MS_ASSIGN_OR_RETURN(auto opt, optim::Optimizer::Create(spec.optimizer, gpt->params(), dpe->segments(),
@@ -716,7 +748,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
       MS_RETURN_IF_ERROR(pipe.EndAction(ai));
     }
     MS_RETURN_IF_ERROR(pipe.WaitAll());
-    gpt->EndStep();
+    MS_RETURN_IF_ERROR(gpt->EndStep());
     if (head_rank) {
       // Each micro-batch's mean, in the order the head ran them (the sum of the undeferred losses, bit for bit).
       // A non-finite loss is handled once the ranks have agreed on it (fault.nan_policy).

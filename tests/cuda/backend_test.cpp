@@ -1677,7 +1677,7 @@ TEST_CASE("cuda backend (emulated): the optimizer writes the bf16 weight copies 
       auto loss = g.Forward(inputs.data(), targets.data());
       REQUIRE_MESSAGE(loss.ok(), loss.status().ToString());
       REQUIRE(g.Backward(0.1f).ok());
-      g.EndStep();
+      REQUIRE(g.EndStep().ok());
       const auto n = static_cast<size_t>(g.num_params());
       Out out{*loss, p.Get(*p.gpu, g.grad_data(), n), {}};
       auto data = optim::WholeTensorData(params, g.param_data(), g.grad_data());

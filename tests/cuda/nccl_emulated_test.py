@@ -17,9 +17,16 @@ the CPU backend's losses:
               MEGASCALE_PP_P2P=ungrouped) deadlocks on NCCL semantics; the watchdog ends the job within the
               timeout, naming the group, the operation and the peer;
   stuck peer  an injected stuck rank (MS_SIM_NCCL_STALL) ends the job within the timeout, naming group, op, peer;
+              on tp 2, where a training step's collectives are waited for on the device (the host does not wait:
+              the communicator's watchdog thread finds the timeout and aborts), the same;
   planted     with the communicator's wait for the compute stream removed (MEGASCALE_PLANT=nccl_no_compute_wait)
               the deferred streams make pp, dp and tp communicate stale buffers: the losses or the grad norms
-              must differ.
+              must differ; with the compute stream's wait for a tensor-parallel collective removed
+              (MEGASCALE_PLANT=nccl_no_device_wait: Work::WaitOnDevice orders nothing) the layers read their sums
+              before NCCL wrote them: tp 2 and tp 2 with sequence parallelism, chunked, must differ; so must pp 2
+              (a stage computes on its receive buffer before the activations or gradients arrived), and
+              dp 2 with ZeRO-1 (the forward copies the parameters before their all-gather wrote them) and ZeRO-2
+              (each micro-batch's reduce-scatter added to the shard before it completed).
 
 Usage: nccl_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--quick] [--gpu]
   --gpu: MEGASCALE_EMU is a megascale built with nvcc and the layouts (and tp 2's bf16 sums) run on real GPUs and
@@ -325,9 +332,22 @@ if not QUICK:
                      # Whichever rank's watchdog fires first ends the job: the waiting rank 0 names peer 1, the
                      # stalled rank 1 (its own operation times out too; seen on a loaded machine) names peer 0.
                      ["no completion after 3.0 s", ("all-reduce (peers 1)", "all-reduce (peers 0)"), "nccl-dp[0]"]))
+    # The tensor-parallel collectives of a training step are waited for on the device: a stuck peer is found by
+    # the communicator's watchdog thread (the host is not waiting in it), which aborts the communicator; the step's
+    # drain (or the next collective) reports it.
+    report("watchdog-stuck-peer-tp-device-waits",
+           must_fail("stuck-tp", "{tp: 2}", {"MS_SIM_NCCL_STALL": "1:3"},
+                     ["no completion after 3.0 s", "nccl-tp[0]", "aborted after an earlier failure",
+                      "runtime.collective_timeout_s"]))
     PLANTED = {"MS_SIM_STREAMS": "deferred", "MEGASCALE_PLANT": "nccl_no_compute_wait"}
     for name, par in [("pp2", "{pp: 2, micro_batches: 4}"), ("dp2", "{dp: 2}"), ("tp2", "{tp: 2}")]:
         report(f"planted-missing-event-wait-caught-{name}",
                compare(f"planted-{name}", par, env=PLANTED, expect_differ=True))
+    PLANTED_DEVICE = {"MS_SIM_STREAMS": "deferred", "MEGASCALE_PLANT": "nccl_no_device_wait"}
+    for name, par in [("tp2", "{tp: 2}"), ("tp2-sp-chunks", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2}"),
+                      ("pp2", "{pp: 2, micro_batches: 4}"),
+                      ("dp2-zero1", "{dp: 2, zero: 1}"), ("dp2-zero2", "{dp: 2, zero: 2, micro_batches: 2}")]:
+        report(f"planted-missing-device-wait-caught-{name}",
+               compare(f"planted-device-{name}", par, env=PLANTED_DEVICE, expect_differ=True))
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)
