@@ -368,6 +368,7 @@ Status DataParallel::FinishBackward() {
     if (!b.tied) MS_RETURN_IF_ERROR(WaitBucket(b));
   }
   in_backward_ = false;
+  bool drain_embedding = false;
   for (auto& b : buckets_) {
     if (!b.tied) continue;
     const auto& params = gpt_->params();
@@ -375,7 +376,11 @@ Status DataParallel::FinishBackward() {
     if (is_wte) {
       MS_RETURN_IF_ERROR(ReadyFor(*embedding_));
       const double t0 = NowSeconds();
-      Status s = embedding_->AllReduce(gpt_->grad_data() + b.start, b.end - b.start, comm::ReduceOp::kSum)->Wait();
+      auto work = embedding_->AllReduce(gpt_->grad_data() + b.start, b.end - b.start, comm::ReduceOp::kSum);
+      // On the device where it can (the data-parallel reduction below is ordered after it there), drained below.
+      const bool dev = options_.device_waits && embedding_->waits_on_device();
+      Status s = dev ? work->WaitOnDevice() : work->Wait();
+      drain_embedding = drain_embedding || dev;
       stats_.dp_wait_s += NowSeconds() - t0;
       MS_RETURN_IF_ERROR_CTX(s, "embedding-group all-reduce of the tied wte gradient");
     }
@@ -388,7 +393,14 @@ Status DataParallel::FinishBackward() {
       MS_RETURN_IF_ERROR(WaitBucket(b));
     }
   }
-  return Drain();  // before the optimizer reads the gradients: a collective that failed on the device says so here
+  // Before the optimizer reads the gradients: a collective that failed on the device says so here.
+  if (drain_embedding) {
+    const double t0 = NowSeconds();
+    Status s = embedding_->Drain();
+    stats_.dp_wait_s += NowSeconds() - t0;
+    MS_RETURN_IF_ERROR_CTX(s, "the embedding group's all-reduce of the tied wte gradient (waited for on the device)");
+  }
+  return Drain();
 }
 
 Status DataParallel::StartParamGather() {
