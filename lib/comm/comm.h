@@ -169,6 +169,70 @@ class Communicator {
   virtual Status Barrier() = 0;
 };
 
+// A communicator that forwards every call to another (not owned), passing each operation's Work through Wrap: the
+// base of the wrappers that time, track or count waits. `call_start` (NowSeconds()) is when the forwarded call began,
+// `op` names the operation ("all-reduce", "send", ...).
+class ForwardingCommunicator : public Communicator {
+ public:
+  explicit ForwardingCommunicator(Communicator* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  std::unique_ptr<Work> AllReduce(float* d, int64_t n, ReduceOp op) override {
+    return Fwd("all-reduce", [&] { return inner_->AllReduce(d, n, op); });
+  }
+  std::unique_ptr<Work> AllReduce(double* d, int64_t n, ReduceOp op) override {
+    return Fwd("all-reduce", [&] { return inner_->AllReduce(d, n, op); });
+  }
+  std::unique_ptr<Work> AllReduce(int64_t* d, int64_t n, ReduceOp op) override {
+    return Fwd("all-reduce", [&] { return inner_->AllReduce(d, n, op); });
+  }
+  std::unique_ptr<Work> ReduceScatter(const float* in, float* out, int64_t n) override {
+    return Fwd("reduce-scatter", [&] { return inner_->ReduceScatter(in, out, n); });
+  }
+  std::unique_ptr<Work> AllGather(const float* in, float* out, int64_t n) override {
+    return Fwd("all-gather", [&] { return inner_->AllGather(in, out, n); });
+  }
+  std::unique_ptr<Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    return Fwd("all-gather", [&] { return inner_->AllGather16(in, out, n); });
+  }
+  std::unique_ptr<Work> AllReduce16(uint16_t* d, int64_t n) override {
+    return Fwd("all-reduce", [&] { return inner_->AllReduce16(d, n); });
+  }
+  std::unique_ptr<Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t n) override {
+    return Fwd("reduce-scatter", [&] { return inner_->ReduceScatter16(in, out, n); });
+  }
+  std::unique_ptr<Work> Broadcast(float* d, int64_t n, int root) override {
+    return Fwd("broadcast", [&] { return inner_->Broadcast(d, n, root); });
+  }
+  std::unique_ptr<Work> Send(const float* d, int64_t n, int peer, int tag) override {
+    return Fwd("send", [&] { return inner_->Send(d, n, peer, tag); });
+  }
+  std::unique_ptr<Work> Recv(float* d, int64_t n, int peer, int tag) override {
+    return Fwd("recv", [&] { return inner_->Recv(d, n, peer, tag); });
+  }
+  std::unique_ptr<Work> GroupP2p(const std::vector<P2pOp>& ops) override {
+    return Fwd("send/recv", [&] { return inner_->GroupP2p(ops); });
+  }
+  bool p2p_in_order() const override { return inner_->p2p_in_order(); }
+  bool orders_after_compute() const override { return inner_->orders_after_compute(); }
+  bool waits_on_device() const override { return inner_->waits_on_device(); }
+  Status Drain() override { return inner_->Drain(); }
+  Status Barrier() override { return inner_->Barrier(); }
+
+ protected:
+  virtual std::unique_ptr<Work> Wrap(std::unique_ptr<Work> w, const char* op, double call_start) = 0;
+  Communicator& inner() const { return *inner_; }
+
+ private:
+  template <typename F>
+  std::unique_ptr<Work> Fwd(const char* op, F&& call) {
+    const double t0 = NowSeconds();
+    return Wrap(call(), op, t0);
+  }
+  Communicator* inner_;
+};
+
 // A group of one rank (the 1x1x1 layout, or any group of size 1 in a larger layout).
 std::unique_ptr<Communicator> MakeSelfCommunicator();
 

@@ -109,90 +109,32 @@ struct WaitClock {
   ~WaitClock() { tl_waited_s += NowSeconds() - t0; }
 };
 
-class TrackedComm final : public comm::Communicator {
+class TrackedComm final : public comm::ForwardingCommunicator {
  public:
   TrackedComm(std::unique_ptr<comm::Communicator> inner, ProgressBoard* board, int group)
-      : inner_(std::move(inner)), board_(board), group_(group) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string name() const override { return inner_->name(); }
-  std::unique_ptr<comm::Work> AllReduce(float* d, int64_t n, comm::ReduceOp op) override {
-    WaitClock clock;
-    return Wrap(inner_->AllReduce(d, n, op), "all-reduce");
-  }
-  std::unique_ptr<comm::Work> AllReduce(double* d, int64_t n, comm::ReduceOp op) override {
-    WaitClock clock;
-    return Wrap(inner_->AllReduce(d, n, op), "all-reduce");
-  }
-  std::unique_ptr<comm::Work> AllReduce(int64_t* d, int64_t n, comm::ReduceOp op) override {
-    WaitClock clock;
-    return Wrap(inner_->AllReduce(d, n, op), "all-reduce");
-  }
-  std::unique_ptr<comm::Work> ReduceScatter(const float* in, float* out, int64_t n) override {
-    WaitClock clock;
-    return Wrap(inner_->ReduceScatter(in, out, n), "reduce-scatter");
-  }
-  std::unique_ptr<comm::Work> AllGather(const float* in, float* out, int64_t n) override {
-    WaitClock clock;
-    return Wrap(inner_->AllGather(in, out, n), "all-gather");
-  }
-  std::unique_ptr<comm::Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
-    WaitClock clock;
-    return Wrap(inner_->AllGather16(in, out, n), "all-gather");
-  }
-  std::unique_ptr<comm::Work> AllReduce16(uint16_t* d, int64_t n) override {
-    WaitClock clock;
-    return Wrap(inner_->AllReduce16(d, n), "all-reduce");
-  }
-  std::unique_ptr<comm::Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t n) override {
-    WaitClock clock;
-    return Wrap(inner_->ReduceScatter16(in, out, n), "reduce-scatter");
-  }
-  std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
-    WaitClock clock;
-    return Wrap(inner_->Broadcast(d, n, root), "broadcast");
-  }
-  std::unique_ptr<comm::Work> Send(const float* d, int64_t n, int peer, int tag) override {
-    WaitClock clock;
-    return Wrap(inner_->Send(d, n, peer, tag), "send");
-  }
-  std::unique_ptr<comm::Work> Recv(float* d, int64_t n, int peer, int tag) override {
-    WaitClock clock;
-    return Wrap(inner_->Recv(d, n, peer, tag), "recv");
-  }
-  std::unique_ptr<comm::Work> GroupP2p(const std::vector<comm::P2pOp>& ops) override {
-    WaitClock clock;
-    return Wrap(inner_->GroupP2p(ops), "send/recv");
-  }
-  bool p2p_in_order() const override { return inner_->p2p_in_order(); }
-  bool orders_after_compute() const override { return inner_->orders_after_compute(); }
-  bool waits_on_device() const override { return inner_->waits_on_device(); }
+      : ForwardingCommunicator(inner.get()), owned_(std::move(inner)), board_(board), group_(group) {}
   Status Drain() override {  // the host waits here for what it waited for on the device
-    WaitClock clock;
-    board_->EnterWait(group_, "the step's device-waited collectives");
-    Status s = inner_->Drain();
-    board_->LeaveWait();
-    return s;
+    return Tracked(board_, group_, "the step's device-waited collectives", [&] { return inner().Drain(); });
   }
   Status Barrier() override {
-    WaitClock clock;
-    board_->EnterWait(group_, "barrier");
-    Status s = inner_->Barrier();
-    board_->LeaveWait();
-    return s;
+    return Tracked(board_, group_, "barrier", [&] { return inner().Barrier(); });
   }
 
  private:
+  template <typename F>
+  static Status Tracked(ProgressBoard* board, int group, const char* op, F&& wait) {
+    WaitClock clock;
+    board->EnterWait(group, op);
+    Status s = wait();
+    board->LeaveWait();
+    return s;
+  }
   class TrackedWork final : public comm::Work {
    public:
     TrackedWork(std::unique_ptr<comm::Work> w, ProgressBoard* board, int group, const char* op)
         : w_(std::move(w)), board_(board), group_(group), op_(op) {}
     Status Wait() override {
-      WaitClock clock;
-      board_->EnterWait(group_, op_);
-      Status s = w_->Wait();
-      board_->LeaveWait();
-      return s;
+      return Tracked(board_, group_, op_, [&] { return w_->Wait(); });
     }
     Status WaitOnDevice() override {  // the host does not wait (where the communicator can): no wait to show
       WaitClock clock;
@@ -205,10 +147,12 @@ class TrackedComm final : public comm::Communicator {
     int group_;
     const char* op_;
   };
-  std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w, const char* op) {
+  // The call itself counts as waited (a Gloo collective may block in it).
+  std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w, const char* op, double call_start) override {
+    tl_waited_s += NowSeconds() - call_start;
     return std::make_unique<TrackedWork>(std::move(w), board_, group_, op);
   }
-  std::unique_ptr<comm::Communicator> inner_;
+  std::unique_ptr<comm::Communicator> owned_;
   ProgressBoard* board_;
   int group_;
 };

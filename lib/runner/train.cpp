@@ -240,57 +240,23 @@ class PipeComm {
 
 // A comm wrapper that times blocking waits (tensor-parallel collectives are waited at once; on NCCL in a training
 // step on the device, and the host's wait is the step's Drain).
-class TimedComm : public comm::Communicator {
+class TimedComm : public comm::ForwardingCommunicator {
  public:
-  explicit TimedComm(comm::Communicator* inner) : inner_(inner) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string name() const override { return inner_->name(); }
-  std::unique_ptr<comm::Work> AllReduce(float* d, int64_t n, comm::ReduceOp op) override {
-    return Wrap(inner_->AllReduce(d, n, op));
-  }
-  std::unique_ptr<comm::Work> AllReduce(double* d, int64_t n, comm::ReduceOp op) override {
-    return Wrap(inner_->AllReduce(d, n, op));
-  }
-  std::unique_ptr<comm::Work> AllReduce(int64_t* d, int64_t n, comm::ReduceOp op) override {
-    return Wrap(inner_->AllReduce(d, n, op));
-  }
-  std::unique_ptr<comm::Work> ReduceScatter(const float* in, float* out, int64_t n) override {
-    return Wrap(inner_->ReduceScatter(in, out, n));
-  }
-  std::unique_ptr<comm::Work> AllGather(const float* in, float* out, int64_t n) override {
-    return Wrap(inner_->AllGather(in, out, n));
-  }
-  std::unique_ptr<comm::Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
-    return Wrap(inner_->AllGather16(in, out, n));
-  }
-  std::unique_ptr<comm::Work> AllReduce16(uint16_t* d, int64_t n) override { return Wrap(inner_->AllReduce16(d, n)); }
-  std::unique_ptr<comm::Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t n) override {
-    return Wrap(inner_->ReduceScatter16(in, out, n));
-  }
-  std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
-    return Wrap(inner_->Broadcast(d, n, root));
-  }
-  std::unique_ptr<comm::Work> Send(const float* d, int64_t n, int peer, int tag) override {
-    return Wrap(inner_->Send(d, n, peer, tag));
-  }
-  std::unique_ptr<comm::Work> Recv(float* d, int64_t n, int peer, int tag) override {
-    return Wrap(inner_->Recv(d, n, peer, tag));
-  }
-  std::unique_ptr<comm::Work> GroupP2p(const std::vector<comm::P2pOp>& ops) override {
-    return Wrap(inner_->GroupP2p(ops));
-  }
-  bool p2p_in_order() const override { return inner_->p2p_in_order(); }
-  bool orders_after_compute() const override { return inner_->orders_after_compute(); }
-  bool waits_on_device() const override { return inner_->waits_on_device(); }
+  explicit TimedComm(comm::Communicator* inner) : ForwardingCommunicator(inner) {}
   Status Drain() override {
-    return TimedCall(&wait_s_, [&] { return inner_->Drain(); });
+    return TimedCall(&wait_s_, [&] { return inner().Drain(); });
   }
-  Status Barrier() override { return inner_->Barrier(); }
   double wait_s() const { return wait_s_; }
   void reset() { wait_s_ = 0; }
 
  private:
+  template <typename F>
+  static Status TimedCall(double* acc, F&& f) {
+    const double t0 = NowSeconds();
+    Status s = f();
+    *acc += NowSeconds() - t0;
+    return s;
+  }
   class TimedWork : public comm::Work {
    public:
     TimedWork(std::unique_ptr<comm::Work> w, double* acc) : w_(std::move(w)), acc_(acc) {}
@@ -305,17 +271,9 @@ class TimedComm : public comm::Communicator {
     std::unique_ptr<comm::Work> w_;
     double* acc_;
   };
-  template <typename F>
-  static Status TimedCall(double* acc, F&& f) {
-    const double t0 = NowSeconds();
-    Status s = f();
-    *acc += NowSeconds() - t0;
-    return s;
-  }
-  std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w) {
+  std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w, const char*, double) override {
     return std::make_unique<TimedWork>(std::move(w), &wait_s_);
   }
-  comm::Communicator* inner_;
   double wait_s_ = 0;
 };
 

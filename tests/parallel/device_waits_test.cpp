@@ -19,43 +19,15 @@ struct Counts {
   int host_waits = 0, device_waits = 0, drains = 0;
 };
 
-// A group of one (the self communicator) that claims device waits and counts them.
-class CountingComm : public comm::Communicator {
+// Forwards to another communicator (here a group of one), claims device waits and counts them.
+class CountingComm : public comm::ForwardingCommunicator {
  public:
-  explicit CountingComm(Counts* counts) : inner_(comm::MakeSelfCommunicator()), counts_(counts) {}
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::unique_ptr<comm::Work> AllReduce(float* d, int64_t n, comm::ReduceOp op) override {
-    return Wrap(inner_->AllReduce(d, n, op));
-  }
-  std::unique_ptr<comm::Work> ReduceScatter(const float* in, float* out, int64_t n) override {
-    return Wrap(inner_->ReduceScatter(in, out, n));
-  }
-  std::unique_ptr<comm::Work> AllGather(const float* in, float* out, int64_t n) override {
-    return Wrap(inner_->AllGather(in, out, n));
-  }
-  std::unique_ptr<comm::Work> AllGather16(const uint16_t* in, uint16_t* out, int64_t n) override {
-    return Wrap(inner_->AllGather16(in, out, n));
-  }
-  std::unique_ptr<comm::Work> AllReduce16(uint16_t* d, int64_t n) override { return Wrap(inner_->AllReduce16(d, n)); }
-  std::unique_ptr<comm::Work> ReduceScatter16(const uint16_t* in, uint16_t* out, int64_t n) override {
-    return Wrap(inner_->ReduceScatter16(in, out, n));
-  }
-  std::unique_ptr<comm::Work> Broadcast(float* d, int64_t n, int root) override {
-    return Wrap(inner_->Broadcast(d, n, root));
-  }
-  std::unique_ptr<comm::Work> Send(const float* d, int64_t n, int peer, int tag) override {
-    return Wrap(inner_->Send(d, n, peer, tag));
-  }
-  std::unique_ptr<comm::Work> Recv(float* d, int64_t n, int peer, int tag) override {
-    return Wrap(inner_->Recv(d, n, peer, tag));
-  }
+  CountingComm(comm::Communicator* inner, Counts* counts) : ForwardingCommunicator(inner), counts_(counts) {}
   bool waits_on_device() const override { return true; }
   Status Drain() override {
     ++counts_->drains;
     return drain_status;
   }
-  Status Barrier() override { return inner_->Barrier(); }
 
   Status drain_status;  // what Drain returns
 
@@ -76,10 +48,9 @@ class CountingComm : public comm::Communicator {
     std::unique_ptr<comm::Work> w_;
     Counts* c_;
   };
-  std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w) {
+  std::unique_ptr<comm::Work> Wrap(std::unique_ptr<comm::Work> w, const char*, double) override {
     return std::make_unique<CountingWork>(std::move(w), counts_);
   }
-  std::unique_ptr<comm::Communicator> inner_;
   Counts* counts_;
 };
 
@@ -123,7 +94,8 @@ TEST_CASE("data-parallel waits: on the device where the communicator can, draine
       auto gpt = model::Gpt::Create(m, {}, 2, 3, dev.get());
       REQUIRE(gpt.ok());
       Counts counts;
-      CountingComm dp(&counts);
+      auto self = comm::MakeSelfCommunicator();
+      CountingComm dp(self.get(), &counts);
       DataParallelOptions o;
       o.zero = zero;
       o.bucket_floats = 200;  // several buckets
