@@ -1,0 +1,166 @@
+// The NCCL communicator's device waits (lib/cuda/nccl_comm.cpp: Work::WaitOnDevice, the watchdog thread, Drain) on
+// the emulated NCCL, two ranks as two threads of this process, under the deferred emulated streams (a stream runs
+// its work only when something waits for it, so a consumer not ordered after the collective reads stale memory).
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda.h"
+#include "sim/runtime_hooks.h"
+
+namespace ms::cuda {
+namespace {
+
+struct Mode {
+  explicit Mode(sim::StreamMode m) { sim::SetStreamMode(m); }
+  ~Mode() { sim::SetStreamMode(sim::StreamMode::kSync); }
+};
+
+constexpr int kN = 8;
+
+// One rank: its compute stream, a device buffer of kN floats, its communicator.
+struct Rank {
+  cudaStream_t compute = nullptr;
+  float* buf = nullptr;
+  float* out = nullptr;
+  std::unique_ptr<comm::Communicator> comm;
+
+  // buf = value everywhere (the host waits for it).
+  void Fill(float value) {
+    std::vector<float> h(kN, value);
+    REQUIRE(cudaMemcpy(buf, h.data(), sizeof(float) * kN, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  // What a consumer enqueued on the compute stream now reads from buf (out = buf, then the host waits).
+  std::vector<float> Consume() {
+    REQUIRE(cudaMemcpyAsync(out, buf, sizeof(float) * kN, cudaMemcpyDeviceToDevice, compute) == cudaSuccess);
+    std::vector<float> h(kN, -1.0f);
+    REQUIRE(cudaMemcpyAsync(h.data(), out, sizeof(float) * kN, cudaMemcpyDeviceToHost, compute) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+    return h;
+  }
+};
+
+// Two ranks of one group, `timeout` their watchdog's.
+std::vector<Rank> MakeGroup(std::chrono::milliseconds timeout) {
+  auto id = NewNcclUniqueId();
+  REQUIRE(id.ok());
+  std::vector<Rank> ranks(2);
+  std::vector<Status> made(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    Rank& k = ranks[static_cast<size_t>(r)];
+    REQUIRE(cudaStreamCreateWithFlags(&k.compute, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&k.buf), sizeof(float) * kN) == cudaSuccess);
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&k.out), sizeof(float) * kN) == cudaSuccess);
+    NcclOptions o;
+    o.name = "nccl-test[0]";
+    o.compute_stream = k.compute;
+    o.timeout = timeout;
+    threads.emplace_back([&, r, o] {  // ncclCommInitRank blocks until both ranks joined
+      auto c = MakeNcclCommunicator(*id, r, 2, o);
+      made[static_cast<size_t>(r)] = c.status();
+      if (c.ok()) ranks[static_cast<size_t>(r)].comm = std::move(*c);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : made) REQUIRE_MESSAGE(s.ok(), s.ToString());
+  return ranks;
+}
+
+void Free(std::vector<Rank>& ranks) {
+  for (Rank& k : ranks) {
+    k.comm.reset();
+    cudaFree(k.buf);
+    cudaFree(k.out);
+    cudaStreamDestroy(k.compute);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("WaitOnDevice orders the compute stream after the collective; Drain; a later Wait still waits") {
+  Mode mode(sim::StreamMode::kDeferred);
+  auto ranks = MakeGroup(std::chrono::milliseconds(60'000));
+  for (bool planted : {false, true}) {
+    CAPTURE(planted);
+    // MEGASCALE_PLANT=nccl_no_device_wait: WaitOnDevice orders nothing — the consumer must then read stale data.
+    if (planted) setenv("MEGASCALE_PLANT", "nccl_no_device_wait", 1);
+    ranks[0].Fill(1);
+    ranks[1].Fill(2);
+    std::vector<float> got[2];
+    // Rank 1 contributes only once rank 0's WaitOnDevice has returned (so it returned without waiting for the
+    // collective) and, planted, once rank 0's consumer has read (what it read is then necessarily stale). A wait of
+    // more than 10 s means rank 0's host blocked: rank 1 goes on and the check below fails.
+    std::atomic<bool> returned{false}, consumed{false};
+    auto await = [](const std::atomic<bool>& flag) {
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!flag && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return flag.load();
+    };
+    bool rank0_went_on = false;
+    std::thread late([&] {
+      rank0_went_on = await(returned);
+      if (planted) await(consumed);
+      auto w = ranks[1].comm->AllReduce(ranks[1].buf, kN, comm::ReduceOp::kSum);
+      REQUIRE(w->WaitOnDevice().ok());
+      got[1] = ranks[1].Consume();
+      REQUIRE(ranks[1].comm->Drain().ok());
+    });
+    auto w = ranks[0].comm->AllReduce(ranks[0].buf, kN, comm::ReduceOp::kSum);
+    REQUIRE(w->WaitOnDevice().ok());
+    returned = true;
+    got[0] = ranks[0].Consume();
+    consumed = true;
+    REQUIRE(ranks[0].comm->Drain().ok());
+    REQUIRE(w->Wait().ok());  // after WaitOnDevice, Wait still blocks until completion: it is complete here
+    late.join();
+    unsetenv("MEGASCALE_PLANT");
+    CHECK(rank0_went_on);
+    if (!planted) {
+      CHECK(got[0] == std::vector<float>(kN, 3.0f));
+      CHECK(got[1] == std::vector<float>(kN, 3.0f));
+    } else {
+      CHECK(got[0] == std::vector<float>(kN, 1.0f));  // read before the sum arrived
+    }
+  }
+  Free(ranks);
+}
+
+TEST_CASE("a collective waited on the device that never completes: the watchdog aborts, Drain says so") {
+  Mode mode(sim::StreamMode::kDeferred);
+  auto ranks = MakeGroup(std::chrono::milliseconds(300));
+  ranks[0].Fill(1);
+  // Rank 1 never takes part: rank 0's all-reduce cannot complete.
+  auto w = ranks[0].comm->AllReduce(ranks[0].buf, kN, comm::ReduceOp::kSum);
+  REQUIRE(w->WaitOnDevice().ok());
+  // The compute stream waits behind it; the abort unblocks it (no hang here).
+  REQUIRE(cudaMemcpyAsync(ranks[0].out, ranks[0].buf, sizeof(float) * kN, cudaMemcpyDeviceToDevice, ranks[0].compute) ==
+          cudaSuccess);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status drained = ranks[0].comm->Drain();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(!drained.ok());
+  CHECK(drained.message().find("no completion after 0.3 s") != std::string::npos);
+  CHECK(drained.message().find("all-reduce (peers 1) #1 of 8 floats on nccl-test[0]") != std::string::npos);
+  CHECK(drained.message().find("aborted after an earlier failure") != std::string::npos);
+  CHECK(waited >= 0.25);
+  CHECK(waited < 10.0);
+  CHECK(cudaStreamSynchronize(ranks[0].compute) == cudaSuccess);
+  // Every later operation fails at once.
+  auto later = ranks[0].comm->AllReduce(ranks[0].buf, kN, comm::ReduceOp::kSum);
+  const Status s = later->WaitOnDevice();
+  CHECK(!s.ok());
+  CHECK(s.message().find("aborted after an earlier failure") != std::string::npos);
+  Free(ranks);
+}
+
+}  // namespace ms::cuda
