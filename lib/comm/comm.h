@@ -165,6 +165,10 @@ class Communicator {
   // failure of the communicator (its watchdog's timeout, a peer's failure). What a caller does before it relies on
   // results computed after device waits (the end of a training step). Default: OK (nothing is waited on the device).
   virtual Status Drain() { return Status::Ok(); }
+  // The time the backend's stream spent blocked in this communicator's device waits (Work::WaitOnDevice) that ended
+  // since the last call, measured on the device (timing events around each wait): the communication the compute did
+  // not hide, where the host no longer sees it. 0 where nothing is waited on the device.
+  virtual double TakeDeviceWaitSeconds() { return 0; }
   // Ordered after every collective issued before it; blocks until all ranks arrive.
   virtual Status Barrier() = 0;
 };
@@ -218,6 +222,7 @@ class ForwardingCommunicator : public Communicator {
   bool orders_after_compute() const override { return inner_->orders_after_compute(); }
   bool waits_on_device() const override { return inner_->waits_on_device(); }
   Status Drain() override { return inner_->Drain(); }
+  double TakeDeviceWaitSeconds() override { return inner_->TakeDeviceWaitSeconds(); }
   Status Barrier() override { return inner_->Barrier(); }
 
  protected:

@@ -90,6 +90,9 @@ struct Shared {
   std::chrono::milliseconds timeout{60'000};
   std::deque<Watched> watched;  // oldest first: they complete in this order (one NCCL stream)
   bool stop = false;
+  // Timing events around each device wait on the backend's stream (recorded before and after the wait), until
+  // TakeDeviceWaitSeconds reads them.
+  std::vector<std::pair<SharedEvent, SharedEvent>> timings;
 
   // Aborts the communicator after a failure (the first one wins; later calls fail at once).
   Status Abort(Status why) {
@@ -213,10 +216,22 @@ class NcclWork : public comm::Work {
   Status WaitOnDevice() override {
     if (!status_.ok() || !ev_ || waited_ || on_device_) return status_;
     if (Status f = shared_->Failed(); !f.ok()) return status_ = f;
+    // Timing events before and after the wait measure how long the stream was blocked in it (best effort: without
+    // them the wait is the same, only unmeasured).
+    cudaEvent_t reached = nullptr, resumed = nullptr;
+    if (cudaEventCreate(&reached) != cudaSuccess || cudaEventRecord(reached, compute_) != cudaSuccess) {
+      if (reached) cudaEventDestroy(reached);
+      reached = nullptr;
+    }
     if (!Planted("nccl_no_device_wait")) {
       if (cudaError_t e = cudaStreamWaitEvent(compute_, ev_.get(), 0); e != cudaSuccess) {
+        if (reached) cudaEventDestroy(reached);
         return status_ = Internal("{}: ordering the compute stream after it: {}", what_, cudaGetErrorString(e));
       }
+    }
+    if (reached && (cudaEventCreate(&resumed) != cudaSuccess || cudaEventRecord(resumed, compute_) != cudaSuccess)) {
+      if (resumed) cudaEventDestroy(resumed);
+      resumed = nullptr;
     }
     on_device_ = true;
     bool aborted = false;
@@ -226,6 +241,11 @@ class NcclWork : public comm::Work {
       if (!aborted) {
         shared_->watched.push_back({ev_, what_, std::chrono::steady_clock::now()});
         shared_->cv.notify_all();
+      }
+      if (reached && resumed) {
+        shared_->timings.emplace_back(OwnEvent(reached), OwnEvent(resumed));
+      } else if (reached) {
+        cudaEventDestroy(reached);
       }
     }
     if (aborted) return status_ = shared_->Failed();
@@ -288,6 +308,20 @@ class NcclCommunicator : public comm::Communicator {
   bool p2p_in_order() const override { return true; }
   bool orders_after_compute() const override { return true; }
   bool waits_on_device() const override { return true; }
+  // The completed waits' times (the stream reached the wait .. the stream resumed); the others stay for later.
+  double TakeDeviceWaitSeconds() override {
+    std::lock_guard<std::mutex> l(shared_->mu);
+    double s = 0;
+    auto& t = shared_->timings;
+    auto done = std::remove_if(t.begin(), t.end(), [&](const std::pair<SharedEvent, SharedEvent>& p) {
+      if (cudaEventQuery(p.second.get()) != cudaSuccess) return false;
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, p.first.get(), p.second.get()) == cudaSuccess) s += ms / 1e3;
+      return true;
+    });
+    t.erase(done, t.end());
+    return s;
+  }
   // Polls the newest operation waited on the device (the stream completes them in order) itself, spinning for
   // the first millisecond as Wait does, so that the step's end is not late by the watchdog's poll; the watchdog
   // still owns the events and the timeout (its abort ends this loop).

@@ -304,9 +304,9 @@ Status DataParallel::WaitWork(Bucket& b, bool on_device) {
 Status DataParallel::Drain() {
   if (!drain_) return Status::Ok();
   drain_ = false;
-  const double t0 = NowSeconds();
+  // The exposed time is the device's (the waits that ended by now; the rest counts in the next step).
   Status s = dp_->Drain();
-  stats_.dp_wait_s += NowSeconds() - t0;
+  stats_.dp_wait_s += dp_->TakeDeviceWaitSeconds();
   return s.WithContext("the step's data-parallel collectives (waited for on the device)");
 }
 
@@ -395,9 +395,8 @@ Status DataParallel::FinishBackward() {
   }
   // Before the optimizer reads the gradients: a collective that failed on the device says so here.
   if (drain_embedding) {
-    const double t0 = NowSeconds();
     Status s = embedding_->Drain();
-    stats_.dp_wait_s += NowSeconds() - t0;
+    stats_.dp_wait_s += embedding_->TakeDeviceWaitSeconds();
     MS_RETURN_IF_ERROR_CTX(s, "the embedding group's all-reduce of the tied wte gradient (waited for on the device)");
   }
   return Drain();

@@ -85,7 +85,7 @@ struct DataParallelOptions {
 };
 
 struct CommStats {
-  double dp_wait_s = 0;     // time the training thread blocked on data-parallel collectives (device waits: the drain)
+  double dp_wait_s = 0;  // time the training thread blocked on data-parallel collectives (device waits: the device's)
   int64_t dp_launched = 0;  // collectives launched
   int64_t dp_launched_during_backward = 0;
 };

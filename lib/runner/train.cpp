@@ -149,9 +149,9 @@ class PipeComm {
     in_step_ = false;
     if (!drain_) return Status::Ok();
     drain_ = false;
-    const double t0 = NowSeconds();
+    // The bubble is the time the device waited (what completed by now; the rest counts in the next step).
     Status s = pp_->Drain();
-    wait_s_ += NowSeconds() - t0;
+    wait_s_ += pp_->TakeDeviceWaitSeconds();
     return s.WithContext("the step's pipeline sends and receives (waited for on the device)");
   }
   double wait_s() const { return wait_s_; }
@@ -238,15 +238,16 @@ class PipeComm {
   double wait_s_ = 0;
 };
 
-// A comm wrapper that times blocking waits (tensor-parallel collectives are waited at once; on NCCL in a training
-// step on the device, and the host's wait is the step's Drain).
+// A comm wrapper that times waits: the host's (tensor-parallel collectives are waited at once), and on NCCL in a
+// training step the device's (comm::Communicator::TakeDeviceWaitSeconds).
 class TimedComm : public comm::ForwardingCommunicator {
  public:
   explicit TimedComm(comm::Communicator* inner) : ForwardingCommunicator(inner) {}
-  Status Drain() override {
-    return TimedCall(&wait_s_, [&] { return inner().Drain(); });
+  // The host's waits, and the device's (device waits: measured on the backend's stream, read once they ended).
+  double wait_s() {
+    wait_s_ += inner().TakeDeviceWaitSeconds();
+    return wait_s_;
   }
-  double wait_s() const { return wait_s_; }
   void reset() { wait_s_ = 0; }
 
  private:

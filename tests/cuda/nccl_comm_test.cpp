@@ -1,6 +1,7 @@
-// The NCCL communicator's device waits (lib/cuda/nccl_comm.cpp: Work::WaitOnDevice, the watchdog thread, Drain) on
-// the emulated NCCL, two ranks as two threads of this process, under the deferred emulated streams (a stream runs
-// its work only when something waits for it, so a consumer not ordered after the collective reads stale memory).
+// The NCCL communicator's device waits (lib/cuda/nccl_comm.cpp: Work::WaitOnDevice, the watchdog thread, Drain, the
+// time the stream spent blocked: TakeDeviceWaitSeconds) on the emulated NCCL, two ranks as two threads of this
+// process, under the deferred emulated streams (a stream runs its work only when something waits for it, so a
+// consumer not ordered after the collective reads stale memory).
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
@@ -110,6 +111,8 @@ TEST_CASE("WaitOnDevice orders the compute stream after the collective; Drain; a
     std::thread late([&] {
       rank0_went_on = await(returned);
       if (planted) await(consumed);
+      // Not planted: 100 ms late, which rank 0's compute stream spends blocked in its wait (measured below).
+      if (!planted) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       auto w = ranks[1].comm->AllReduce(ranks[1].buf, kN, comm::ReduceOp::kSum);
       REQUIRE(w->WaitOnDevice().ok());
       got[1] = ranks[1].Consume();
@@ -125,9 +128,14 @@ TEST_CASE("WaitOnDevice orders the compute stream after the collective; Drain; a
     late.join();
     unsetenv("MEGASCALE_PLANT");
     CHECK(rank0_went_on);
+    const double blocked = ranks[0].comm->TakeDeviceWaitSeconds();
+    CHECK(ranks[0].comm->TakeDeviceWaitSeconds() == 0);  // taken
     if (!planted) {
       CHECK(got[0] == std::vector<float>(kN, 3.0f));
       CHECK(got[1] == std::vector<float>(kN, 3.0f));
+      // The compute stream reached the wait at once (the consumer demanded it) and resumed when the sum arrived.
+      CHECK(blocked >= 0.05);
+      CHECK(blocked < 5.0);
     } else {
       CHECK(got[0] == std::vector<float>(kN, 1.0f));  // read before the sum arrived
     }
