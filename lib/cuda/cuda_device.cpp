@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +81,36 @@ void OnRelease([[maybe_unused]] void* p, [[maybe_unused]] size_t block) {
   ASAN_UNPOISON_MEMORY_REGION(p, block);
 #endif
 }
+
+// A block freed while streams exist may still be read or written by work enqueued on them before the Free (legal:
+// the block is reused only after that work). In the emulated build it is poisoned only when every stream has
+// passed the Free: a host function enqueued on each (ahead of the release event, so the block cannot be handed
+// out again before the last one ran) counts down, and the last one poisons it. Work enqueued after the Free that
+// touches the block is reported; so is any touch once the streams have passed it.
+#if MS_CUDA_FLAVOR_EMULATED
+struct PoisonWhenPassed {
+  void* p;
+  size_t block;
+  std::atomic<size_t> left;
+  static void Arrive(void* self) {
+    auto* w = static_cast<PoisonWhenPassed*>(self);
+    if (w->left.fetch_sub(1) != 1) return;
+    OnCache(w->p, w->block);
+    delete w;
+  }
+};
+// Enqueues the arrival of `w` on `stream` (in stream order); where it cannot (a capturing stream, an error) the
+// stream counts as passed now.
+void ArriveInStreamOrder(PoisonWhenPassed* w, cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone &&
+      cudaLaunchHostFunc(stream, &PoisonWhenPassed::Arrive, w) == cudaSuccess) {
+    return;
+  }
+  (void)cudaGetLastError();
+  PoisonWhenPassed::Arrive(w);
+}
+#endif
 
 // What a device shares with its streams and events (which may outlive it).
 struct DeviceState {
@@ -298,17 +329,23 @@ class CudaDevice : public device::Device {
     in_use_.erase(it);
     stats_.bytes_in_use -= block;
     stats_.bytes_cached += block;
-    OnCache(ptr, block);
     // Work already enqueued on any stream of the device may still use the block: it is reused only after
-    // events recorded now on every live stream have completed.
+    // events recorded now on every live stream have completed (and, emulated, poisoned once they passed it).
     const std::vector<cudaStream_t> streams = state_->Streams();
     if (streams.empty()) {
+      OnCache(ptr, block);
       free_.emplace(block, ptr);
       return;
     }
     Pending pending{ptr, block, {}};
     if (Status s = state_->MakeCurrent(); !s.ok()) state_->Defer(s);
+#if MS_CUDA_FLAVOR_EMULATED
+    auto* poison = new PoisonWhenPassed{ptr, block, streams.size()};
+#endif
     for (cudaStream_t s : streams) {
+#if MS_CUDA_FLAVOR_EMULATED
+      ArriveInStreamOrder(poison, s);  // ahead of the event: its completion implies the arrival
+#endif
       cudaEvent_t ev = nullptr;
       cudaError_t e = SpareEventLocked(&ev);
       if (e == cudaSuccess) e = cudaEventRecord(ev, s);
@@ -348,7 +385,9 @@ class CudaDevice : public device::Device {
     return Status::Ok();
   }
 
-  const std::shared_ptr<DeviceState>& state() const { return state_; }
+  const std::shared_ptr<DeviceState>& state() const {
+    return state_;
+  }
 
   std::unique_ptr<device::Stream> CreateStream() override {
     if (Status s = state_->MakeCurrent(); !s.ok()) Fatal(fmt::format("{}: CreateStream: {}", name_, s.message()));

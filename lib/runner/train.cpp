@@ -56,9 +56,11 @@ Status FetchBatch(const data::Sampler& sampler, bool train, int64_t first, int c
 // each action the rank issues, one group per round (GroupP2p: ncclGroupStart/End), the sends and receives of
 // every message sent in the rounds up to its next action, in the plan's order; receives are taken from those
 // groups. With a communicator that orders itself after the compute stream (orders_after_compute) no host
-// synchronization precedes a send or a receive. Receives and sends are still waited for on the host (unlike the
-// tensor- and data-parallel collectives, comm::Work::WaitOnDevice): a receive buffer is freed when the next one is
-// taken, and the host's wait is what orders that after the compute that read it. Test hook:
+// synchronization precedes a send or a receive; in a training step none follows one either where the communicator
+// waits on the device (waits_on_device: the compute stream waits for the completion event; WaitAll drains). A
+// receive buffer is then freed (at the next TakeRecv) while the compute that reads it may still be queued: the
+// device's allocator reuses a block only after every stream of the device, NCCL's included, has passed its Free
+// (lib/cuda/cuda_device.cpp), and a send's buffer is rewritten only after WaitSend. Test hook:
 // MEGASCALE_PP_P2P=ungrouped keeps the Gloo order on such a communicator (what the emulated NCCL test shows
 // deadlocking).
 class PipeComm {
@@ -69,12 +71,15 @@ class PipeComm {
     const char* hook = std::getenv("MEGASCALE_PP_P2P");
     in_order_ = pp && pp->p2p_in_order() && !(hook && std::string_view(hook) == "ungrouped");
     device_ordered_ = pp && pp->orders_after_compute();
+    device_waits_ = pp && pp->waits_on_device() && !trace;  // a trace's spans end when the host saw completion
   }
   // Whether the plan drives the traffic (and receives are not posted ahead by the caller).
   bool in_order() const { return in_order_; }
   void SetPlan(parallel::P2pPlan plan) { plan_ = std::move(plan); }
-  // Before the step's first action: the groups of the rounds before it.
+  // Before the step's first action: the groups of the rounds before it. Until WaitAll, receives and sends are
+  // waited for on the device where the communicator can (comm::Work::WaitOnDevice), and WaitAll drains them.
   Status BeginStep() {
+    in_step_ = true;
     if (!in_order_ || plan_.action_round.empty()) return Status::Ok();
     return IssueRounds(0, plan_.action_round[0]);
   }
@@ -105,7 +110,7 @@ class PipeComm {
     MS_RETURN_IF_ERROR(PostRecv(peer, tag));
     auto& r = recvs_[tag];
     const double t0 = NowSeconds();
-    Status s = r.work->Wait();
+    Status s = WaitFor(*r.work);
     wait_s_ += NowSeconds() - t0;
     if (trace_) trace_->Span(fmt::format("recv tag {}", tag), "pp", r.posted, NowSeconds());
     MS_RETURN_IF_ERROR_CTX(s, "pipeline receive from rank {} (tag {})", peer, tag);
@@ -144,7 +149,13 @@ class PipeComm {
       for (auto& s : v) MS_RETURN_IF_ERROR(Finish(s));
     }
     sends_.clear();
-    return Status::Ok();
+    in_step_ = false;
+    if (!drain_) return Status::Ok();
+    drain_ = false;
+    // The bubble is the time the device waited (what completed by now; the rest counts in the next step).
+    Status s = pp_->Drain();
+    wait_s_ += pp_->TakeDeviceWaitSeconds();
+    return s.WithContext("the step's pipeline sends and receives (waited for on the device)");
   }
   double wait_s() const { return wait_s_; }
   void reset_wait() { wait_s_ = 0; }
@@ -201,9 +212,14 @@ class PipeComm {
     }
     return Status::Ok();
   }
+  Status WaitFor(comm::Work& w) {
+    const bool on_device = in_step_ && device_waits_;
+    drain_ = drain_ || on_device;
+    return on_device ? w.WaitOnDevice() : w.Wait();
+  }
   Status Finish(Pending& s) {
     const double t0 = NowSeconds();
-    Status st = s.work->Wait();
+    Status st = WaitFor(*s.work);
     wait_s_ += NowSeconds() - t0;
     if (trace_) trace_->Span(fmt::format("send tag {}", s.tag), "pp", s.posted, NowSeconds());
     return st.WithContext(fmt::format("pipeline send (tag {})", s.tag));
@@ -214,6 +230,9 @@ class PipeComm {
   metrics::Trace* trace_;
   bool in_order_ = false;
   bool device_ordered_ = false;
+  bool device_waits_ = false;
+  bool in_step_ = false;  // between BeginStep and WaitAll
+  bool drain_ = false;    // something was waited for on the device since BeginStep
   std::map<int, PendingRecv> recvs_;
   std::map<std::pair<int, int>, std::vector<Pending>> sends_;
   std::optional<PendingSend> pending_;

@@ -22,6 +22,17 @@
 #include "ops/ops.h"
 #include "sim/runtime_hooks.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define MS_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MS_TEST_ASAN 1
+#endif
+#endif
+#if MS_TEST_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace ms::cuda {
 namespace {
 
@@ -383,6 +394,41 @@ TEST_CASE("cuda streams: Enqueue order, events, WaitEvent, Synchronize") {
   foreign->Synchronize();
 }
 
+// A block freed by the host while work enqueued before the Free still uses it (the pipeline frees its receive
+// buffers so): the work runs on the block, the block is handed out again only after the stream passed the Free,
+// and in the AddressSanitizer build it is poisoned then, not at the host's Free.
+TEST_CASE("cuda allocator: a Free is stream-ordered, and so is the emulator's poisoning") {
+  sim::SetStreamMode(sim::StreamMode::kDeferred);  // the stream runs only when something needs it
+  {
+    auto dev = MakeDevice();
+    auto stream = dev->CreateStream();
+    auto* p = static_cast<float*>(MustAlloc(*dev, 4096));
+    float seen = 0;
+    stream->Enqueue([p, &seen] {  // enqueued before the Free: writes and reads the block when the stream runs
+      p[0] = 1.5f;
+      p[1023] = 2.5f;
+      seen = p[0] + p[1023];
+    });
+    dev->Free(p);
+#if MS_TEST_ASAN
+    CHECK_FALSE(__asan_address_is_poisoned(p));  // the stream has not passed the Free
+#endif
+    void* q = MustAlloc(*dev, 4096);  // the freed block is not reusable yet
+    CHECK(q != p);
+    stream->Synchronize();
+    CHECK(seen == 4.0f);
+#if MS_TEST_ASAN
+    CHECK(__asan_address_is_poisoned(p));
+    CHECK(__asan_address_is_poisoned(p + 1023));
+#endif
+    CHECK(MustAlloc(*dev, 4096) == p);  // now it is
+    dev->Free(p);
+    dev->Free(q);
+    stream->Synchronize();
+  }
+  sim::SetStreamMode(sim::StreamMode::kSync);
+}
+
 TEST_CASE("cuda streams and events outlive their device") {
   std::unique_ptr<device::Stream> stream;
   std::shared_ptr<device::Event> event;
@@ -409,6 +455,16 @@ TEST_CASE("planted: reading a freed block" * doctest::skip()) {
   dev->Free(p);  // cached, not returned to cudaFree: only the poisoning can catch this
   std::vector<char> host(4096);
   (void)dev->CopyDeviceToHost(host.data(), p, host.size());
+}
+
+TEST_CASE("planted: a stream reading a block after its Free" * doctest::skip()) {
+  auto dev = MakeDevice();
+  auto stream = dev->CreateStream();
+  void* p = MustAlloc(*dev, 2048);
+  dev->Free(p);  // the stream passes the Free here (sync streams): work enqueued from now on must not touch it
+  std::vector<char> host(2048);
+  stream->Enqueue([&] { std::memcpy(host.data(), p, host.size()); });
+  stream->Synchronize();
 }
 
 TEST_CASE("planted: reading past the requested size" * doctest::skip()) {

@@ -23,7 +23,8 @@ the CPU backend's losses:
               the deferred streams make pp, dp and tp communicate stale buffers: the losses or the grad norms
               must differ; with the compute stream's wait for a tensor-parallel collective removed
               (MEGASCALE_PLANT=nccl_no_device_wait: Work::WaitOnDevice orders nothing) the layers read their sums
-              before NCCL wrote them: tp 2 and tp 2 with sequence parallelism, chunked, must differ; so must
+              before NCCL wrote them: tp 2 and tp 2 with sequence parallelism, chunked, must differ; so must pp 2
+              (a stage computes on its receive buffer before the activations or gradients arrived), and
               dp 2 with ZeRO-1 (the forward copies the parameters before their all-gather wrote them) and ZeRO-2
               (each micro-batch's reduce-scatter added to the shard before it completed).
 
@@ -344,6 +345,7 @@ if not QUICK:
                compare(f"planted-{name}", par, env=PLANTED, expect_differ=True))
     PLANTED_DEVICE = {"MS_SIM_STREAMS": "deferred", "MEGASCALE_PLANT": "nccl_no_device_wait"}
     for name, par in [("tp2", "{tp: 2}"), ("tp2-sp-chunks", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2}"),
+                      ("pp2", "{pp: 2, micro_batches: 4}"),
                       ("dp2-zero1", "{dp: 2, zero: 1}"), ("dp2-zero2", "{dp: 2, zero: 2, micro_batches: 2}")]:
         report(f"planted-missing-device-wait-caught-{name}",
                compare(f"planted-device-{name}", par, env=PLANTED_DEVICE, expect_differ=True))
