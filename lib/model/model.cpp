@@ -115,6 +115,11 @@ std::string Gpt::bf16_activations() const {
     s += spec_.block == config::BlockKind::kSequential ? ", LayerNorm input gradients"
                                                        : ", final LayerNorm input gradient";
   }
+  if (FusedTpSums16()) {
+    s += spec_.block == config::BlockKind::kSequential
+             ? ", tensor-parallel partial sums (projection outputs, LayerNorm input gradients)"
+             : ", tensor-parallel partial sums (final LayerNorm input gradient)";
+  }
   return s;
 }
 
@@ -304,6 +309,8 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
   if (tp > 1 && shard.tp_reduce_bf16) {
     g->red16_rows_ = std::max<int64_t>(N, 2 * g->stage_rows_);
     MS_RETURN_IF_ERROR(g->red16_.Allocate(g->be_, (g->red16_rows_ + R) * C / 2 + 1));
+    const char* hook = std::getenv("MEGASCALE_TP_SUMS16");  // test hook: FusedTpSums16 off
+    g->unfused_sums16_ = hook && std::strcmp(hook, "unfused") == 0;
   }
   return g;
 }
@@ -647,9 +654,22 @@ Status Gpt::TpGatherLoop(std::string_view op, std::string_view what, const T* lo
 
 Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local,
                                         bool may_bf16) {
+  MS_ASSIGN_OR_RETURN(TpSum sum, TpReduce(what, produce, nullptr, full, local, may_bf16));
+  return sum.f32;
+}
+
+Result<Gpt::TpSum> Gpt::TpProduceRowsReduceTo(std::string_view what, const ProduceFn& produce,
+                                              const ProduceFn16& produce16, float* full, float* local) {
+  return TpReduce(what, produce, FusedTpSums16() ? &produce16 : nullptr, full, local, true);
+}
+
+Result<Gpt::TpSum> Gpt::TpReduce(std::string_view what, const ProduceFn& produce, const ProduceFn16* produce16,
+                                 float* full, float* local, bool may_bf16) {
   const int tp = shard_.tp_size;
   const bool sp = shard_.sequence_parallel && tp > 1;
   const bool b16 = may_bf16 && tp > 1 && shard_.tp_reduce_bf16;
+  // Partials written in bf16 by the producer, straight into the collective's buffer (FusedTpSums16).
+  const bool p16 = b16 && produce16 != nullptr;
   const int64_t C = spec_.hidden, N = N_, R = rows_;
   const char* op = sp ? (b16 ? "reduce-scatter (bf16)" : "reduce-scatter") : (b16 ? "all-reduce (bf16)" : "all-reduce");
   const int k = tp == 1 ? 1 : sp ? sp_chunks_ : ar_chunks_;
@@ -664,7 +684,9 @@ Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& 
   auto post = [&](float* buf, uint16_t* stage16, int64_t r0, int64_t rc,
                   double& posted) -> Result<std::unique_ptr<comm::Work>> {
     const int64_t n = (sp ? tp : 1) * rc * C;
-    if (b16) MS_RETURN_IF_ERROR(be_->RoundBf16(stage16, buf, n).WithContext("rounding a tensor-parallel partial sum"));
+    if (b16 && !p16) {
+      MS_RETURN_IF_ERROR(be_->RoundBf16(stage16, buf, n).WithContext("rounding a tensor-parallel partial sum"));
+    }
     MS_RETURN_IF_ERROR(TpCollectiveReady());
     posted = NowSeconds();
     if (!b16) {
@@ -675,20 +697,22 @@ Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& 
   };
   // After chunk [r0, r0 + rc)'s wait: the bf16 sum widened to where the fp32 one would be.
   auto widen = [&](int64_t r0, int64_t rc) -> Status {
-    if (!b16) return Status::Ok();
+    if (!b16 || p16) return Status::Ok();
     return sp ? be_->WidenBf16(local + r0 * C, out16 + r0 * C, rc * C)
               : be_->WidenBf16(full + r0 * C, in16 + r0 * C, rc * C);
   };
+  // The sum: this rank's rows in bf16 (p16: SP's reduce-scatter output, else the all-reduce's, in place), or fp32.
+  const TpSum sum = p16 ? TpSum{nullptr, sp ? out16 : in16} : TpSum{sp ? local : full, nullptr};
   if (k == 1) {
     const double t0 = NowSeconds();
-    MS_RETURN_IF_ERROR(produce(0, N, full));
+    MS_RETURN_IF_ERROR(p16 ? (*produce16)(0, N, in16) : produce(0, N, full));
     GemmSpan(what, 0, 1, t0);
-    if (tp == 1) return full;
+    if (tp == 1) return TpSum{full, nullptr};
     double posted = 0;
     MS_ASSIGN_OR_RETURN(auto work, post(full, in16, 0, sp ? R : N, posted));
     MS_RETURN_IF_ERROR(TpWait(*work, op, what, 0, 1, posted));
     MS_RETURN_IF_ERROR(widen(0, sp ? R : N));
-    return sp ? local : full;
+    return sum;
   }
   // Chunk j = rows [r0, r0 + rc) of each rank's slice (SP: computed rank-major into stage j % 2, the
   // reduce-scatter's input layout; its output is local rows r0..) or of all N rows (all-reduce in
@@ -703,7 +727,11 @@ Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& 
     const double t0 = NowSeconds();
     float* buf = sp ? stage_.data() + (j % 2) * stage_rows_ * C : full + r0 * C;
     uint16_t* stage16 = b16 ? (sp ? in16 + (j % 2) * stage_rows_ * C : in16 + r0 * C) : nullptr;
-    if (sp) {
+    if (p16) {  // rank-major under SP, as the fp32 stage
+      for (int r = 0; r < (sp ? tp : 1); ++r) {
+        MS_RETURN_IF_ERROR((*produce16)((sp ? r * R : 0) + r0, rc, stage16 + r * rc * C));
+      }
+    } else if (sp) {
       for (int r = 0; r < tp; ++r) MS_RETURN_IF_ERROR(produce(r * R + r0, rc, buf + r * rc * C));
     } else {
       MS_RETURN_IF_ERROR(produce(r0, rc, buf));
@@ -722,7 +750,7 @@ Result<float*> Gpt::TpProduceRowsReduce(std::string_view what, const ProduceFn& 
   }
   MS_RETURN_IF_ERROR(TpWait(*prev, op, what, k - 1, k, prev_posted));
   MS_RETURN_IF_ERROR(widen(prev_r0, prev_rc));
-  return sp ? local : full;
+  return sum;
 }
 
 Status Gpt::ResidualAdd(float* out, const float* x, const float* part, const float* bias, const float* bias2, int64_t R,
@@ -940,10 +968,20 @@ Status Gpt::ForwardCompute(int chunk, Acts& a, const float* x_in, const std::fun
                                                            y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
                                                            R, C, spec_.norm_eps, ln_rounds ? k16.FcInOut() : nullptr));
       } else {
-        MS_ASSIGN_OR_RETURN(float* attn_out, TpProduceRowsReduce("attn.proj", proj_rows, part, partR));
-        MS_RETURN_IF_ERROR(ResidualLayerNorm(y.mid.data(), x, attn_out, P(w.projb), nullptr, y.ln2.data(),
-                                             y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
-                                             ln_rounds ? k16.FcInOut() : nullptr));
+        // FusedTpSums16: the partials written in bf16, the residual add reading the bf16 sum.
+        auto proj16 = [&](int64_t row0, int64_t rows, uint16_t* dst16) {
+          return proj_rows(row0, rows, nullptr, dst16);
+        };
+        MS_ASSIGN_OR_RETURN(const TpSum attn_out, TpProduceRowsReduceTo("attn.proj", proj_rows, proj16, part, partR));
+        if (attn_out.b16) {
+          MS_RETURN_IF_ERROR(be_->ResidualLayerNormForward16(
+              y.mid.data(), x, attn_out.b16, P(w.projb), nullptr, y.ln2.data(), y.ln2_mean.data(), y.ln2_rstd.data(),
+              P(w.ln2w), P(w.ln2b), R, C, spec_.norm_eps, ln_rounds ? k16.FcInOut() : nullptr));
+        } else {
+          MS_RETURN_IF_ERROR(ResidualLayerNorm(y.mid.data(), x, attn_out.f32, P(w.projb), nullptr, y.ln2.data(),
+                                               y.ln2_mean.data(), y.ln2_rstd.data(), P(w.ln2w), P(w.ln2b),
+                                               ln_rounds ? k16.FcInOut() : nullptr));
+        }
       }
       MS_RETURN_IF_ERROR(
           TpGatherRowsThen("ln2>fc", y.ln2.data(), y.ln2_full.data(), true, fc_rows, Gathered16(y.ln2_16)));
@@ -954,8 +992,11 @@ Status Gpt::ForwardCompute(int chunk, Acts& a, const float* x_in, const std::fun
         MS_RETURN_IF_ERROR(finish(y.mid.data(), nullptr, P(w.mprojb), nullptr, part16));
       } else {
         auto mproj_only = [&](int64_t row0, int64_t rows, float* dst) { return mproj_rows(row0, rows, dst, false); };
-        MS_ASSIGN_OR_RETURN(float* mlp_out, TpProduceRowsReduce("mlp.proj", mproj_only, part, partR));
-        MS_RETURN_IF_ERROR(finish(y.mid.data(), mlp_out, P(w.mprojb), nullptr));
+        auto mproj16 = [&](int64_t row0, int64_t rows, uint16_t* dst16) {
+          return mproj_rows(row0, rows, nullptr, false, dst16);
+        };
+        MS_ASSIGN_OR_RETURN(const TpSum mlp_out, TpProduceRowsReduceTo("mlp.proj", mproj_only, mproj16, part, partR));
+        MS_RETURN_IF_ERROR(finish(y.mid.data(), mlp_out.f32, P(w.mprojb), nullptr, mlp_out.b16));
       }
     } else {
       // One gather feeds both branches' GEMMs.
@@ -1163,9 +1204,17 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
                                     P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C, Dres16Mine(),
                                     dsum, dsum2);
   }
-  MS_ASSIGN_OR_RETURN(const float* dlnf, TpProduceRowsReduce("head>dlnf", dlnf_rows, tp ? dln_full : dln, dln));
+  // FusedTpSums16: the classifier's partial input gradients written in bf16, the LayerNorm backward reading the sum.
+  auto dlnf16_rows = [&](int64_t row0, int64_t rows, uint16_t* dst16) { return dlnf_rows(row0, rows, nullptr, dst16); };
+  MS_ASSIGN_OR_RETURN(const TpSum dlnf,
+                      TpProduceRowsReduceTo("head>dlnf", dlnf_rows, dlnf16_rows, tp ? dln_full : dln, dln));
   MS_RETURN_IF_ERROR(be_->Zero(dres, sizeof(float) * (R * C)));
-  MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf, x,
+  if (dlnf.b16) {
+    return be_->LayerNormBackward16(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf.b16, x,
+                                    P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C, Dres16Mine(),
+                                    dsum, dsum2);
+  }
+  MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G("final_norm.weight"), G("final_norm.bias"), dlnf.f32, x,
                                             P("final_norm.weight"), a.lnf_mean.data(), a.lnf_rstd.data(), R, C,
                                             Dres16Mine(), dsum, dsum2));
   return Status::Ok();
@@ -1343,6 +1392,7 @@ Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
     auto fc_only = [&](int64_t row0, int64_t rows, float* dst) { return fc_rows(row0, rows, dst, true); };
     auto qkv_only = [&](int64_t row0, int64_t rows, float* dst) { return qkv_rows(row0, rows, dst, true); };
     float* dln1 = nullptr;
+    const uint16_t* dln1_16 = nullptr;  // the first LayerNorm's input gradient in bf16 (FusedTpSums16)
     if (seq) {
       if (!dres_summed) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.mprojb), dres, R, C));
       MS_RETURN_IF_ERROR(TpGatherRowsThen("dy>mlp.proj", dres, dy_full_buf, false, mproj_rows, dres_gathered16()));
@@ -1355,11 +1405,20 @@ Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
         MS_RETURN_IF_ERROR(be_->LayerNormBackward16(dres, G(w.ln2w), G(w.ln2b), dln16, y.mid.data(), P(w.ln2w),
                                                     y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16, dsum_proj,
                                                     nullptr));
-      } else {
-        MS_ASSIGN_OR_RETURN(float* dln2, TpProduceRowsReduce("mlp.fc>dln2", fc_only, dln_full, dln));
-        MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2, y.mid.data(), P(w.ln2w),
-                                                  y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16, dsum_proj,
-                                                  nullptr));
+      } else {  // FusedTpSums16: the fc GEMM's partials written in bf16, the LayerNorm backward reading the sum
+        auto fc16 = [&](int64_t row0, int64_t rows, uint16_t* dst16) {
+          return fc_rows(row0, rows, nullptr, true, dst16);
+        };
+        MS_ASSIGN_OR_RETURN(const TpSum dln2, TpProduceRowsReduceTo("mlp.fc>dln2", fc_only, fc16, dln_full, dln));
+        if (dln2.b16) {
+          MS_RETURN_IF_ERROR(be_->LayerNormBackward16(dres, G(w.ln2w), G(w.ln2b), dln2.b16, y.mid.data(), P(w.ln2w),
+                                                      y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16, dsum_proj,
+                                                      nullptr));
+        } else {
+          MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln2w), G(w.ln2b), dln2.f32, y.mid.data(), P(w.ln2w),
+                                                    y.ln2_mean.data(), y.ln2_rstd.data(), R, C, dres16, dsum_proj,
+                                                    nullptr));
+        }
       }
       dres_rounded = dres16 != nullptr;
       if (!BiasGradsInLn()) MS_RETURN_IF_ERROR(be_->BiasGrad(G(w.projb), dres, R, C));
@@ -1369,8 +1428,13 @@ Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
         const double t0 = NowSeconds();
         MS_RETURN_IF_ERROR(qkv_rows(0, N, nullptr, true, dln16));
         GemmSpan("qkv>dln1", 0, 1, t0);
-      } else {
-        MS_ASSIGN_OR_RETURN(dln1, TpProduceRowsReduce("qkv>dln1", qkv_only, dln_full, dln));
+      } else {  // likewise
+        auto qkv16 = [&](int64_t row0, int64_t rows, uint16_t* dst16) {
+          return qkv_rows(row0, rows, nullptr, true, dst16);
+        };
+        MS_ASSIGN_OR_RETURN(const TpSum sum, TpProduceRowsReduceTo("qkv>dln1", qkv_only, qkv16, dln_full, dln));
+        dln1 = sum.f32;
+        dln1_16 = sum.b16;
       }
     } else {
       if (!dres_summed) {
@@ -1399,9 +1463,9 @@ Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
     // dres becomes the gradient of the layer below's output: its residual-branch bias gradients summed here too.
     float *dsum = nullptr, *dsum2 = nullptr;
     if (i > 0) std::tie(dsum, dsum2) = output_bias_grads(l - 1);
-    if (seq && dln16) {
-      MS_RETURN_IF_ERROR(be_->LayerNormBackward16(dres, G(w.ln1w), G(w.ln1b), dln16, x, P(w.ln1w), y.ln1_mean.data(),
-                                                  y.ln1_rstd.data(), R, C, dres16, dsum, dsum2));
+    if (seq && (dln16 || dln1_16)) {
+      MS_RETURN_IF_ERROR(be_->LayerNormBackward16(dres, G(w.ln1w), G(w.ln1b), dln16 ? dln16 : dln1_16, x, P(w.ln1w),
+                                                  y.ln1_mean.data(), y.ln1_rstd.data(), R, C, dres16, dsum, dsum2));
     } else {
       MS_RETURN_IF_ERROR(be_->LayerNormBackward(dres, G(w.ln1w), G(w.ln1b), dln1, x, P(w.ln1w), y.ln1_mean.data(),
                                                 y.ln1_rstd.data(), R, C, dres16, dsum, dsum2));

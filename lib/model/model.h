@@ -104,7 +104,8 @@ struct ShardSpec {
   // LayerNorm-output gradient of the column-parallel GEMMs; not the vocab-parallel embedding's, nor the loss's or the
   // sequence-parallel parameter gradients') go over the communicator in bf16 (Communicator::AllReduce16 /
   // ReduceScatter16): each rank's fp32 partial rounded to bf16 (Backend::RoundBf16), summed with bf16 additions, and
-  // the sum widened back (Backend::WidenBf16). No-op at tp 1.
+  // the sum widened back (Backend::WidenBf16) — or, with bf16 activations (Gpt::FusedTpSums16), the partials written
+  // in bf16 by their GEMMs and the sums read in bf16, without either pass. No-op at tp 1.
   bool tp_reduce_bf16 = false;
   // Fused epilogues (the fc bias inside the GeLU, the row-parallel biases inside the residual add); false runs
   // each as a pass of its own, to measure what fusion buys (runtime.fused_kernels).
@@ -338,6 +339,21 @@ class Gpt {
   // With ShardSpec::tp_reduce_bf16 the sums go in bf16, unless may_bf16 is false (the vocab-parallel embedding's).
   Result<float*> TpProduceRowsReduce(std::string_view what, const ProduceFn& produce, float* full, float* local,
                                      bool may_bf16 = true);
+  // A producer that writes its partial output rows in bf16 (a GEMM's Bf16Copies::out16 / dinp16).
+  using ProduceFn16 = std::function<Status(int64_t row0, int64_t rows, uint16_t* dst16)>;
+  // A sum over tp: in fp32 (f32), or in bf16 (b16: the bf16 sum in red16_, this rank's rows_ x C, valid until the
+  // next reduction; read by the bf16-input kernels in place of the widened copy).
+  struct TpSum {
+    float* f32 = nullptr;
+    const uint16_t* b16 = nullptr;
+  };
+  // TpProduceRowsReduce with the partials written in bf16 by `produce16` where the sums go in bf16 (FusedTpSums16):
+  // no rounding pass before the collective, no widening after it; else `produce` in fp32 as above.
+  Result<TpSum> TpProduceRowsReduceTo(std::string_view what, const ProduceFn& produce, const ProduceFn16& produce16,
+                                      float* full, float* local);
+  // Both: produce16, unless null, where the sums go in bf16.
+  Result<TpSum> TpReduce(std::string_view what, const ProduceFn& produce, const ProduceFn16* produce16, float* full,
+                         float* local, bool may_bf16);
   void GemmSpan(std::string_view what, int chunk, int chunks, double start);  // reports a GEMM step's span
   Status HeadForward(Acts& a, const float* x);
   Result<float> HeadLoss(Acts& a);
@@ -439,6 +455,13 @@ class Gpt {
   bool Bf16BranchOut() const {
     return Bf16Fc() && shard_.tp_size == 1 && spec_.block == config::BlockKind::kSequential;
   }
+  // runtime.activations: bf16 at tp > 1 with parallel.tp_reduce_dtype: bf16 — the same for the sums over tp: the
+  // row-parallel projections of the sequential block (forward), the column-parallel fc and qkv GEMMs of the
+  // sequential block and the vocabulary-parallel classifier (backward) write their partial outputs in bf16 straight
+  // into the collective's buffer, and the residual add + LayerNorm (forward) and the LayerNorm backwards read the bf16
+  // sum (TpProduceRowsReduceTo): the same bits as rounding an fp32 partial (Backend::RoundBf16) and widening the sum
+  // (WidenBf16), without those two passes. Test hook MEGASCALE_TP_SUMS16=unfused: the two passes instead.
+  bool FusedTpSums16() const { return Bf16Fc() && shard_.tp_size > 1 && shard_.tp_reduce_bf16 && !unfused_sums16_; }
   bool Atty32(int64_t D) const { return !(keep_bf16_ && Bf16AttnIO(D)); }
   // The scratch of the attention output's gradient, in floats: N x HlD fp32, or with Bf16AttnIO bf16 (rounded up to 256
   // bytes, so that what follows keeps its alignment).
@@ -506,6 +529,7 @@ class Gpt {
   // then rows_ x C bf16 of the reduce-scatter's output.
   int64_t red16_rows_ = 0;
   DeviceArray<float> red16_;
+  bool unfused_sums16_ = false;  // MEGASCALE_TP_SUMS16=unfused (FusedTpSums16)
   SpanHook span_;
   bool graphs_on_ = false;
   bool plant_graph_not_launched_ = false;  // test hooks (graphs.cpp)

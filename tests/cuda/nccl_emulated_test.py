@@ -9,6 +9,8 @@ the CPU backend's losses:
               emulated streams (work runs only when waited for); pp 2 with runtime.device_comm: gloo;
   bf16 sums   parallel.tp_reduce_dtype: bf16 on tp 2 (chunked all-reduces; sequence parallelism's reduce-scatters)
               with the deferred streams, against the CPU backend's bf16 sums of the same layout (3e-4 relative);
+  bf16 fused  runtime.activations: bf16 with bf16 TP sums: the GEMMs' bf16 partials and the bf16 sums read as they
+              are give the bits of the rounding and widening passes (MEGASCALE_TP_SUMS16=unfused), deferred;
   bf16 kept   runtime.bf16_operands: keep gives the bits of cast (bf16 GEMMs) on tp 2 with sequence parallelism
               (chunked, and unchunked with the sequential block; keep all-gathers the LayerNorm outputs and dres in
               bf16, as the trace must show, cast in fp32), and on tp 2 x pp 2 x dp 2 ZeRO-1 (sequential block),
@@ -190,6 +192,36 @@ def same_bits(name, parallel, sets, env=None, layers=2, gathers16=False):
     return None
 
 
+def fused_sums16(name, parallel, sets=()):
+    """runtime.activations: bf16 with parallel.tp_reduce_dtype: bf16 at tp 2 (Gpt::FusedTpSums16): the GEMMs write
+    their partial sums in bf16 straight into the collective's buffer and the residual LayerNorm and the LayerNorm
+    backwards read the bf16 sum — must give the bits of rounding fp32 partials and widening the sums
+    (MEGASCALE_TP_SUMS16=unfused), under the deferred streams; rank 0's log must name the fused sums, and only
+    there."""
+    got = {}
+    for variant, hook in (("fused", {}), ("unfused", {"MEGASCALE_TP_SUMS16": "unfused"})):
+        d = os.path.join(WORK, f"{name}-{variant}")
+        path = os.path.join(WORK, f"{name}-{variant}.yaml")
+        spec(path, d, parallel)
+        args = ["train", path, "--set", "runtime.backend=cuda", "--set", "train.precision=bf16", "--set",
+                "runtime.activations=bf16", "--set", "parallel.tp_reduce_dtype=bf16"]
+        for s in sets:
+            args += ["--set", s]
+        rc, _, err, wall = run(EMU, args, {**DEFERRED, **hook})
+        if rc != 0:
+            return f"{variant} run failed: {err.strip()[-1200:]}"
+        got[variant] = (series(d, "loss"), series(d, "grad_norm"))
+        print(f"     {name} {variant}: {wall:.1f} s")
+        named = "tensor-parallel partial sums" in open(os.path.join(d, "logs", "rank-0.log")).read()
+        if named != (variant == "fused"):
+            return f"{variant}: rank 0's log {'does not name' if not named else 'names'} the bf16 partial sums"
+    if not got["fused"][0]:
+        return "no train steps"
+    if got["fused"] != got["unfused"]:
+        return f"fused {got['fused']} != unfused {got['unfused']}"
+    return None
+
+
 def bf16_sums(name, parallel, env=None):
     """parallel.tp_reduce_dtype: bf16 on the emulated NCCL (ncclBfloat16 sums, the rounding and widening kernels
     ordered around them by events) against the same layout's bf16 sums on the CPU backend (Gloo): at tp 2 both
@@ -311,6 +343,17 @@ if not QUICK:
     report("bf16-activations-keep-is-cast-tp2-sp",
            same_bits("bf16act-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}",
                      ["runtime.activations=bf16", "runtime.gemm_epilogues=false"], env=DEFERRED, gathers16=True))
+    # bf16 activations and bf16 TP sums: the partials written in bf16 by the GEMMs, the sums read in bf16 (the
+    # sequential block: both projections forward, fc's and qkv's input gradients and the classifier's backward; the
+    # parallel block: the classifier's) = rounding and widening passes, bit for bit; reduce-scatters chunked,
+    # all-reduces chunked, and with a pipeline stage.
+    report("bf16-sums-fused-tp2-sp-chunks",
+           fused_sums16("sums16-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}",
+                        ["model.block=sequential"]))
+    report("bf16-sums-fused-tp2-chunks",
+           fused_sums16("sums16-tp2", "{tp: 2, tp_comm_chunks: 2, micro_batches: 2}", ["model.block=sequential"]))
+    report("bf16-sums-fused-tp2-pp2-parallel-block",
+           fused_sums16("sums16-tp2-pp2", "{tp: 2, pp: 2, sequence_parallel: true, micro_batches: 2}"))
 DEADLOCK = ["no completion after 3.0 s", "nccl-pp[0]", "from peer", "runtime.collective_timeout_s"]
 UNGROUPED = {"MEGASCALE_PP_P2P": "ungrouped"}
 report("deadlock-of-the-former-order", must_fail("deadlock", "{pp: 2, micro_batches: 4}", UNGROUPED, DEADLOCK))
