@@ -150,6 +150,30 @@ def tp_gathers(run_dir):
     return {" ".join(n.split()[:-1]) if n.split()[-1][0].isdigit() and "/" in n.split()[-1] else n for n in names}
 
 
+def bf16_variant(name, variant, parallel, sets, env, layers=2):
+    """One bf16 run of the emulated CUDA backend (`variant` names its run dir): (run dir, None) or (None, error)."""
+    d = os.path.join(WORK, f"{name}-{variant}")
+    path = os.path.join(WORK, f"{name}-{variant}.yaml")
+    spec(path, d, parallel, layers)
+    args = ["train", path, "--set", "runtime.backend=cuda", "--set", "train.precision=bf16"]
+    for s in sets:
+        args += ["--set", s]
+    rc, _, err, wall = run(EMU, args, env)
+    if rc != 0:
+        return None, f"{variant} run failed: {err.strip()[-1200:]}"
+    print(f"     {name} {variant}: {wall:.1f} s")
+    return d, None
+
+
+def bits_differ(got, a, b):
+    """None when variants a and b of got ({variant: (losses, grad norms)}) trained the same bits, else why not."""
+    if not got[a][0]:
+        return "no train steps"
+    if got[a] != got[b]:
+        return f"{a} {got[a]} != {b} {got[b]}"
+    return None
+
+
 def same_bits(name, parallel, sets, env=None, layers=2, gathers16=False):
     """bf16 on the CUDA backend: runtime.bf16_operands keep (the default: bf16 weights cast once per step, each
     layer input once per micro-batch and kept for the backward, through the layout's row chunks) must give the
@@ -159,18 +183,11 @@ def same_bits(name, parallel, sets, env=None, layers=2, gathers16=False):
     them — and with cast in fp32; the embedding's input gradient is gathered in fp32 by both."""
     got = {}
     for variant in ("keep", "cast"):
-        d = os.path.join(WORK, f"{name}-{variant}")
-        path = os.path.join(WORK, f"{name}-{variant}.yaml")
-        spec(path, d, parallel, layers)
-        args = ["train", path, "--set", "runtime.backend=cuda", "--set", "train.precision=bf16", "--set",
-                f"runtime.bf16_operands={variant}"]
-        for s in [*sets, *(["log.trace=true"] if gathers16 else [])]:
-            args += ["--set", s]
-        rc, _, err, wall = run(EMU, args, env)
-        if rc != 0:
-            return f"{variant} run failed: {err.strip()[-1200:]}"
+        d, err = bf16_variant(name, variant, parallel, [f"runtime.bf16_operands={variant}", *sets,
+                                                        *(["log.trace=true"] if gathers16 else [])], env, layers)
+        if err:
+            return err
         got[variant] = (series(d, "loss"), series(d, "grad_norm"))
-        print(f"     {name} {variant}: {wall:.1f} s")
         if gathers16:
             names = tp_gathers(d)
             bf16 = {n for n in names if n.startswith("tp all-gather (bf16) ")}
@@ -185,11 +202,7 @@ def same_bits(name, parallel, sets, env=None, layers=2, gathers16=False):
                 extra = [l for l in labels if not any(l.startswith(w) for w in want)]
                 if extra:
                     return f"{variant}: {kind} all-gathers of {extra} on the trace: {sorted(names)}"
-    if not got["keep"][0]:
-        return "no train steps"
-    if got["keep"] != got["cast"]:
-        return f"keep {got['keep']} != cast {got['cast']}"
-    return None
+    return bits_differ(got, "keep", "cast")
 
 
 def fused_sums16(name, parallel, sets=()):
@@ -200,26 +213,15 @@ def fused_sums16(name, parallel, sets=()):
     there."""
     got = {}
     for variant, hook in (("fused", {}), ("unfused", {"MEGASCALE_TP_SUMS16": "unfused"})):
-        d = os.path.join(WORK, f"{name}-{variant}")
-        path = os.path.join(WORK, f"{name}-{variant}.yaml")
-        spec(path, d, parallel)
-        args = ["train", path, "--set", "runtime.backend=cuda", "--set", "train.precision=bf16", "--set",
-                "runtime.activations=bf16", "--set", "parallel.tp_reduce_dtype=bf16"]
-        for s in sets:
-            args += ["--set", s]
-        rc, _, err, wall = run(EMU, args, {**DEFERRED, **hook})
-        if rc != 0:
-            return f"{variant} run failed: {err.strip()[-1200:]}"
+        d, err = bf16_variant(name, variant, parallel,
+                              ["runtime.activations=bf16", "parallel.tp_reduce_dtype=bf16", *sets], {**DEFERRED, **hook})
+        if err:
+            return err
         got[variant] = (series(d, "loss"), series(d, "grad_norm"))
-        print(f"     {name} {variant}: {wall:.1f} s")
         named = "tensor-parallel partial sums" in open(os.path.join(d, "logs", "rank-0.log")).read()
         if named != (variant == "fused"):
             return f"{variant}: rank 0's log {'does not name' if not named else 'names'} the bf16 partial sums"
-    if not got["fused"][0]:
-        return "no train steps"
-    if got["fused"] != got["unfused"]:
-        return f"fused {got['fused']} != unfused {got['unfused']}"
-    return None
+    return bits_differ(got, "fused", "unfused")
 
 
 def bf16_sums(name, parallel, env=None):
