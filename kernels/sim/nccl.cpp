@@ -16,6 +16,9 @@
 //     all of them progress together: what lets a send and a receive that depend on each other complete.
 //   * Collectives block their stream until every rank has contributed; results are reduced in rank order, so
 //     they are bitwise identical on every rank. Types: float, double, int64; ops: sum, max, min.
+//   * In a CUDA graph (the NCCL stream forked into a stream capture): each operation is captured with the sequence
+//     number it was issued with and runs again at every launch; messages of one number queue in arrival order, so
+//     the k-th launches match on every rank — as NCCL requires, every rank launches its graphs in the same order.
 //   * A peer that closes its connection (it died, or aborted) is ncclRemoteError from ncclCommGetAsyncError; the
 //     blocked operation then completes without data. ncclCommAbort unblocks everything of the communicator.
 // Fault injection for tests: MS_SIM_NCCL_STALL=<rank>:<n> makes the n-th operation (1-based, all communicators
@@ -37,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -121,7 +125,9 @@ struct Comm {
   std::vector<std::unique_ptr<std::mutex>> write_mu;
   std::mutex mu;
   std::condition_variable cv;
-  std::map<std::tuple<int, uint32_t, uint64_t>, std::vector<char>> inbox;  // (peer, kind, seq) -> payload
+  // (peer, kind, seq) -> payloads in arrival order: an operation captured in a CUDA graph keeps the sequence number
+  // it was issued with, so each launch of the graph sends it again; the k-th launch's message is the k-th to arrive.
+  std::map<std::tuple<int, uint32_t, uint64_t>, std::deque<std::vector<char>>> inbox;
   ncclResult_t async_error = ncclSuccess;
   std::string error_text;
   bool aborted = false;
@@ -179,7 +185,7 @@ struct Comm {
           continue;
         }
         std::lock_guard<std::mutex> l(mu);
-        inbox[{peer, h.kind, h.seq}] = std::move(payload);
+        inbox[{peer, h.kind, h.seq}].push_back(std::move(payload));
         cv.notify_all();
       }
     }
@@ -191,8 +197,9 @@ struct Comm {
     cv.wait(l, [&] { return aborted || async_error != ncclSuccess || inbox.count(key); });
     auto it = inbox.find(key);
     if (it == inbox.end()) return false;
-    if (out) *out = std::move(it->second);
-    inbox.erase(it);
+    if (out) *out = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) inbox.erase(it);
     return true;
   }
   bool Has(int peer, Kind kind, uint64_t seq) { return inbox.count({peer, static_cast<uint32_t>(kind), seq}) != 0; }

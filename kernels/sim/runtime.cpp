@@ -13,7 +13,8 @@
 //   cudaLaunchHostFunc    runs the function in stream order (sync mode: at once); CUDA calls made from inside it fail
 //                     with cudaErrorNotPermitted (CUDA forbids them: on a GPU they may fail or deadlock);
 //   graphs            cudaStreamBeginCapture / EndCapture / IsCapturing, cudaGraphInstantiate / Launch / GetNodes
-//                     (the count) / Destroy, for single-stream captures (streams.cpp);
+//                     (the count) / Destroy; a capture spans the streams that wait for its events (fork) and
+//                     must be joined back before it ends (streams.cpp);
 //   device queries    one device, 0, "megascale SIMT emulator (CPU)": sm_90's launch limits, the host's RAM as
 //                     its memory (cudaMalloc fails above it), the host's cores as its multiprocessors.
 // Allocations are 256-byte aligned, as cudaMalloc's; runtime_hooks.h adds failure injection and range checks.
@@ -677,6 +678,15 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   const cudaError_t r = ms::sim::internal::EndCapture(stream, pGraph, &why);
   if (r == cudaErrorStreamCaptureInvalidated) {
     return Fail(r, "cudaStreamEndCapture: the capture was invalidated by " + why);
+  }
+  if (r == cudaErrorStreamCaptureUnjoined) {
+    return Fail(r, "cudaStreamEndCapture: " + why +
+                       " (record an event on it after its last operation and make the "
+                       "capturing stream wait for it)");
+  }
+  if (r == cudaErrorStreamCaptureUnmatched) {
+    return Fail(r,
+                "cudaStreamEndCapture: called on a stream forked into the capture; end it on the stream that began it");
   }
   if (r != cudaSuccess) return Fail(r, "cudaStreamEndCapture: not a capturing stream, or another thread's capture");
   return cudaSuccess;

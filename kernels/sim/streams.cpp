@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -36,13 +37,30 @@ namespace {
 
 struct StreamState;
 
-// A captured or instantiated graph: its operations in issue order.
+// A captured or instantiated graph: its operations in issue order. A capture may span streams, as CUDA's does: a
+// stream that waits for an event recorded in the capture joins it (a fork), and its operations are captured too;
+// every such stream must be joined back — an event recorded on it after its last captured operation waited for by
+// the origin stream, directly or through other streams of the capture — before the origin ends the capture
+// (cudaErrorStreamCaptureUnjoined otherwise). A launch runs the operations in the order they were issued, one after
+// the other on the launching stream: a valid order of the graph's dependencies (each was issued after the ones it
+// depends on), with less concurrency than a GPU's.
+struct StreamState;
 struct GraphState {
   std::vector<std::pair<std::string, StreamOp>> ops;
-  bool invalid = false;            // while capturing: something CUDA refuses happened
-  std::string why;                 // the first reason it was invalidated
-  std::thread::id thread;          // the thread that began the capture
-  bool thread_local_mode = false;  // cudaStreamCaptureModeThreadLocal: only that thread may end it
+  bool invalid = false;              // while capturing: something CUDA refuses happened
+  std::string why;                   // the first reason it was invalidated
+  std::thread::id thread;            // the thread that began the capture
+  bool thread_local_mode = false;    // cudaStreamCaptureModeThreadLocal: only that thread may end it
+  StreamState* origin = nullptr;     // the stream that began the capture
+  std::vector<StreamState*> forked;  // streams that joined it by waiting for one of its events
+  // The first `upto` operations captured on `from` precede the operation issued on `into` after its first `at`.
+  struct Join {
+    StreamState* from;
+    uint64_t upto;
+    StreamState* into;
+    uint64_t at;
+  };
+  std::vector<Join> joins;
 };
 
 struct Item {
@@ -59,7 +77,8 @@ struct StreamState {
   std::deque<Item> queue;
   uint64_t enqueued = 0, done = 0, demanded = 0;
   cudaError_t sticky = cudaSuccess;  // the first failure of an operation run on the stream
-  GraphState* capture = nullptr;     // between cudaStreamBeginCapture and cudaStreamEndCapture
+  GraphState* capture = nullptr;     // between cudaStreamBeginCapture and cudaStreamEndCapture (or forked into one)
+  uint64_t captured = 0;             // operations captured on this stream in its current capture
   bool stop = false;
   std::thread worker;
 };
@@ -263,6 +282,7 @@ cudaError_t Enqueue(cudaStream_t stream, const char* what, StreamOp op) {
   if (s->capture) {
     if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
     s->capture->ops.emplace_back(what, std::move(op));
+    ++s->captured;
     return cudaSuccess;
   }
   if (s->legacy && !e.captures.empty()) {  // the legacy stream's barrier would join a capturing blocking stream
@@ -358,7 +378,7 @@ cudaError_t RecordEvent(cudaEvent_t event, cudaStream_t stream) {
     if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
     ev->captured_in = s->capture;
     ev->stream = s;
-    ev->seq = s->enqueued;
+    ev->seq = s->captured;  // in the capture: after the stream's first `captured` operations
     return cudaSuccess;
   }
   ev->captured_in = nullptr;
@@ -394,16 +414,23 @@ cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
   StreamState* s = Resolve(e, stream);
   if (!s || !e.events.count(ev)) return cudaErrorInvalidResourceHandle;
   if (ev->captured_in || s->capture) {
-    if (ev->captured_in && ev->captured_in == s->capture) return cudaSuccess;  // recorded earlier on this stream
+    GraphState* g = ev->captured_in;
+    if (g && g == s->capture) {  // an event of the same capture: a dependency inside the graph
+      if (ev->stream != s) g->joins.push_back({ev->stream, ev->seq, s, s->captured});
+      return cudaSuccess;
+    }
     if (s->capture) {
       InvalidateLocked(s->capture, "the capturing stream waited for an event recorded outside the capture");
       return cudaErrorStreamCaptureIsolation;
     }
-    if (e.captures.count(ev->captured_in)) {
-      InvalidateLocked(ev->captured_in,
-                       "another stream waited for an event recorded in the capture (joining a "
-                       "capture from another stream is not emulated)");
+    if (e.captures.count(g) && !s->legacy) {  // a fork: the stream joins the capture
+      if (g->invalid) return cudaErrorStreamCaptureInvalidated;
+      s->capture = g;
+      s->captured = 0;
+      g->forked.push_back(s);
+      return cudaSuccess;
     }
+    if (e.captures.count(g)) InvalidateLocked(g, "the legacy stream waited for an event recorded in the capture");
     return cudaErrorStreamCaptureUnsupported;
   }
   if (ReadModeLocked(e) == StreamMode::kSync || !ev->stream || ev->stream == s) return cudaSuccess;
@@ -458,7 +485,9 @@ cudaError_t BeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   auto* g = new GraphState;
   g->thread = std::this_thread::get_id();
   g->thread_local_mode = mode == cudaStreamCaptureModeThreadLocal;
+  g->origin = s;
   s->capture = g;
+  s->captured = 0;
   e.captures.insert(g);
   return cudaSuccess;
 }
@@ -472,6 +501,32 @@ cudaError_t EndCapture(cudaStream_t stream, cudaGraph_t* graph, std::string* why
   GraphState* g = s->capture;
   if (!g) return cudaErrorIllegalState;
   if (g->thread_local_mode && g->thread != std::this_thread::get_id()) return cudaErrorStreamCaptureWrongThread;
+  if (g->origin != s) {  // only the stream that began it may end it
+    InvalidateLocked(g, "cudaStreamEndCapture on a stream forked into the capture, not the one that began it");
+    return cudaErrorStreamCaptureUnmatched;
+  }
+  // Every forked stream joined back: how far each stream's captured operations precede the origin's end.
+  std::map<StreamState*, uint64_t> joined{{s, UINT64_MAX}};
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const GraphState::Join& j : g->joins) {
+      auto into = joined.find(j.into);
+      if (into == joined.end() || into->second < j.at) continue;
+      uint64_t& from = joined[j.from];
+      if (from < j.upto) {
+        from = j.upto;
+        changed = true;
+      }
+    }
+  }
+  cudaError_t unjoined = cudaSuccess;
+  for (StreamState* f : g->forked) {
+    if (!g->invalid && joined[f] < f->captured) {
+      InvalidateLocked(g, "a stream forked into the capture has operations the origin stream never waited for");
+      unjoined = cudaErrorStreamCaptureUnjoined;
+    }
+    f->capture = nullptr;
+  }
   s->capture = nullptr;
   e.captures.erase(g);
   for (EventState* ev : e.events) {
@@ -481,7 +536,7 @@ cudaError_t EndCapture(cudaStream_t stream, cudaGraph_t* graph, std::string* why
   if (g->invalid) {
     if (why) *why = g->why;
     delete g;
-    return cudaErrorStreamCaptureInvalidated;
+    return unjoined != cudaSuccess ? unjoined : cudaErrorStreamCaptureInvalidated;
   }
   e.graphs.insert(g);
   *graph = reinterpret_cast<cudaGraph_t>(g);
@@ -539,6 +594,7 @@ cudaError_t LaunchGraph(void* exec, cudaStream_t stream) {
   if (s->capture) {  // a graph launched into a capture becomes part of it
     if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
     for (const auto& [what, op] : g->ops) s->capture->ops.emplace_back(what, op);
+    s->captured += g->ops.size();
     return cudaSuccess;
   }
   if (ReadModeLocked(e) == StreamMode::kSync) {

@@ -1,9 +1,10 @@
 // The NCCL communicator's device waits (lib/cuda/nccl_comm.cpp: Work::WaitOnDevice, the watchdog thread, Drain, the
 // time the stream spent blocked: TakeDeviceWaitSeconds) on the emulated NCCL, two ranks as two threads of this
 // process, under the deferred emulated streams (a stream runs its work only when something waits for it, so a
-// consumer not ordered after the collective reads stale memory).
+// consumer not ordered after the collective reads stale memory); and the emulated NCCL captured in a CUDA graph.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
+#include <nccl.h>
 
 #include <atomic>
 #include <chrono>
@@ -169,6 +170,69 @@ TEST_CASE("a collective waited on the device that never completes: the watchdog 
   CHECK(!s.ok());
   CHECK(s.message().find("aborted after an earlier failure") != std::string::npos);
   Free(ranks);
+}
+
+// The emulated NCCL inside a CUDA graph (kernels/sim/nccl.cpp, streams.cpp), at the level of the NCCL API: each rank
+// forks an NCCL stream into a capture of its compute stream by an event, all-reduces there in place and joins back;
+// every launch of the graph sums again — two launches queued back to back included, whose messages carry the same
+// sequence numbers and must match in launch order.
+TEST_CASE("the emulated NCCL in a CUDA graph: every launch all-reduces again, in launch order") {
+  Mode mode(sim::StreamMode::kDeferred);
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<std::vector<float>> got(2);
+  auto rank = [&](int r) {
+    ncclComm_t comm = nullptr;
+    REQUIRE(ncclCommInitRank(&comm, 2, id, r) == ncclSuccess);  // blocks until both ranks joined
+    cudaStream_t compute = nullptr, side = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+    float* buf = nullptr;
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&buf), sizeof(float) * kN) == cudaSuccess);
+    std::vector<float> h(kN, static_cast<float>(r + 1));
+    REQUIRE(cudaMemcpy(buf, h.data(), sizeof(float) * kN, cudaMemcpyHostToDevice) == cudaSuccess);
+    cudaEvent_t fork = nullptr, join = nullptr;
+    REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork, compute) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);
+    REQUIRE(ncclAllReduce(buf, buf, kN, ncclFloat32, ncclSum, comm, side) == ncclSuccess);
+    REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(compute, join, 0) == cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(compute, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    auto read = [&] {
+      std::vector<float> v(kN, -1.0f);
+      REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+      REQUIRE(cudaMemcpy(v.data(), buf, sizeof(float) * kN, cudaMemcpyDeviceToHost) == cudaSuccess);
+      return v;
+    };
+    const std::vector<float> before = read();  // the capture ran nothing
+    REQUIRE(cudaGraphLaunch(exec, compute) == cudaSuccess);
+    const std::vector<float> once = read();
+    REQUIRE(cudaGraphLaunch(exec, compute) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, compute) == cudaSuccess);
+    std::vector<float> thrice = read();
+    CHECK(before == std::vector<float>(kN, static_cast<float>(r + 1)));
+    CHECK(once == std::vector<float>(kN, 3.0f));
+    got[static_cast<size_t>(r)] = std::move(thrice);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    CHECK(ncclCommDestroy(comm) == ncclSuccess);
+    cudaFree(buf);
+    cudaStreamDestroy(side);
+    cudaStreamDestroy(compute);
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  CHECK(got[0] == std::vector<float>(kN, 12.0f));  // 3 + 3, then 6 + 6
+  CHECK(got[1] == std::vector<float>(kN, 12.0f));
 }
 
 }  // namespace ms::cuda

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -279,9 +281,9 @@ TEST_CASE("stream capture: what CUDA refuses during a capture fails and invalida
     begin();
     CHECK(cudaStreamWaitEvent(c.s, out, 0) == cudaErrorStreamCaptureIsolation);
     end_invalid();
-    begin();
+    begin();  // the legacy stream cannot join a capture
     REQUIRE(cudaEventRecord(in, c.s) == cudaSuccess);
-    CHECK(cudaStreamWaitEvent(other, in, 0) == cudaErrorStreamCaptureUnsupported);  // joining: not emulated
+    CHECK(cudaStreamWaitEvent(nullptr, in, 0) == cudaErrorStreamCaptureUnsupported);
     end_invalid();
     cudaStreamDestroy(other);
     cudaEventDestroy(in);
@@ -300,4 +302,130 @@ TEST_CASE("stream capture: what CUDA refuses during a capture fails and invalida
   REQUIRE(cudaMemsetAsync(c.dev, 0, sizeof(float), c.s) == cudaSuccess);
   REQUIRE(cudaStreamSynchronize(c.s) == cudaSuccess);
   CHECK(c.Read(0) == 0.0f);
+}
+
+// ---- a capture across streams: forks by event waits, joins back ----
+
+namespace {
+
+struct Forks {
+  cudaStream_t a = nullptr, b = nullptr, c = nullptr;
+  std::vector<cudaEvent_t> events;
+  std::mutex mu;
+  std::vector<std::string> log;
+  Forks() {
+    for (cudaStream_t* s : {&a, &b, &c}) REQUIRE(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) == cudaSuccess);
+  }
+  ~Forks() {
+    for (cudaEvent_t ev : events) cudaEventDestroy(ev);
+    for (cudaStream_t s : {a, b, c}) cudaStreamDestroy(s);
+  }
+  // `to` waits for an event recorded on `from` now.
+  void Wait(cudaStream_t to, cudaStream_t from) {
+    cudaEvent_t ev = nullptr;
+    REQUIRE(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess);
+    events.push_back(ev);
+    REQUIRE(cudaEventRecord(ev, from) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(to, ev, 0) == cudaSuccess);
+  }
+  void Op(cudaStream_t s, const char* name) {
+    REQUIRE(ms::sim::EnqueueOnStream(s, name, [this, name] {
+              std::lock_guard<std::mutex> l(mu);
+              log.emplace_back(name);
+              return cudaSuccess;
+            }) == cudaSuccess);
+  }
+  cudaStreamCaptureStatus Status(cudaStream_t s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusInvalidated;
+    REQUIRE(cudaStreamIsCapturing(s, &st) == cudaSuccess);
+    return st;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("stream capture across streams: forks and joins by events; a launch runs every stream's operations") {
+  for (auto mode : {ms::sim::StreamMode::kSync, ms::sim::StreamMode::kAsync, ms::sim::StreamMode::kDeferred}) {
+    CAPTURE(ms::sim::StreamModeName(mode));
+    Mode m(mode);
+    Forks f;
+    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    f.Op(f.a, "a1");
+    f.Wait(f.b, f.a);  // b forks from a
+    CHECK(f.Status(f.b) == cudaStreamCaptureStatusActive);
+    f.Op(f.b, "b1");
+    f.Wait(f.c, f.b);  // c forks from b, and joins b back
+    f.Op(f.c, "c1");
+    f.Wait(f.b, f.c);
+    f.Op(f.b, "b2");
+    f.Op(f.a, "a2");
+    f.Wait(f.a, f.b);  // b (and through it c) joins a back
+    f.Op(f.a, "a3");
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(f.a, &graph) == cudaSuccess);
+    CHECK(f.Status(f.b) == cudaStreamCaptureStatusNone);
+    CHECK(f.Status(f.c) == cudaStreamCaptureStatusNone);
+    size_t nodes = 0;
+    REQUIRE(cudaGraphGetNodes(graph, nullptr, &nodes) == cudaSuccess);
+    CHECK(nodes == 6);
+    CHECK(f.log.empty());  // recorded, not run
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, f.a) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, f.a) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(f.a) == cudaSuccess);
+    const std::vector<std::string> once = {"a1", "b1", "c1", "b2", "a2", "a3"};  // the issue order
+    std::vector<std::string> twice = once;
+    twice.insert(twice.end(), once.begin(), once.end());
+    CHECK(f.log == twice);
+    // The forked streams work on their own again.
+    f.Op(f.b, "b-after");
+    REQUIRE(cudaStreamSynchronize(f.b) == cudaSuccess);
+    CHECK(f.log.back() == "b-after");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+}
+
+TEST_CASE("stream capture across streams: a fork not joined back, or the capture ended on it, fails") {
+  Forks f;
+  cudaGraph_t graph = nullptr;
+  SUBCASE("unjoined") {
+    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    f.Wait(f.b, f.a);
+    f.Op(f.b, "b1");
+    CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureUnjoined);
+  }
+  SUBCASE("joined before its last operation") {
+    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    f.Wait(f.b, f.a);
+    f.Op(f.b, "b1");
+    f.Wait(f.a, f.b);
+    f.Op(f.b, "b2");
+    CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureUnjoined);
+  }
+  SUBCASE("joined only to another forked stream that never joins back") {
+    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    f.Wait(f.b, f.a);
+    f.Wait(f.c, f.b);
+    f.Op(f.c, "c1");
+    f.Wait(f.b, f.c);
+    f.Op(f.b, "b1");
+    CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureUnjoined);
+  }
+  SUBCASE("ended on the forked stream") {
+    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    f.Wait(f.b, f.a);
+    CHECK(cudaStreamEndCapture(f.b, &graph) == cudaErrorStreamCaptureUnmatched);
+    CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureInvalidated);
+  }
+  CHECK(graph == nullptr);
+  (void)cudaGetLastError();
+  CHECK(f.Status(f.a) == cudaStreamCaptureStatusNone);
+  CHECK(f.Status(f.b) == cudaStreamCaptureStatusNone);
+  CHECK(f.Status(f.c) == cudaStreamCaptureStatusNone);
+  CHECK(f.log.empty());
+  f.Op(f.b, "b-after");  // usable again
+  REQUIRE(cudaStreamSynchronize(f.b) == cudaSuccess);
+  CHECK(f.log == std::vector<std::string>{"b-after"});
 }
