@@ -169,6 +169,10 @@ class Communicator {
   // since the last call, measured on the device (timing events around each wait): the communication the compute did
   // not hide, where the host no longer sees it. 0 where nothing is waited on the device.
   virtual double TakeDeviceWaitSeconds() { return 0; }
+  // Where operations are waited on the device: watches the work enqueued on the backend's stream so far (a CUDA graph
+  // launched there whose captured operations of this communicator no Work represents) as one such operation —
+  // Drain waits for it, the watchdog times it out and aborts (`what` names it). Default: nothing to watch.
+  virtual Status WatchCompute(const std::string& /*what*/) { return Status::Ok(); }
   // Ordered after every collective issued before it; blocks until all ranks arrive.
   virtual Status Barrier() = 0;
 };
@@ -223,6 +227,7 @@ class ForwardingCommunicator : public Communicator {
   bool waits_on_device() const override { return inner_->waits_on_device(); }
   Status Drain() override { return inner_->Drain(); }
   double TakeDeviceWaitSeconds() override { return inner_->TakeDeviceWaitSeconds(); }
+  Status WatchCompute(const std::string& what) override { return inner_->WatchCompute(what); }
   Status Barrier() override { return inner_->Barrier(); }
 
  protected:

@@ -216,6 +216,17 @@ class NcclWork : public comm::Work {
   Status WaitOnDevice() override {
     if (!status_.ok() || !ev_ || waited_ || on_device_) return status_;
     if (Status f = shared_->Failed(); !f.ok()) return status_ = f;
+    // Inside a stream capture (a CUDA graph recording the operation: the NCCL stream forked into it) the wait is the
+    // graph's join back; its events cannot be queried or timed, so nothing is watched or measured here — the graph's
+    // launcher watches each launch (Communicator::WatchCompute).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(compute_, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+      if (cudaError_t e = cudaStreamWaitEvent(compute_, ev_.get(), 0); e != cudaSuccess) {
+        return status_ = Internal("{}: joining the graph's compute stream after it: {}", what_, cudaGetErrorString(e));
+      }
+      on_device_ = true;
+      return status_;
+    }
     // Timing events before and after the wait measure how long the stream was blocked in it (best effort: without
     // them the wait is the same, only unmeasured).
     cudaEvent_t reached = nullptr, resumed = nullptr;
@@ -321,6 +332,24 @@ class NcclCommunicator : public comm::Communicator {
     });
     t.erase(done, t.end());
     return s;
+  }
+  Status WatchCompute(const std::string& what) override {
+    if (Status f = shared_->Failed(); !f.ok()) return f;
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, static_cast<cudaStream_t>(options_.compute_stream));
+    if (e != cudaSuccess) {
+      if (ev) cudaEventDestroy(ev);
+      return Internal("{}: watching {}: {}", options_.name, what, cudaGetErrorString(e));
+    }
+    std::lock_guard<std::mutex> l(shared_->mu);
+    SharedEvent owned = OwnEvent(ev);
+    if (shared_->aborted) return Status::Ok();  // Drain returns the failure
+    shared_->watched.push_back(
+        {std::move(owned), fmt::format("{} on {} (rank {} of {})", what, options_.name, shared_->rank, shared_->size),
+         std::chrono::steady_clock::now()});
+    shared_->cv.notify_all();
+    return Status::Ok();
   }
   // Polls the newest operation waited on the device (the stream completes them in order) itself, spinning for
   // the first millisecond as Wait does, so that the step's end is not late by the watchdog's poll; the watchdog

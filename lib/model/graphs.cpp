@@ -25,8 +25,15 @@ std::string Gpt::EnableGraphs(bool on) {
   std::string why;
   if (!be_->supports_graphs()) {
     why = fmt::format("the {} backend records no graphs", be_->name());
-  } else if (shard_.tp_size > 1) {
-    why = fmt::format("tensor parallelism (tp {}) communicates inside each micro-batch", shard_.tp_size);
+  } else if (shard_.tp_size > 1 && !(comms_.tp && comms_.tp->waits_on_device())) {
+    why = fmt::format(
+        "tensor parallelism (tp {}) communicates inside each micro-batch, and its communicator ({}) "
+        "waits on the host",
+        shard_.tp_size, comms_.tp ? comms_.tp->name() : "none");
+  } else if (shard_.tp_size > 1 && span_) {
+    why =
+        "a traced run (log.trace) waits for each tensor-parallel collective on the host, so that its span ends "
+        "when it completed";
   }
   graphs_on_ = on && why.empty();
   if (!graphs_on_) graphs_.clear();
@@ -59,6 +66,13 @@ Status Gpt::LaunchSegments(const SlotGraph& g, const char* what, const Hook& hoo
       MS_RETURN_IF_ERROR(seg.graph->Launch().WithContext(fmt::format("launching the {} graph", what)));
     }
     if (seg.hook && hook) MS_RETURN_IF_ERROR(hook(seg.arg));
+  }
+  // Tensor parallelism: the graphs hold the pass's collectives (the NCCL stream forked into each capture, joined back
+  // by the device waits); no Work stands for them at a launch, so the communicator watches the launch itself — the
+  // step's drain waits for it and the watchdog times out a stuck peer.
+  if (shard_.tp_size > 1) {
+    MS_RETURN_IF_ERROR(comms_.tp->WatchCompute(fmt::format("the {} graph's tensor-parallel collectives", what)));
+    tp_drain_ = true;
   }
   ++graph_stats_.launches;
   return Status::Ok();

@@ -262,8 +262,10 @@ class Gpt {
   // weight copies for the step are made there, outside the graphs); a backward given no hook is one graph. A slot's
   // pass first runs eagerly (allocating the workspaces its ops need), is recorded at its next call, and recorded again
   // when what it was recorded for changes (the loss weight, a workspace the backend replaced). Graphs apply to the
-  // training micro-batches (between BeginStep and EndStep) at tp 1, on a backend that records graphs — a pipeline
-  // stage's received activations or gradient copied into the slot's buffers ahead of its graphs —; elsewhere the ops
+  // training micro-batches (between BeginStep and EndStep) on a backend that records graphs — a pipeline stage's
+  // received activations or gradient copied into the slot's buffers ahead of its graphs; at tp > 1 where the
+  // tensor-parallel communicator waits on the device (NCCL: its collectives recorded in the graphs, each launch
+  // watched by Communicator::WatchCompute) and the run is not traced —; elsewhere the ops
   // run as before. A capture that fails (an op that waits for the device or uploads inside it) turns graphs off for
   // the rest of the run, with its reason in graph_stats().failure, and the ops run eagerly.
   // EnableGraphs returns why graphs cannot apply to this model at all ("" where they can).

@@ -404,6 +404,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
     LogInfo(
         "parallel.tp_reduce_dtype: bf16 — the layers' tensor-parallel sums travel and add in bf16 (half the bytes)");
   }
+  if (spec.log.trace && par.tp > 1) {  // TP collectives and the GEMM chunks they overlap with
+    gpt->set_span_hook([&trace](std::string_view what, std::string_view lane, double t0, double t1) {
+      trace.Span(what, lane, t0, t1);
+    });
+  }
   bool graphs_on = false;
   if (spec.runtime.cuda_graphs) {
     const std::string why = gpt->EnableGraphs(true);
@@ -415,11 +420,6 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           "runtime.cuda_graphs: each micro-batch slot's forward and backward recorded once, then launched as CUDA "
           "graphs (cut at the layers' hooks, which run between them)");
     }
-  }
-  if (spec.log.trace && par.tp > 1) {  // TP collectives and the GEMM chunks they overlap with
-    gpt->set_span_hook([&trace](std::string_view what, std::string_view lane, double t0, double t1) {
-      trace.Span(what, lane, t0, t1);
-    });
   }
   parallel::DataParallelOptions dpo;
   dpo.zero = par.zero;

@@ -172,6 +172,53 @@ TEST_CASE("a collective waited on the device that never completes: the watchdog 
   Free(ranks);
 }
 
+// The communicator inside a CUDA graph: an operation issued while the compute stream captures forks the NCCL stream
+// into the capture, WaitOnDevice joins it back (nothing watched: a captured event cannot be queried), and each
+// launch is watched by WatchCompute — the drain waits for it, and a peer that never launches its graph is a timeout
+// naming the launch.
+TEST_CASE("the communicator in a CUDA graph: captured device waits, launches watched by WatchCompute") {
+  Mode mode(sim::StreamMode::kDeferred);
+  auto ranks = MakeGroup(std::chrono::milliseconds(300));
+  auto record = [](Rank& k) {
+    REQUIRE(cudaStreamBeginCapture(k.compute, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    auto w = k.comm->AllReduce(k.buf, kN, comm::ReduceOp::kSum);
+    REQUIRE(w->WaitOnDevice().ok());
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(k.compute, &graph) == cudaSuccess);  // joined back: no unjoined fork
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    cudaGraphDestroy(graph);
+    return exec;
+  };
+  std::vector<cudaGraphExec_t> execs(2);
+  std::vector<std::vector<float>> got(2);
+  auto run = [&](int r) {
+    Rank& k = ranks[static_cast<size_t>(r)];
+    k.Fill(static_cast<float>(r + 1));
+    execs[static_cast<size_t>(r)] = record(k);
+    CHECK(k.comm->TakeDeviceWaitSeconds() == 0);  // nothing timed inside the capture
+    REQUIRE(cudaGraphLaunch(execs[static_cast<size_t>(r)], k.compute) == cudaSuccess);
+    REQUIRE(k.comm->WatchCompute("the test graph").ok());
+    REQUIRE(k.comm->Drain().ok());
+    got[static_cast<size_t>(r)] = k.Consume();
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  CHECK(got[0] == std::vector<float>(kN, 3.0f));
+  CHECK(got[1] == std::vector<float>(kN, 3.0f));
+  // Rank 0 launches again, rank 1 does not: the watched launch times out, the drain says so.
+  REQUIRE(cudaGraphLaunch(execs[0], ranks[0].compute) == cudaSuccess);
+  REQUIRE(ranks[0].comm->WatchCompute("the test graph").ok());
+  const Status drained = ranks[0].comm->Drain();
+  REQUIRE(!drained.ok());
+  CHECK(drained.message().find("the test graph on nccl-test[0] (rank 0 of 2): no completion after 0.3 s") !=
+        std::string::npos);
+  CHECK(cudaStreamSynchronize(ranks[0].compute) == cudaSuccess);  // the abort unblocked it
+  for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+  Free(ranks);
+}
+
 // The emulated NCCL inside a CUDA graph (kernels/sim/nccl.cpp, streams.cpp), at the level of the NCCL API: each rank
 // forks an NCCL stream into a capture of its compute stream by an event, all-reduces there in place and joins back;
 // every launch of the graph sums again — two launches queued back to back included, whose messages carry the same

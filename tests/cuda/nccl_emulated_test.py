@@ -18,6 +18,7 @@ the CPU backend's losses:
   deadlock    the pipeline's former order (receive of the next action posted before the current send:
               MEGASCALE_PP_P2P=ungrouped) deadlocks on NCCL semantics; the watchdog ends the job within the
               timeout, naming the group, the operation and the peer;
+  graphs      runtime.cuda_graphs at tp 2 (the collectives captured in the graphs) gives the bits of op by op, deferred;
   stuck peer  an injected stuck rank (MS_SIM_NCCL_STALL) ends the job within the timeout, naming group, op, peer;
               on tp 2, where a training step's collectives are waited for on the device (the host does not wait:
               the communicator's watchdog thread finds the timeout and aborts), the same;
@@ -224,6 +225,26 @@ def fused_sums16(name, parallel, sets=()):
     return bits_differ(got, "fused", "unfused")
 
 
+def graphs_same_bits(name, parallel, sets=(), env=None):
+    """runtime.cuda_graphs at tp 2: each micro-batch slot's passes recorded with their tensor-parallel collectives
+    (the NCCL stream forked into the capture, joined back by the device waits) and launched as graphs must give the
+    bits of launching the ops one by one, under the deferred streams (env: DEFERRED unless given); rank 0's log must
+    say graphs were launched."""
+    got = {}
+    for variant in ("graphs", "eager"):
+        d, err = bf16_variant(name, variant, parallel,
+                              [f"runtime.cuda_graphs={'true' if variant == 'graphs' else 'false'}", *sets],
+                              DEFERRED if env is None else env)
+        if err:
+            return err
+        got[variant] = (series(d, "loss"), series(d, "grad_norm"))
+        log = open(os.path.join(d, "logs", "rank-0.log")).read()
+        launched = "launched as graphs" in log and " 0 forwards and backwards launched as graphs" not in log
+        if launched != (variant == "graphs"):
+            return f"{variant}: rank 0's log says graphs were {'not ' if not launched else ''}launched"
+    return bits_differ(got, "graphs", "eager")
+
+
 def bf16_sums(name, parallel, env=None):
     """parallel.tp_reduce_dtype: bf16 on the emulated NCCL (ncclBfloat16 sums, the rounding and widening kernels
     ordered around them by events) against the same layout's bf16 sums on the CPU backend (Gloo): at tp 2 both
@@ -258,12 +279,14 @@ def bf16_sums(name, parallel, env=None):
     return None if worst <= 3e-4 else f"differs from the CPU backend's bf16 sums by {worst:.3e} relative (> 3e-4)"
 
 
-def must_fail(name, parallel, env, needles, timeout_s=3, layers=2):
+def must_fail(name, parallel, env, needles, timeout_s=3, layers=2, sets=()):
     path = os.path.join(WORK, name + ".yaml")
     d = os.path.join(WORK, name)
     spec(path, d, parallel, layers)
-    rc, _, err, wall = run(EMU, ["train", path, "--set", "runtime.backend=cuda", "--set",
-                                 f"runtime.collective_timeout_s={timeout_s}"], env, timeout=300)
+    args = ["train", path, "--set", "runtime.backend=cuda", "--set", f"runtime.collective_timeout_s={timeout_s}"]
+    for s in sets:
+        args += ["--set", s]
+    rc, _, err, wall = run(EMU, args, env, timeout=300)
     print(f"     {name}: exit {rc} after {wall:.1f} s")
     if rc == 0:
         return "the job succeeded"
@@ -300,6 +323,10 @@ for name, par, layers in LAYOUTS:
 if GPU:
     if fits("tp2-bf16-sums", "{tp: 2}"):  # libnccl's ncclBfloat16 sums against the CPU backend's (Gloo)
         report("tp2-bf16-sums", bf16_sums("bf16sums-tp2", "{tp: 2, tp_comm_chunks: 2, micro_batches: 2}"))
+    if fits("graphs-tp2-sp-chunks-same-bits", "{tp: 2}"):  # libnccl's collectives captured in CUDA graphs
+        report("graphs-tp2-sp-chunks-same-bits",
+               graphs_same_bits("graphs-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}",
+                                env={}))
     if fits("deadlock-of-the-former-order", "{pp: 2}"):
         report("deadlock-of-the-former-order",
                must_fail("deadlock", "{pp: 2, micro_batches: 4}", {"MEGASCALE_PP_P2P": "ungrouped"},
@@ -356,6 +383,18 @@ if not QUICK:
            fused_sums16("sums16-tp2", "{tp: 2, tp_comm_chunks: 2, micro_batches: 2}", ["model.block=sequential"]))
     report("bf16-sums-fused-tp2-pp2-parallel-block",
            fused_sums16("sums16-tp2-pp2", "{tp: 2, pp: 2, sequence_parallel: true, micro_batches: 2}"))
+    # CUDA graphs at tp 2 (the collectives inside the graphs): the parallel block with sequence parallelism, chunked;
+    # all-reduces, chunked; the sequential block with the fused bf16 sums; tp 2 x pp 2 x dp 2 with ZeRO-1.
+    report("graphs-tp2-sp-chunks-same-bits",
+           graphs_same_bits("graphs-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}"))
+    report("graphs-tp2-chunks-same-bits",
+           graphs_same_bits("graphs-tp2", "{tp: 2, tp_comm_chunks: 2, micro_batches: 2}", ["model.block=sequential"]))
+    report("graphs-tp2-sp-fused-bf16-sums-same-bits",
+           graphs_same_bits("graphs-tp2-sums16", "{tp: 2, sequence_parallel: true, micro_batches: 2}",
+                            ["model.block=sequential", "runtime.activations=bf16", "parallel.tp_reduce_dtype=bf16"]))
+    report("graphs-tp2-pp2-dp2-zero1-same-bits",
+           graphs_same_bits("graphs-2x2x2", "{tp: 2, pp: 2, dp: 2, zero: 1, micro_batches: 2}",
+                            ["model.block=sequential"]))
 DEADLOCK = ["no completion after 3.0 s", "nccl-pp[0]", "from peer", "runtime.collective_timeout_s"]
 UNGROUPED = {"MEGASCALE_PP_P2P": "ungrouped"}
 report("deadlock-of-the-former-order", must_fail("deadlock", "{pp: 2, micro_batches: 4}", UNGROUPED, DEADLOCK))
@@ -384,6 +423,13 @@ if not QUICK:
            must_fail("stuck-tp", "{tp: 2}", {"MS_SIM_NCCL_STALL": "1:3"},
                      ["no completion after 3.0 s", "nccl-tp[0]", "aborted after an earlier failure",
                       "runtime.collective_timeout_s"]))
+    # A stuck peer inside a graph (operation 12 on is the second micro-batch's, recorded in the graphs): no Work
+    # stands for the graphs' collectives, the communicator watches each launch (Communicator::WatchCompute).
+    report("watchdog-stuck-peer-tp-in-graphs",
+           must_fail("stuck-tp-graphs", "{tp: 2, micro_batches: 2}", {"MS_SIM_NCCL_STALL": "1:12"},
+                     ["no completion after 3.0 s", "graph's tensor-parallel collectives on nccl-tp[0]",
+                      "runtime.collective_timeout_s"],
+                     sets=["train.precision=bf16", "runtime.cuda_graphs=true"]))
     PLANTED = {"MS_SIM_STREAMS": "deferred", "MEGASCALE_PLANT": "nccl_no_compute_wait"}
     for name, par in [("pp2", "{pp: 2, micro_batches: 4}"), ("dp2", "{dp: 2}"), ("tp2", "{tp: 2}")]:
         report(f"planted-missing-event-wait-caught-{name}",
