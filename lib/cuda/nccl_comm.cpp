@@ -88,7 +88,10 @@ struct Shared {
   std::string name;
   int rank = 0, size = 0;
   std::chrono::milliseconds timeout{60'000};
-  std::deque<Watched> watched;  // oldest first: they complete in this order (one NCCL stream)
+  // Oldest first; they complete in this order: operations on the one NCCL stream, each waited for by the compute
+  // stream, and launches watched on the compute stream (WatchCompute), each operation issued after them ordered
+  // after them.
+  std::deque<Watched> watched;
   bool stop = false;
   // Timing events around each device wait on the backend's stream (recorded before and after the wait), until
   // TakeDeviceWaitSeconds reads them.
