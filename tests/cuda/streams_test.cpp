@@ -390,23 +390,20 @@ TEST_CASE("stream capture across streams: forks and joins by events; a launch ru
 TEST_CASE("stream capture across streams: a fork not joined back, or the capture ended on it, fails") {
   Forks f;
   cudaGraph_t graph = nullptr;
+  // Every case: a capture of a, which b joins (forks into) at once.
+  REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  f.Wait(f.b, f.a);
   SUBCASE("unjoined") {
-    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    f.Wait(f.b, f.a);
     f.Op(f.b, "b1");
     CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureUnjoined);
   }
   SUBCASE("joined before its last operation") {
-    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    f.Wait(f.b, f.a);
     f.Op(f.b, "b1");
     f.Wait(f.a, f.b);
     f.Op(f.b, "b2");
     CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureUnjoined);
   }
   SUBCASE("joined only to another forked stream that never joins back") {
-    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    f.Wait(f.b, f.a);
     f.Wait(f.c, f.b);
     f.Op(f.c, "c1");
     f.Wait(f.b, f.c);
@@ -414,8 +411,6 @@ TEST_CASE("stream capture across streams: a fork not joined back, or the capture
     CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureUnjoined);
   }
   SUBCASE("ended on the forked stream") {
-    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    f.Wait(f.b, f.a);
     CHECK(cudaStreamEndCapture(f.b, &graph) == cudaErrorStreamCaptureUnmatched);
     CHECK(cudaStreamEndCapture(f.a, &graph) == cudaErrorStreamCaptureInvalidated);
   }
