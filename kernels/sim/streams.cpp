@@ -44,7 +44,6 @@ struct StreamState;
 // (cudaErrorStreamCaptureUnjoined otherwise). A launch runs the operations in the order they were issued, one after
 // the other on the launching stream: a valid order of the graph's dependencies (each was issued after the ones it
 // depends on), with less concurrency than a GPU's.
-struct StreamState;
 struct GraphState {
   std::vector<std::pair<std::string, StreamOp>> ops;
   bool invalid = false;              // while capturing: something CUDA refuses happened
