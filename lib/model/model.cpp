@@ -276,6 +276,7 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     g->keep_bf16_ = true;
     MS_RETURN_IF_ERROR(AllocateBf16(g->bf16_params_, g->be_, g->num_params_).WithContext("bf16 weight copies"));
     g->bf16_made_in_.assign(g->params_.size(), 0);
+    g->bf16_written_one_.assign(g->params_.size(), 0);
     MS_RETURN_IF_ERROR(AllocateBf16(g->dres_16_, g->be_, N * C));  // all N rows: gathered under SP
     MS_RETURN_IF_ERROR(AllocateBf16(g->dfch_16_, g->be_, N * g->Fl_));
     MS_RETURN_IF_ERROR(AllocateBf16(g->dqkv_16_, g->be_, N * 3 * g->Hl_ * (C / spec.heads)));
@@ -410,7 +411,10 @@ void Gpt::BeginStep() {
   // The parameters may have changed since the last step: every kept bf16 weight is stale, unless the optimizer
   // wrote them all with its update (Bf16WeightsWritten).
   if (!(plant_stale_bf16_ && step_id_ > 0)) ++step_id_;
-  if (bf16_written_) std::fill(bf16_made_in_.begin(), bf16_made_in_.end(), step_id_);
+  for (size_t i = 0; i < bf16_made_in_.size(); ++i) {
+    if (bf16_written_ || bf16_written_one_[i]) bf16_made_in_[i] = step_id_;
+  }
+  std::fill(bf16_written_one_.begin(), bf16_written_one_.end(), 0);
   bf16_written_ = false;
   in_step_ = true;
   tp_drain_ = false;
@@ -426,6 +430,28 @@ void Gpt::Bf16WeightsWritten() {
 void Gpt::InvalidateBf16Weights() {
   bf16_written_ = false;
   std::fill(bf16_made_in_.begin(), bf16_made_in_.end(), 0);
+  std::fill(bf16_written_one_.begin(), bf16_written_one_.end(), 0);
+}
+bool Gpt::Bf16OnlyInStep(int param) const {
+  if (!keep_bf16_ || param < 0 || param >= static_cast<int>(params_.size())) return false;
+  const std::string& n = params_[static_cast<size_t>(param)].name;
+  if (n.rfind("layers.", 0) == 0) {  // the layers' GEMM weights (Layer(): qkvw, projw, fcw, mprojw; KeptLayer)
+    for (const char* w : {".attn.qkv.weight", ".attn.proj.weight", ".mlp.fc.weight", ".mlp.proj.weight"}) {
+      const size_t len = std::strlen(w);
+      if (n.size() > len && n.compare(n.size() - len, len, w) == 0) return true;
+    }
+    return false;
+  }
+  return !spec_.tied_embeddings && n == "lm_head.weight";  // the head's GEMMs (KeptWeight of the head)
+}
+bool Gpt::Bf16CastInStep(int param) const {
+  if (!keep_bf16_ || param < 0 || param >= static_cast<int>(params_.size())) return false;
+  return spec_.tied_embeddings && params_[static_cast<size_t>(param)].name == "embed.wte";
+}
+void Gpt::Bf16WeightWritten(int param) {
+  if (keep_bf16_ && param >= 0 && param < static_cast<int>(bf16_written_one_.size())) {
+    bf16_written_one_[static_cast<size_t>(param)] = 1;
+  }
 }
 Status Gpt::EndStep() {
   in_step_ = false;

@@ -237,6 +237,16 @@ class Gpt {
   void Bf16WeightsWritten();
   void InvalidateBf16Weights();
   int64_t bf16_weight_casts() const { return bf16_weight_casts_; }
+  // ZeRO's parameter all-gather (parallel::DataParallel) may move a weight's bf16 copy in place of its fp32 value
+  // where that copy is all a training step reads of it. Bf16OnlyInStep(i): such a parameter (with
+  // keeps_bf16_weights(): the layers' four GEMM weights, an untied head's). Bf16CastInStep(i): one whose copy the
+  // step casts from its fp32 value, which it also reads (a tied wte: the head's GEMM and the embedding lookup).
+  // Bf16WeightWritten(i): parameter i's copy will be written before the next step's first use of it by something
+  // other than a cast (the gather), so that step casts none of it; outside a step its fp32 value must be made
+  // current again before anything reads it (DataParallel::WaitAllParams).
+  bool Bf16OnlyInStep(int param) const;
+  bool Bf16CastInStep(int param) const;
+  void Bf16WeightWritten(int param);
   // The activations this model keeps in bf16 (runtime.activations: bf16), for the log: "fc output, GeLU output
   // gradient, logits, qkv, attention output gradient, attention output" as they apply (logits at tp 1; qkv and the
   // attention output's gradient with the tensor-core attention, the attention output also with kept operands); empty
@@ -510,10 +520,11 @@ class Gpt {
   std::vector<uint64_t> bf16_made_in_;
   uint64_t step_id_ = 0;
   bool in_step_ = false;
-  bool tp_drain_ = false;              // a tensor-parallel collective was waited on the device since BeginStep
-  bool plant_stale_bf16_ = false;      // test hook MEGASCALE_PLANT=kept_bf16_stale
-  bool plant_unwritten_bf16_ = false;  // test hook MEGASCALE_PLANT=optimizer_bf16_unwritten
-  bool bf16_written_ = false;          // Bf16WeightsWritten() since the last BeginStep
+  bool tp_drain_ = false;               // a tensor-parallel collective was waited on the device since BeginStep
+  bool plant_stale_bf16_ = false;       // test hook MEGASCALE_PLANT=kept_bf16_stale
+  bool plant_unwritten_bf16_ = false;   // test hook MEGASCALE_PLANT=optimizer_bf16_unwritten
+  bool bf16_written_ = false;           // Bf16WeightsWritten() since the last BeginStep
+  std::vector<char> bf16_written_one_;  // Bf16WeightWritten(i) since the last BeginStep
   int64_t bf16_weight_casts_ = 0;
   DeviceArray<float> logit_mask_;          // [Vl]: 0, or a very negative logit on vocabulary padding columns
   bool masked_logits_ = false;             // this rank's vocabulary slice holds padding (model.vocab_pad_to)

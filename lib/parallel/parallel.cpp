@@ -1,6 +1,7 @@
 #include "parallel/parallel.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "ops/ops.h"
@@ -228,7 +229,72 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
       }
     }
   }
+  // bf16 gathers (zero >= 1, kept bf16 weight copies the optimizer can write): a bucket holding a weight the step
+  // reads only in bf16 gathers the bf16 copies of its range; its other parameters go in fp32 beside them, packed.
+  const char* gather_env = std::getenv("MEGASCALE_ZERO_GATHER");  // test hook: fp32 keeps the fp32 gather
+  const bool fp32_only = gather_env != nullptr && std::strcmp(gather_env, "fp32") == 0;
+  // Planted bugs the tests must catch (tests/cuda/train_emulated_test.py): MEGASCALE_PLANT=zero_gather16_unmarked —
+  // the gathered copies are not declared written, so the next step casts the stale fp32 values over them;
+  // zero_gather16_no_refresh — WaitAllParams leaves the stale fp32 values for evaluation and checkpoints.
+  const char* plant = std::getenv("MEGASCALE_PLANT");
+  d->plant_unmarked_ = plant != nullptr && std::strcmp(plant, "zero_gather16_unmarked") == 0;
+  d->plant_no_refresh_ = plant != nullptr && std::strcmp(plant, "zero_gather16_no_refresh") == 0;
+  if (options.zero >= 1 && gpt->keeps_bf16_weights() && gpt->bf16_param_data() != nullptr && !fp32_only) {
+    for (size_t bi = 0; bi < d->buckets_.size(); ++bi) {
+      Bucket& b = d->buckets_[bi];
+      std::vector<int> in;  // the bucket's parameters by offset
+      for (int i = 0; i < n; ++i) {
+        if (d->param_bucket_[i] == static_cast<int>(bi)) in.push_back(i);
+      }
+      std::sort(in.begin(), in.end(), [&](int x, int y) { return params[x].offset < params[y].offset; });
+      b.gather16 = std::any_of(in.begin(), in.end(), [&](int i) { return gpt->Bf16OnlyInStep(i); });
+      if (!b.gather16) continue;
+      for (int i : in) {  // the copies land everywhere but on a copy the step casts (a tied wte's)
+        if (gpt->Bf16CastInStep(i)) continue;
+        const int64_t lo = params[i].offset, hi = lo + params[i].numel;
+        if (!b.copy16.empty() && b.copy16.back().second == lo) {
+          b.copy16.back().second = hi;
+        } else {
+          b.copy16.push_back({lo, hi});
+        }
+      }
+      b.beside_runs.assign(static_cast<size_t>(D), {});
+      for (int q = 0; q < D; ++q) {
+        const int64_t q_lo = std::min(b.start + q * b.chunk, b.end),
+                      q_hi = std::min(b.start + (q + 1) * b.chunk, b.end);
+        auto& runs = b.beside_runs[static_cast<size_t>(q)];
+        int64_t packed = 0;
+        for (int i : in) {
+          if (gpt->Bf16OnlyInStep(i)) continue;
+          const int64_t lo = std::max(params[i].offset, q_lo), hi = std::min(params[i].offset + params[i].numel, q_hi);
+          if (hi <= lo) continue;
+          if (!runs.empty() && runs.back()[0] + runs.back()[1] == lo) {
+            runs.back()[1] += hi - lo;
+          } else {
+            runs.push_back({lo, hi - lo, packed});
+          }
+          packed += hi - lo;
+        }
+        b.beside_count = std::max(b.beside_count, packed);
+      }
+      if (b.beside_count > 0) {
+        ops::Backend* be = gpt->backend();
+        MS_RETURN_IF_ERROR(b.beside_send.Allocate(be, b.beside_count));
+        MS_RETURN_IF_ERROR(b.beside_recv.Allocate(be, b.beside_count * D));
+      }
+    }
+  }
   return d;
+}
+
+int DataParallel::bf16_gather_buckets() const {
+  return static_cast<int>(std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.gather16; }));
+}
+
+int64_t DataParallel::fp32_beside_bf16_floats() const {
+  int64_t n = 0;
+  for (const Bucket& b : buckets_) n += b.beside_count;
+  return n;
 }
 
 std::vector<optim::SegmentData> DataParallel::segment_data() {
@@ -242,7 +308,13 @@ std::vector<optim::SegmentData> DataParallel::segment_data() {
     float* grad = segment_home_[s].first < 0 ? gpt_->grad_data() + p.offset + seg.begin
                                              : buckets_[segment_home_[s].first].shard.data() + segment_home_[s].second;
     // zero 0: the segments cover every parameter, which nothing writes after the step (see OptimizerStepped).
-    void* param16 = options_.zero == 0 && bf16 != nullptr ? static_cast<void*>(bf16 + p.offset + seg.begin) : nullptr;
+    // bf16 gathers: the owned shares of the weights whose bf16 copies are gathered (StartParamGather).
+    const bool gathered16 = options_.zero >= 1 && segment_home_[s].first >= 0 &&
+                            buckets_[static_cast<size_t>(segment_home_[s].first)].gather16 &&
+                            gpt_->Bf16OnlyInStep(seg.param);
+    void* param16 = (options_.zero == 0 || gathered16) && bf16 != nullptr
+                        ? static_cast<void*>(bf16 + p.offset + seg.begin)
+                        : nullptr;
     out.push_back({param, grad, param16});
   }
   return out;
@@ -291,13 +363,13 @@ Status DataParallel::Launch(Bucket& b) {
   return Status::Ok();
 }
 
-Status DataParallel::WaitWork(Bucket& b, bool on_device) {
+Status DataParallel::WaitWork(std::unique_ptr<comm::Work>& work, bool on_device) {
   const double t0 = NowSeconds();
   const bool dev = on_device && options_.device_waits && dp_->waits_on_device();
-  Status s = dev ? b.work->WaitOnDevice() : b.work->Wait();
+  Status s = dev ? work->WaitOnDevice() : work->Wait();
   drain_ = drain_ || dev;
   stats_.dp_wait_s += NowSeconds() - t0;
-  b.work.reset();
+  work.reset();
   return s;
 }
 
@@ -312,7 +384,7 @@ Status DataParallel::Drain() {
 
 Status DataParallel::WaitBucket(Bucket& b) {
   if (!b.work) return Status::Ok();
-  Status s = WaitWork(b, /*on_device=*/true);
+  Status s = WaitWork(b.work, /*on_device=*/true);
   if (options_.on_comm_span) {
     options_.on_comm_span(fmt::format("{} bucket {}", options_.zero ? "reduce-scatter" : "all-reduce", b.index),
                           b.launched_at, NowSeconds());
@@ -387,7 +459,7 @@ Status DataParallel::FinishBackward() {
     MS_RETURN_IF_ERROR(Launch(b));
     if (options_.zero == 2) {
       // Deferred buckets accumulated the full gradient over the micro-batches: take it as is.
-      MS_RETURN_IF_ERROR_CTX(WaitWork(b, /*on_device=*/true), "data-parallel gradient reduction");
+      MS_RETURN_IF_ERROR_CTX(WaitWork(b.work, /*on_device=*/true), "data-parallel gradient reduction");
       MS_RETURN_IF_ERROR(be_->Copy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk));
     } else {
       MS_RETURN_IF_ERROR(WaitBucket(b));
@@ -402,32 +474,94 @@ Status DataParallel::FinishBackward() {
   return Drain();
 }
 
+Status DataParallel::LaunchGather32(Bucket& b) {
+  const int r = dp_->rank();
+  const int64_t own_lo = std::min(b.start + r * b.chunk, b.end), own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
+  MS_RETURN_IF_ERROR(be_->Zero(b.rs_out.data(), sizeof(float) * b.rs_out.size()));
+  MS_RETURN_IF_ERROR(be_->Copy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo)));
+  MS_RETURN_IF_ERROR(ReadyFor(*dp_));
+  b.work = dp_->AllGather(b.rs_out.data(), b.staging.data(), b.chunk);
+  b.launched_at = NowSeconds();
+  b.gather_pending = true;
+  b.pending16 = false;
+  ++stats_.dp_launched;
+  return Status::Ok();
+}
+
 Status DataParallel::StartParamGather() {
   if (options_.zero == 0) return Status::Ok();
   const int r = dp_->rank();
+  uint16_t* const bf16 = static_cast<uint16_t*>(gpt_->bf16_param_data());
+  const auto& params = gpt_->params();
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {  // forward order: first needed first
     Bucket& b = *it;
+    if (!b.gather16) {
+      MS_RETURN_IF_ERROR(LaunchGather32(b));
+      continue;
+    }
+    // The owned share of the bf16 copies (the optimizer wrote the update's rounding there; a skipped step left the
+    // step's copies, made from the unchanged values) and, packed, the owned parts of the other parameters.
     const int64_t own_lo = std::min(b.start + r * b.chunk, b.end),
                   own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
-    MS_RETURN_IF_ERROR(be_->Zero(b.rs_out.data(), sizeof(float) * b.rs_out.size()));
-    MS_RETURN_IF_ERROR(be_->Copy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo)));
+    uint16_t* const send16 = reinterpret_cast<uint16_t*>(b.rs_out.data());
+    MS_RETURN_IF_ERROR(be_->Copy(send16, bf16 + own_lo, sizeof(uint16_t) * (own_hi - own_lo)));
+    if (own_hi - own_lo < b.chunk) {
+      MS_RETURN_IF_ERROR(be_->Zero(send16 + (own_hi - own_lo), sizeof(uint16_t) * (b.chunk - (own_hi - own_lo))));
+    }
+    for (const auto& run : b.beside_runs[static_cast<size_t>(r)]) {
+      MS_RETURN_IF_ERROR(be_->Copy(b.beside_send.data() + run[2], gpt_->param_data() + run[0], sizeof(float) * run[1]));
+    }
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
-    b.work = dp_->AllGather(b.rs_out.data(), b.staging.data(), b.chunk);
+    b.work = dp_->AllGather16(send16, reinterpret_cast<uint16_t*>(b.staging.data()), b.chunk);
+    ++stats_.dp_launched;
+    if (b.beside_count > 0) {
+      b.beside_work = dp_->AllGather(b.beside_send.data(), b.beside_recv.data(), b.beside_count);
+      ++stats_.dp_launched;
+    }
     b.launched_at = NowSeconds();
     b.gather_pending = true;
-    ++stats_.dp_launched;
+    b.pending16 = true;
+    // The gathered copies are the next step's: it casts none of them. Their fp32 values are current only where owned.
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (param_bucket_[i] == b.index && gpt_->Bf16OnlyInStep(static_cast<int>(i)) && !plant_unmarked_) {
+        gpt_->Bf16WeightWritten(static_cast<int>(i));
+      }
+    }
+    fp32_stale_ = fp32_stale_ || dp_->size() > 1;
   }
   return Status::Ok();
 }
 
 Status DataParallel::WaitGather(Bucket& b, bool on_device) {
   if (!b.gather_pending) return Status::Ok();
-  Status s = WaitWork(b, on_device);
+  Status s = WaitWork(b.work, on_device);
+  if (b.beside_work) {
+    Status s2 = WaitWork(b.beside_work, on_device);
+    if (s.ok()) s = s2;
+  }
   b.gather_pending = false;
-  if (options_.on_comm_span)
-    options_.on_comm_span(fmt::format("all-gather bucket {}", b.index), b.launched_at, NowSeconds());
-  MS_RETURN_IF_ERROR_CTX(s, "data-parallel parameter all-gather");
-  return be_->Copy(gpt_->param_data() + b.start, b.staging.data(), sizeof(float) * (b.end - b.start));
+  if (options_.on_comm_span) {
+    options_.on_comm_span(fmt::format("all-gather{} bucket {}", b.pending16 ? " (bf16)" : "", b.index), b.launched_at,
+                          NowSeconds());
+  }
+  MS_RETURN_IF_ERROR_CTX(s, "data-parallel parameter all-gather{}", b.pending16 ? " (bf16 weight copies)" : "");
+  if (!b.pending16) {
+    return be_->Copy(gpt_->param_data() + b.start, b.staging.data(), sizeof(float) * (b.end - b.start));
+  }
+  uint16_t* const bf16 = static_cast<uint16_t*>(gpt_->bf16_param_data());
+  const uint16_t* const got16 = reinterpret_cast<const uint16_t*>(b.staging.data());
+  for (const auto& [lo, hi] : b.copy16) {
+    MS_RETURN_IF_ERROR(be_->Copy(bf16 + lo, got16 + (lo - b.start), sizeof(uint16_t) * (hi - lo)));
+  }
+  const int r = dp_->rank();
+  for (int q = 0; q < dp_->size(); ++q) {
+    if (q == r) continue;  // its own parts are where they were packed from
+    for (const auto& run : b.beside_runs[static_cast<size_t>(q)]) {
+      MS_RETURN_IF_ERROR(be_->Copy(gpt_->param_data() + run[0], b.beside_recv.data() + q * b.beside_count + run[2],
+                                   sizeof(float) * run[1]));
+    }
+  }
+  return Status::Ok();
 }
 
 Status DataParallel::WaitParams(int layer) {
@@ -438,6 +572,14 @@ Status DataParallel::WaitParams(int layer) {
 
 Status DataParallel::WaitAllParams() {
   for (auto& b : buckets_) MS_RETURN_IF_ERROR(WaitGather(b, /*on_device=*/false));
+  if (fp32_stale_ && !plant_no_refresh_) {
+    // The bf16-gathered weights' fp32 values, for what reads them outside a step (evaluation, checkpoints).
+    for (auto& b : buckets_) {
+      if (b.gather16) MS_RETURN_IF_ERROR(LaunchGather32(b));
+    }
+    for (auto& b : buckets_) MS_RETURN_IF_ERROR(WaitGather(b, /*on_device=*/false));
+    fp32_stale_ = false;
+  }
   return Drain();
 }
 

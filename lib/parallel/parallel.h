@@ -17,12 +17,21 @@
 //             every bucket (optimizer state and update); updated parameters are all-gathered.
 //   zero 2    as 1, but gradients are reduce-scattered after EVERY micro-batch and accumulated
 //             in the owned shard, so the full gradient buffer only holds one micro-batch.
+//   bf16      with zero >= 1 on a model that keeps bf16 weight copies (model::Gpt::keeps_bf16_weights), the
+//   gathers   all-gather moves the bf16 copies of the weights a step reads only in bf16 (Gpt::Bf16OnlyInStep),
+//             which the optimizer writes with the update, as Megatron-LM's distributed optimizer gathers its
+//             bf16 parameters: half the bytes, no fp32 copy and no cast after it. The other parameters of a
+//             bucket (norms, biases, embeddings) are gathered in fp32 beside it, packed. The fp32 values of
+//             the bf16-gathered weights are then current only where owned: WaitAllParams (before evaluation,
+//             checkpoints, the end) gathers them in fp32 once. The same bits as the fp32 gather.
+//             MEGASCALE_ZERO_GATHER=fp32 (test hook) keeps the fp32 gather.
 //   tied wte  with pp > 1 the first and last stages each hold wte; its gradient is summed over
 //             the embedding group before the data-parallel reduction (own bucket, not overlapped).
 // Norm accounting: every element counts once over the world (see optim::Segment::count).
 // Thread safety: one thread drives it (the training loop).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -119,8 +128,13 @@ class DataParallel {
   // Before forward uses `layer`'s parameters (-1 embeddings, L head): waits for its all-gather (on the device
   // where DataParallelOptions::device_waits allows; FinishBackward drains).
   Status WaitParams(int layer);
-  // Waits for every outstanding all-gather on the host (before evaluation or checkpoints).
+  // Waits for every outstanding all-gather on the host (before evaluation or checkpoints); after bf16 gathers, then
+  // gathers the bf16-gathered weights' fp32 values, so that every parameter's fp32 value is current.
   Status WaitAllParams();
+  // Buckets whose all-gather moves bf16 weight copies (0 unless zero >= 1 on a model keeping them), and the floats
+  // of other parameters gathered in fp32 beside them (per rank, the most any rank owns), over all buckets.
+  int bf16_gather_buckets() const;
+  int64_t fp32_beside_bf16_floats() const;
 
   const CommStats& stats() const { return stats_; }
   void ResetStats() { stats_ = CommStats(); }
@@ -140,14 +154,26 @@ class DataParallel {
     double launched_at = 0;
     int index = 0;
     bool gather_pending = false;
+    // bf16 gathers: the bucket holds weights gathered as their bf16 copies (staging and rs_out then hold bf16).
+    bool gather16 = false;
+    bool pending16 = false;                           // the pending gather is the bf16 one
+    std::vector<std::pair<int64_t, int64_t>> copy16;  // flat [lo, hi) ranges the gathered bf16 copies land in
+    // The bucket's other parameters, gathered in fp32 beside them: per rank, its owned parts (flat offset, floats,
+    // offset in the packed buffer), beside_count floats a rank (the most any rank owns; 0: none).
+    std::vector<std::vector<std::array<int64_t, 3>>> beside_runs;
+    int64_t beside_count = 0;
+    model::DeviceArray<float> beside_send, beside_recv;  // beside_count, dp * beside_count floats
+    std::unique_ptr<comm::Work> beside_work;
   };
   DataParallel() = default;
   Status ReadyFor(comm::Communicator& c);
   Status Launch(Bucket& b);
   Status WaitBucket(Bucket& b);
   Status WaitGather(Bucket& b, bool on_device);
-  // Waits for b.work: on the device where DataParallelOptions::device_waits allows and `on_device`, else on the host.
-  Status WaitWork(Bucket& b, bool on_device);
+  // The fp32 all-gather of b's parameters (launched; WaitGather copies them in).
+  Status LaunchGather32(Bucket& b);
+  // Waits for `work`: on the device where DataParallelOptions::device_waits allows and `on_device`, else on the host.
+  Status WaitWork(std::unique_ptr<comm::Work>& work, bool on_device);
   Status Drain();
 
   model::Gpt* gpt_ = nullptr;
@@ -161,7 +187,9 @@ class DataParallel {
   std::vector<optim::Segment> segments_;
   std::vector<std::pair<int, int64_t>> segment_home_;  // (bucket, offset in its shard) or (-1, -1) for flat
   bool in_backward_ = false;
-  bool drain_ = false;  // a collective was waited for on the device since the last Drain
+  bool drain_ = false;       // a collective was waited for on the device since the last Drain
+  bool fp32_stale_ = false;  // bf16 gathers left non-owned fp32 values of bf16-gathered weights stale
+  bool plant_unmarked_ = false, plant_no_refresh_ = false;  // test hooks (MEGASCALE_PLANT, parallel.cpp)
   Status pending_error_;
   CommStats stats_;
 };

@@ -458,6 +458,12 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         spec.name, m.layers, config::Name(m.block), m.window, par.tp, par.pp, par.dp, par.virtual_stages,
         par.sequence_parallel ? "on" : "off", par.zero, threads, spec.train.global_batch, micro, n_micro, par.dp,
         n_params);
+    if (dpe->bf16_gather_buckets() > 0) {
+      LogInfo(
+          "zero {}: rank 0's parameter all-gathers move the bf16 weight copies in {} of {} buckets ({} floats of "
+          "norms, biases and embeddings in fp32 beside them)",
+          par.zero, dpe->bf16_gather_buckets(), dpe->num_buckets(), dpe->fp32_beside_bf16_floats());
+    }
     LogInfo("data {}: {} tokens, {} train / {} validation samples of {} tokens; peak {:.1f} GFLOP/s per rank ({})",
             spec.data.path, ds.num_tokens(), sampler.num_train(), sampler.num_valid(), T, peak / 1e9, peak_source);
   }

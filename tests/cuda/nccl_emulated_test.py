@@ -15,6 +15,9 @@ the CPU backend's losses:
               (chunked, and unchunked with the sequential block; keep all-gathers the LayerNorm outputs and dres in
               bf16, as the trace must show, cast in fp32), and on tp 2 x pp 2 x dp 2 ZeRO-1 (sequential block),
               with the deferred streams;
+  zero bf16   ZeRO's parameter all-gathers of the kept bf16 weight copies give the bits of the fp32 gathers and
+              casts (MEGASCALE_ZERO_GATHER=fp32): ZeRO-2 on tp 2 x pp 2 x dp 2 (a tied wte across the stages) and
+              ZeRO-1 on dp 2 with an untied head, with the deferred streams;
   deadlock    the pipeline's former order (receive of the next action posted before the current send:
               MEGASCALE_PP_P2P=ungrouped) deadlocks on NCCL semantics; the watchdog ends the job within the
               timeout, naming the group, the operation and the peer;
@@ -206,6 +209,23 @@ def same_bits(name, parallel, sets, env=None, layers=2, gathers16=False):
     return bits_differ(got, "keep", "cast")
 
 
+def zero_gathers16(name, parallel, sets=(), env=None):
+    """ZeRO's parameter all-gathers of the kept bf16 weight copies (the default with bf16 operands kept) give the bits
+    of the fp32 gathers and casts (MEGASCALE_ZERO_GATHER=fp32), the gathers' unpacking ordered after them on the
+    device; rank 0's log says which run gathered the copies."""
+    got = {}
+    for variant, extra_env in (("gather16", {}), ("gather32", {"MEGASCALE_ZERO_GATHER": "fp32"})):
+        d, err = bf16_variant(name, variant, parallel, list(sets), dict(env or {}, **extra_env))
+        if err:
+            return err
+        said = "parameter all-gathers move the bf16 weight copies in" in open(
+            os.path.join(d, "logs", "rank-0.log")).read()
+        if said != (variant == "gather16"):
+            return f"{variant}: rank 0's log {'says' if said else 'does not say'} that it gathered bf16 copies"
+        got[variant] = (series(d, "loss"), series(d, "grad_norm"))
+    return bits_differ(got, "gather16", "gather32")
+
+
 def fused_sums16(name, parallel, sets=()):
     """runtime.activations: bf16 with parallel.tp_reduce_dtype: bf16 at tp 2 (Gpt::FusedTpSums16): the GEMMs write
     their partial sums in bf16 straight into the collective's buffer and the residual LayerNorm and the LayerNorm
@@ -366,6 +386,14 @@ if not QUICK:
     report("bf16-keep-is-cast-tp2-pp2-dp2-zero1",
            same_bits("keep-2x2x2", "{tp: 2, pp: 2, dp: 2, zero: 1, micro_batches: 2}", ["model.block=sequential"],
                      env=DEFERRED))
+    # ZeRO's parameter all-gathers move the bf16 weight copies: ZeRO-2 over tp 2 x pp 2 x dp 2 (a tied wte on both
+    # stages: gathered in fp32, its copy cast), and ZeRO-1 with an untied head (its weight gathered in bf16).
+    report("zero2-bf16-gathers-tp2-pp2-dp2",
+           zero_gathers16("zg16-2x2x2", "{tp: 2, pp: 2, dp: 2, zero: 2, micro_batches: 2}",
+                          ["model.block=sequential", "runtime.activations=bf16"], env=DEFERRED))
+    report("zero1-bf16-gathers-dp2-untied",
+           zero_gathers16("zg16-dp2", "{dp: 2, zero: 1, micro_batches: 2}", ["model.tied_embeddings=false"],
+                          env=DEFERRED))
     # runtime.activations: bf16 under tp 2 with sequence parallelism (D = 16: the tensor-core attention, so qkv, the
     # attention projection's input gradient and the attention output's rounding in bf16, over local heads and the
     # row chunks of the projection's backward; fp32 logits, the vocab-parallel loss): keep = cast, bit for bit.

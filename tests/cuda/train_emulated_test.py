@@ -305,6 +305,71 @@ case("cuda-graphs-failed-capture-runs-op-by-op", "parallel: {micro_batches: 2}",
      check=same_bits)
 
 
+# ZeRO's parameter all-gathers in bf16: with zero >= 1 and kept bf16 weight copies the optimizer writes the owned
+# shares' roundings with its update and the gathers move those (the layers' GEMM weights, an untied head's), the other
+# parameters in fp32 beside them; the fp32 values of the gathered weights are gathered once before evaluation and
+# checkpoints. Against MEGASCALE_ZERO_GATHER=fp32 (the fp32 gather, then a cast per weight and step): the same bits
+# in every step's loss, gradient norm and validation loss; a checkpoint of the bf16-gathering run resumes on its own
+# bits. Planted bugs: the gathered copies not declared written (the next step casts stale fp32 values over them)
+# parts the training losses; no fp32 gather before evaluation and checkpoints parts the validation losses or the
+# resumed steps.
+GATHER16 = "parameter all-gathers move the bf16 weight copies in"
+
+
+def zero_gather16(name, extra, sets, plant=None):
+    dirs = [os.path.join(WORK, f"{name}-{v}") for v in ("bf16", "fp32")]
+    path = os.path.join(WORK, name + ".yaml")
+    spec(path, dirs[0], extra + "checkpoint: {interval: 3}\n")
+    base = ["--set", "runtime.backend=cuda", "--set", "train.eval_interval=2", "--set", "train.eval_batches=2"]
+    for s in sets:
+        base += ["--set", s]
+    for d, env in ((dirs[0], {"MEGASCALE_PLANT": plant} if plant else None), (dirs[1], {"MEGASCALE_ZERO_GATHER": "fp32"})):
+        rc, _, err = run(EMU, "train", path, "--set", f"log.run_dir={d}", *base, env=env)
+        if rc != 0:
+            return f"run {os.path.basename(d)} failed: {err.strip()[-800:]}"
+    logs = [open(os.path.join(d, "logs/rank-0.log")).read() for d in dirs]
+    if GATHER16 not in logs[0] or GATHER16 in logs[1]:
+        return f"the logs do not say which runs gathered bf16 copies ('{GATHER16}': bf16 run {GATHER16 in logs[0]}, " \
+               f"fp32 run {GATHER16 in logs[1]})"
+    rows = [[json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))] for d in dirs]
+    got = {}
+    for key, phase in (("loss", "train"), ("grad_norm", "train"), ("val_loss", "eval")):
+        x, y = ({r["step"]: r[key] for r in rs if r["phase"] == phase} for rs in rows)
+        if sorted(x) != sorted(y) or not x:
+            return f"different {phase} steps: {sorted(x)} vs {sorted(y)}"
+        got[key] = [s for s in sorted(x) if x[s] != y[s]]
+        print(f"     {name}: {len(x)} steps, {key} {'identical' if not got[key] else f'differs at steps {got[key]}'}")
+    # The bf16-gathering run's checkpoint of step 3 resumes on its own bits (steps 4-6).
+    shutil.rmtree(os.path.join(dirs[0], "checkpoints", "step-00000006"), ignore_errors=True)
+    rc, _, err = run(EMU, "resume", path, "--set", f"log.run_dir={dirs[0]}", *base,
+                     env={"MEGASCALE_PLANT": plant} if plant else None)
+    if rc != 0:
+        return f"resume failed: {err.strip()[-800:]}"
+    train = [json.loads(l) for l in open(os.path.join(dirs[0], "metrics.jsonl"))]
+    train = [(r["step"], r["loss"]) for r in train if r["phase"] == "train"]
+    if [s for s, _ in train] != [1, 2, 3, 4, 5, 6, 4, 5, 6]:
+        return f"train steps in metrics.jsonl after the resume: {[s for s, _ in train]}"
+    resumed = [s for (s, l), (_, l0) in zip(train[6:], train[3:6]) if l != l0]
+    print(f"     {name}: resumed steps 4-6 {'identical' if not resumed else f'differ at steps {resumed}'}")
+    if plant == "zero_gather16_unmarked":
+        return None if got["loss"] else "the planted bug went unnoticed: the training losses are the same bits"
+    if plant == "zero_gather16_no_refresh":
+        return None if got["val_loss"] or resumed else "the planted bug went unnoticed: validation and resume agree"
+    differ = [f"{k} at steps {v}" for k, v in got.items() if v] + ([f"resumed steps {resumed}"] if resumed else [])
+    return ("differ: " + ", ".join(differ)) if differ else None
+
+
+ZG = ["train.precision=bf16", "runtime.activations=bf16", "model.block=sequential"]
+case("zero1-112-bf16-gathers-same-bits", "parallel: {dp: 2, zero: 1, micro_batches: 2}\n", ZG, check=zero_gather16)
+# ZeRO-2, LAMB (its trust ratios over the owned shares), an untied head (its weight gathered in bf16 too).
+case("zero2-112-bf16-gathers-same-bits-lamb-untied", "parallel: {dp: 2, zero: 2, micro_batches: 2}\n",
+     [*ZG, "optimizer.kind=lamb", "model.tied_embeddings=false"], check=zero_gather16)
+case("planted-112-zero-gather16-unmarked-caught", "parallel: {dp: 2, zero: 1}\n", ZG, "zero_gather16_unmarked",
+     check=zero_gather16)
+case("planted-112-zero-gather16-no-refresh-caught", "parallel: {dp: 2, zero: 1}\n", ZG, "zero_gather16_no_refresh",
+     check=zero_gather16)
+
+
 def cudnn_attention(name, extra, sets, rtol, emu_sets):
     """runtime.attention_kernels: cudnn. The emulated backend cannot run cuDNN: megascale-emu refuses the key at
     start, naming it and the flavor. On a GPU the run trains on the CPU backend's losses within rtol with every
