@@ -361,6 +361,10 @@ def zero_gather16(name, extra, sets, plant=None):
 
 ZG = ["train.precision=bf16", "runtime.activations=bf16", "model.block=sequential"]
 case("zero1-112-bf16-gathers-same-bits", "parallel: {dp: 2, zero: 1, micro_batches: 2}\n", ZG, check=zero_gather16)
+# Buckets of 0.03 MB (7,864 floats; the model's weights 4,096-16,384): 6 of 7 buckets gather bf16 copies, cut between
+# the ranks mid-tensor, with norms and biases packed beside them; the tied wte's bucket is gathered in fp32 alone.
+case("zero1-112-bf16-gathers-small-buckets", "parallel: {dp: 2, zero: 1, micro_batches: 2}\n",
+     [*ZG, "parallel.bucket_mb=0.03"], check=zero_gather16)
 # ZeRO-2, LAMB (its trust ratios over the owned shares), an untied head (its weight gathered in bf16 too).
 case("zero2-112-bf16-gathers-same-bits-lamb-untied", "parallel: {dp: 2, zero: 2, micro_batches: 2}\n",
      [*ZG, "optimizer.kind=lamb", "model.tied_embeddings=false"], check=zero_gather16)
