@@ -277,6 +277,17 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     MS_RETURN_IF_ERROR(AllocateBf16(g->bf16_params_, g->be_, g->num_params_).WithContext("bf16 weight copies"));
     g->bf16_made_in_.assign(g->params_.size(), 0);
     g->bf16_written_one_.assign(g->params_.size(), 0);
+    // The weights a step reads only through their copies: those KeptLayer and the head's KeptWeight hand the GEMMs
+    // (a tied wte excepted: the embedding reads its fp32 value).
+    g->bf16_only_.assign(g->params_.size(), 0);
+    auto mark_only = [&](const ParamInfo* p) {
+      if (p != nullptr) g->bf16_only_[static_cast<size_t>(p - g->params_.data())] = 1;
+    };
+    for (int l = 0; l < spec.layers; ++l) {
+      const LayerW w = g->Layer(l);
+      for (const ParamInfo* p : {w.qkvw, w.projw, w.fcw, w.mprojw}) mark_only(p);
+    }
+    if (!spec.tied_embeddings) mark_only(g->FindParam("lm_head.weight"));
     MS_RETURN_IF_ERROR(AllocateBf16(g->dres_16_, g->be_, N * C));  // all N rows: gathered under SP
     MS_RETURN_IF_ERROR(AllocateBf16(g->dfch_16_, g->be_, N * g->Fl_));
     MS_RETURN_IF_ERROR(AllocateBf16(g->dqkv_16_, g->be_, N * 3 * g->Hl_ * (C / spec.heads)));
@@ -433,16 +444,8 @@ void Gpt::InvalidateBf16Weights() {
   std::fill(bf16_written_one_.begin(), bf16_written_one_.end(), 0);
 }
 bool Gpt::Bf16OnlyInStep(int param) const {
-  if (!keep_bf16_ || param < 0 || param >= static_cast<int>(params_.size())) return false;
-  const std::string& n = params_[static_cast<size_t>(param)].name;
-  if (n.rfind("layers.", 0) == 0) {  // the layers' GEMM weights (Layer(): qkvw, projw, fcw, mprojw; KeptLayer)
-    for (const char* w : {".attn.qkv.weight", ".attn.proj.weight", ".mlp.fc.weight", ".mlp.proj.weight"}) {
-      const size_t len = std::strlen(w);
-      if (n.size() > len && n.compare(n.size() - len, len, w) == 0) return true;
-    }
-    return false;
-  }
-  return !spec_.tied_embeddings && n == "lm_head.weight";  // the head's GEMMs (KeptWeight of the head)
+  return keep_bf16_ && param >= 0 && param < static_cast<int>(bf16_only_.size()) &&
+         bf16_only_[static_cast<size_t>(param)] != 0;
 }
 bool Gpt::Bf16CastInStep(int param) const {
   if (!keep_bf16_ || param < 0 || param >= static_cast<int>(params_.size())) return false;

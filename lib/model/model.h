@@ -525,6 +525,7 @@ class Gpt {
   bool plant_unwritten_bf16_ = false;   // test hook MEGASCALE_PLANT=optimizer_bf16_unwritten
   bool bf16_written_ = false;           // Bf16WeightsWritten() since the last BeginStep
   std::vector<char> bf16_written_one_;  // Bf16WeightWritten(i) since the last BeginStep
+  std::vector<char> bf16_only_;         // Bf16OnlyInStep(i)
   int64_t bf16_weight_casts_ = 0;
   DeviceArray<float> logit_mask_;          // [Vl]: 0, or a very negative logit on vocabulary padding columns
   bool masked_logits_ = false;             // this rank's vocabulary slice holds padding (model.vocab_pad_to)
