@@ -29,6 +29,7 @@ import csv
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -152,9 +153,11 @@ def case(name, *a, check=compare):
     if QUICK and name not in ("fp32-111-parallel", "bf16-112-sequential-zero1"):
         skipped.append(name)
         return
-    if GPU and ("-112-" in name or "-121-" in name) and gpu_count() < 2:
-        # Two ranks on one host use devices 0 and 1 (NCCL groups): not possible on a one-GPU machine.
-        print(f"skip {name}: two ranks need two GPUs, {gpu_count()} visible")
+    layout = re.search(r"-(\d)(\d)(\d)-", name)  # tp pp dp: one GPU a rank
+    need = int(layout[1]) * int(layout[2]) * int(layout[3]) if layout else 1
+    if GPU and gpu_count() < need:
+        # The ranks of a host use devices 0, 1, ... (NCCL groups): not possible on a machine with fewer GPUs.
+        print(f"skip {name}: {need} ranks need {need} GPUs, {gpu_count()} visible")
         skipped.append(name)
         return
     err = check(name, *a)
@@ -316,15 +319,16 @@ case("cuda-graphs-failed-capture-runs-op-by-op", "parallel: {micro_batches: 2}",
 GATHER16 = "parameter all-gathers move the bf16 weight copies in"
 
 
-def zero_gather16(name, extra, sets, plant=None):
+def zero_gather16(name, extra, sets, plant=None, env=None):
     dirs = [os.path.join(WORK, f"{name}-{v}") for v in ("bf16", "fp32")]
     path = os.path.join(WORK, name + ".yaml")
     spec(path, dirs[0], extra + "checkpoint: {interval: 3}\n")
     base = ["--set", "runtime.backend=cuda", "--set", "train.eval_interval=2", "--set", "train.eval_batches=2"]
     for s in sets:
         base += ["--set", s]
-    for d, env in ((dirs[0], {"MEGASCALE_PLANT": plant} if plant else None), (dirs[1], {"MEGASCALE_ZERO_GATHER": "fp32"})):
-        rc, _, err = run(EMU, "train", path, "--set", f"log.run_dir={d}", *base, env=env)
+    env0 = dict(env or {}, **({"MEGASCALE_PLANT": plant} if plant else {}))
+    for d, e in ((dirs[0], env0), (dirs[1], dict(env or {}, MEGASCALE_ZERO_GATHER="fp32"))):
+        rc, _, err = run(EMU, "train", path, "--set", f"log.run_dir={d}", *base, env=e)
         if rc != 0:
             return f"run {os.path.basename(d)} failed: {err.strip()[-800:]}"
     logs = [open(os.path.join(d, "logs/rank-0.log")).read() for d in dirs]
@@ -341,8 +345,7 @@ def zero_gather16(name, extra, sets, plant=None):
         print(f"     {name}: {len(x)} steps, {key} {'identical' if not got[key] else f'differs at steps {got[key]}'}")
     # The bf16-gathering run's checkpoint of step 3 resumes on its own bits (steps 4-6).
     shutil.rmtree(os.path.join(dirs[0], "checkpoints", "step-00000006"), ignore_errors=True)
-    rc, _, err = run(EMU, "resume", path, "--set", f"log.run_dir={dirs[0]}", *base,
-                     env={"MEGASCALE_PLANT": plant} if plant else None)
+    rc, _, err = run(EMU, "resume", path, "--set", f"log.run_dir={dirs[0]}", *base, env=env0)
     if rc != 0:
         return f"resume failed: {err.strip()[-800:]}"
     train = [json.loads(l) for l in open(os.path.join(dirs[0], "metrics.jsonl"))]
@@ -368,6 +371,13 @@ case("zero1-112-bf16-gathers-small-buckets", "parallel: {dp: 2, zero: 1, micro_b
 # ZeRO-2, LAMB (its trust ratios over the owned shares), an untied head (its weight gathered in bf16 too).
 case("zero2-112-bf16-gathers-same-bits-lamb-untied", "parallel: {dp: 2, zero: 2, micro_batches: 2}\n",
      [*ZG, "optimizer.kind=lamb", "model.tied_embeddings=false"], check=zero_gather16)
+# A step skipped for a NaN gradient (fault.nan_policy: skip): the optimizer writes nothing, the copies the step used
+# are gathered again.
+case("zero1-112-bf16-gathers-nan-skip", "parallel: {dp: 2, zero: 1, micro_batches: 2}\nfault: {nan_policy: skip}\n",
+     ZG, None, {"MEGASCALE_FAULT": "nan:rank=1:step=2"}, check=zero_gather16)
+# Three data-parallel ranks: shares of unequal length (the last rank's padded), small buckets, ZeRO-2.
+case("zero2-113-bf16-gathers-small-buckets", "parallel: {dp: 3, zero: 2, micro_batches: 2}\n",
+     [*ZG, "train.global_batch=6", "parallel.bucket_mb=0.03"], check=zero_gather16)
 case("planted-112-zero-gather16-unmarked-caught", "parallel: {dp: 2, zero: 1}\n", ZG, "zero_gather16_unmarked",
      check=zero_gather16)
 case("planted-112-zero-gather16-no-refresh-caught", "parallel: {dp: 2, zero: 1}\n", ZG, "zero_gather16_no_refresh",
