@@ -204,8 +204,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
   const int tp_rank = gpt->shard().tp_rank;
   for (size_t bi = 0; bi < d->buckets_.size(); ++bi) {
     const Bucket& b = d->buckets_[bi];
-    const int64_t own_lo = std::min(b.start + r * b.chunk, b.end),
-                  own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
+    const auto [own_lo, own_hi] = b.Share(r);
     for (int i = 0; i < n; ++i) {
       if (d->param_bucket_[i] != static_cast<int>(bi)) continue;
       const auto& p = params[i];
@@ -260,8 +259,7 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
       }
       b.beside_runs.assign(static_cast<size_t>(D), {});
       for (int q = 0; q < D; ++q) {
-        const int64_t q_lo = std::min(b.start + q * b.chunk, b.end),
-                      q_hi = std::min(b.start + (q + 1) * b.chunk, b.end);
+        const auto [q_lo, q_hi] = b.Share(q);
         auto& runs = b.beside_runs[static_cast<size_t>(q)];
         int64_t packed = 0;
         for (int i : in) {
@@ -476,7 +474,7 @@ Status DataParallel::FinishBackward() {
 
 Status DataParallel::LaunchGather32(Bucket& b) {
   const int r = dp_->rank();
-  const int64_t own_lo = std::min(b.start + r * b.chunk, b.end), own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
+  const auto [own_lo, own_hi] = b.Share(r);
   MS_RETURN_IF_ERROR(be_->Zero(b.rs_out.data(), sizeof(float) * b.rs_out.size()));
   MS_RETURN_IF_ERROR(be_->Copy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo)));
   MS_RETURN_IF_ERROR(ReadyFor(*dp_));
@@ -501,8 +499,7 @@ Status DataParallel::StartParamGather() {
     }
     // The owned share of the bf16 copies (the optimizer wrote the update's rounding there; a skipped step left the
     // step's copies, made from the unchanged values) and, packed, the owned parts of the other parameters.
-    const int64_t own_lo = std::min(b.start + r * b.chunk, b.end),
-                  own_hi = std::min(b.start + (r + 1) * b.chunk, b.end);
+    const auto [own_lo, own_hi] = b.Share(r);
     uint16_t* const send16 = reinterpret_cast<uint16_t*>(b.rs_out.data());
     MS_RETURN_IF_ERROR(be_->Copy(send16, bf16 + own_lo, sizeof(uint16_t) * (own_hi - own_lo)));
     if (own_hi - own_lo < b.chunk) {

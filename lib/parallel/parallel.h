@@ -31,10 +31,12 @@
 // Thread safety: one thread drives it (the training loop).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.h"
@@ -142,9 +144,13 @@ class DataParallel {
 
  private:
   struct Bucket {
-    int first = 0, last = 0;            // param index range [first, last]
-    int64_t start = 0, end = 0;         // float range in the flat buffers
-    int64_t chunk = 0;                  // ceil((end-start)/dp): the owned share
+    int first = 0, last = 0;     // param index range [first, last]
+    int64_t start = 0, end = 0;  // float range in the flat buffers
+    int64_t chunk = 0;           // ceil((end-start)/dp): the owned share
+    // Rank q's share [lo, hi) of the flat range (the last ranks' may be shorter, or empty).
+    std::pair<int64_t, int64_t> Share(int q) const {
+      return {std::min(start + q * chunk, end), std::min(start + (q + 1) * chunk, end)};
+    }
     bool tied = false;                  // the tied wte (pp > 1): reduced after backward
     int pending = 0;                    // tensors whose gradient is not final yet (this micro-batch)
     model::DeviceArray<float> staging;  // dp*chunk floats (device memory, as the two below)
