@@ -7,7 +7,7 @@
 # runtimes and the CUDA libraries, which the GPU machine has:
 #   bin/           megascale, kernels_bench, test_kernels_gpu, test_cuda_backend_gpu, redis-server
 #   lib/           every shared library those load, but glibc's, libstdc++ / libgcc_s and CUDA's (cudart, cuBLAS,
-#                  cuBLASLt, NCCL, the driver)
+#                  cuBLASLt, NCCL, the driver); libfabric too, which megascale loads at run time (dlopen)
 #   lib/fallback/  this machine's libstdc++ and libgcc_s, for a GPU machine whose own are older
 #   tests.json     ctest -L gpu --show-only=json-v1 of the build (scripts/gpu_tests.py runs them there)
 #   corpus/        the fortune files the training tests prepare their data from (tests/cuda/gpus.py; the GPU
@@ -65,14 +65,23 @@ cp "$(readlink -f "$redis")" "$b/bin/redis-server"
 
 # What the GPU machine provides: glibc, the C++ runtime and CUDA's libraries (the driver's libcuda included).
 provided='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libutil\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so|libcudnn[a-z_]*\.so)'
-for p in "$b"/bin/*; do
-  missing=$(ldd "$p" | grep 'not found' || true)
-  [[ -z $missing ]] || die "$(basename "$p") has libraries not found here: $missing"
+copy_needed() {  # the libraries file $1 loads, but those the GPU machine provides, into lib/
+  local missing
+  missing=$(ldd "$1" | grep 'not found' || true)
+  [[ -z $missing ]] || die "$(basename "$1") has libraries not found here: $missing"
   while read -r name _ path _; do
     [[ $name =~ $provided ]] && continue
     [[ -n $path && -f $path ]] || continue
     [[ -f $b/lib/$name ]] || cp "$(readlink -f "$path")" "$b/lib/$name"
-  done < <(ldd "$p" | grep '=>')
+  done < <(ldd "$1" | grep '=>')
+}
+for p in "$b"/bin/*; do copy_needed "$p"; done
+# Loaded at run time (dlopen), so ldd does not list it: libfabric (lib/fabric, megascale self-check) and what it loads.
+for name in libfabric.so.1; do
+  path=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')
+  [[ -n $path ]] || die "$name is not installed here (scripts/setup.sh)"
+  cp "$(readlink -f "$path")" "$b/lib/$name"
+  copy_needed "$b/lib/$name"
 done
 for name in libstdc++.so.6 libgcc_s.so.1; do
   cp "$(readlink -f "$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')")" "$b/lib/fallback/$name"

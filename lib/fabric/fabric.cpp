@@ -4,8 +4,14 @@
 // that arrives after its call gave up (a timeout) still lands in valid memory; such an endpoint is
 // marked broken and refuses further calls. Send/Recv copy through bounce buffers owned by the
 // endpoint (registered when the provider asks for FI_MR_LOCAL); PingPong and Stream use them directly.
+//
+// libfabric is loaded at the first ListProviders or Endpoint::Open (dlopen), not linked: loading it loads its
+// providers' libraries, and one of them (libinfinipath, under the psm provider) sleeps about 0.2 s in its constructor,
+// which every megascale process would pay, and only self-check uses libfabric. Its five exported functions are called
+// through Api(); the rest of its interface is inline functions that call through the objects' operation tables.
 #include "fabric/fabric.h"
 
+#include <dlfcn.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -17,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 
 #include <fmt/ranges.h>
 
@@ -38,18 +45,58 @@ uint32_t ApiVersion() {
   return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
 }
 
+// libfabric's exported functions this file calls, from the library loaded by LoadApi.
+struct FabricApi {
+  decltype(&fi_getinfo) getinfo = nullptr;
+  decltype(&fi_freeinfo) freeinfo = nullptr;
+  decltype(&fi_dupinfo) dupinfo = nullptr;  // fi_allocinfo is fi_dupinfo(nullptr)
+  decltype(&fi_fabric) fabric = nullptr;
+  decltype(&fi_strerror) strerror = nullptr;
+};
+constexpr const char* kLibfabric = "libfabric.so.1";
+
+// Loads libfabric once per process; the outcome (the table, or why not) is kept for later calls.
+const Result<const FabricApi*>& LoadApi() {
+  static const Result<const FabricApi*> loaded = []() -> Result<const FabricApi*> {
+    void* lib = dlopen(kLibfabric, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = dlerror();
+      return Unavailable("libfabric: cannot load {} ({}): install libfabric (Debian: apt install libfabric1)",
+                         kLibfabric, why != nullptr ? why : "no reason given");
+    }
+    static FabricApi api;  // the library stays loaded for the process's life
+    auto find = [lib](auto& fn, const char* name) -> Status {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr) return Unavailable("libfabric: {} has no function {}; is it libfabric 1.x?", kLibfabric, name);
+      return Status::Ok();
+    };
+    MS_RETURN_IF_ERROR(find(api.getinfo, "fi_getinfo"));
+    MS_RETURN_IF_ERROR(find(api.freeinfo, "fi_freeinfo"));
+    MS_RETURN_IF_ERROR(find(api.dupinfo, "fi_dupinfo"));
+    MS_RETURN_IF_ERROR(find(api.fabric, "fi_fabric"));
+    MS_RETURN_IF_ERROR(find(api.strerror, "fi_strerror"));
+    return &api;
+  }();
+  return loaded;
+}
+
+// The loaded table; only called after a successful LoadApi (ListProviders and Endpoint::Open load it first).
+const FabricApi& Api() {
+  return **LoadApi();
+}
+
 std::string FiMessage(long ret) {
-  return fmt::format("{} ({})", fi_strerror(static_cast<int>(-ret)), ret);
+  return fmt::format("{} ({})", Api().strerror(static_cast<int>(-ret)), ret);
 }
 
 struct InfoFree {
-  void operator()(fi_info* info) const { fi_freeinfo(info); }
+  void operator()(fi_info* info) const { Api().freeinfo(info); }
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoFree>;
 
 // Hints for reliable unconnected messages with `caps`, of `provider` (nullptr: any).
 Result<InfoPtr> MakeHints(const char* provider, uint64_t caps, bool ordered) {
-  InfoPtr hints(fi_allocinfo());
+  InfoPtr hints(Api().dupinfo(nullptr));
   if (!hints) return Internal("libfabric: fi_allocinfo: out of memory");
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = caps;
@@ -176,7 +223,7 @@ struct Endpoint::Impl {
     }
     if (domain != nullptr) fi_close(&domain->fid);
     if (fabric != nullptr) fi_close(&fabric->fid);
-    if (info != nullptr) fi_freeinfo(info);
+    if (info != nullptr) Api().freeinfo(info);
   }
 
   // An error from libfabric call `call` that returned `ret` (a negative FI_E* code).
@@ -273,7 +320,7 @@ struct Endpoint::Impl {
     int code = err.err < 0 ? -err.err : err.err;  // shm 1.17 reports it negated
     Status status(CompletionCode(code),
                   fmt::format("libfabric {}: {} completed with an error: {} ({}); provider error {}: {}", provider,
-                              op != nullptr ? op->call : "an operation", fi_strerror(code), code, err.prov_errno,
+                              op != nullptr ? op->call : "an operation", Api().strerror(code), code, err.prov_errno,
                               detail != nullptr ? detail : "(none)"));
     // tcp;ofi_rxm drops the connection of a truncated message, losing what follows on it silently.
     if (code == FI_ETRUNC) MarkBroken("a message larger than its receive buffer arrived truncated");
@@ -369,9 +416,10 @@ Endpoint::Endpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Endpoint::~Endpoint() = default;
 
 Result<std::vector<std::string>> ListProviders() {
+  MS_RETURN_IF_ERROR(LoadApi().status());
   MS_ASSIGN_OR_RETURN(InfoPtr hints, MakeHints(nullptr, FI_MSG, false));
   fi_info* list = nullptr;
-  int ret = fi_getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &list);
+  int ret = Api().getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &list);
   if (ret == -FI_ENODATA) return std::vector<std::string>{};
   if (ret != 0) return Unavailable("libfabric: fi_getinfo (reliable unconnected messages) failed: {}", FiMessage(ret));
   InfoPtr owned(list);
@@ -388,6 +436,7 @@ Result<std::vector<std::string>> ListProviders() {
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Open(const std::string& provider) {
   if (provider.empty()) return InvalidArgument("libfabric: no provider named (e.g. tcp, shm, verbs, efa)");
+  MS_RETURN_IF_ERROR(LoadApi().status());
   // Most wanted first: receives filtered by source, messages matched in order.
   struct Want {
     uint64_t caps;
@@ -399,7 +448,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const std::string& provider) {
   int ret = -FI_ENODATA;
   for (const Want& want : kWants) {
     MS_ASSIGN_OR_RETURN(InfoPtr hints, MakeHints(provider.c_str(), want.caps, want.ordered));
-    ret = fi_getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &info);
+    ret = Api().getinfo(ApiVersion(), nullptr, nullptr, 0, hints.get(), &info);
     if (ret != -FI_ENODATA) break;
   }
   if (ret == -FI_ENODATA) {
@@ -422,7 +471,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(const std::string& provider) {
   m.register_buffers = (static_cast<uint64_t>(info->domain_attr->mr_mode) & FI_MR_LOCAL) != 0;
   m.max_msg_size = info->ep_attr->max_msg_size;
 
-  ret = fi_fabric(info->fabric_attr, &m.fabric, nullptr);
+  ret = Api().fabric(info->fabric_attr, &m.fabric, nullptr);
   if (ret != 0) return m.Fail("fi_fabric", ret);
   ret = fi_domain(m.fabric, info, &m.domain, nullptr);
   if (ret != 0) return m.Fail("fi_domain", ret);
