@@ -23,6 +23,9 @@
 #if defined(MS_CUDA_HAVE_CUDNN)
 #include "cuda/cudnn_sdpa.h"
 #endif
+#if defined(MS_CUDA_FLAVOR_GPU)
+#include "cuda/cublas_loader.h"
+#endif
 
 namespace ms::cuda {
 
@@ -121,6 +124,9 @@ class CudaBackend final : public ops::Backend {
     b->plant_no_stage_wait_ = plant && std::strcmp(plant, "staging_no_wait") == 0;
     if (!b->s_)
       return InvalidArgument("the CUDA backend needs a device made by MakeCudaDevice, got {}", device->name());
+#if defined(MS_CUDA_FLAVOR_GPU)
+    MS_RETURN_IF_ERROR(LoadCublas());  // loaded at the first backend, not at start (cublas_loader.h)
+#endif
     MS_BLAS_OK(cublasCreate(&b->blas_), "cublasCreate");
     MS_BLAS_OK(cublasSetStream(b->blas_, b->s_), "cublasSetStream");
     MS_BLAS_OK(cublasLtCreate(&b->lt_), "cublasLtCreate");

@@ -69,6 +69,20 @@ def version_and_help():
 
 
 @case
+def startup_loads_neither_libfabric_nor_cublas():
+    # Both are loaded at their first use (lib/fabric: self-check; lib/cuda/cublas_loader.h: the CUDA backend).
+    # Loaded at start, libfabric ran a provider's constructor that sleeps about 0.2 s and libcublasLt cost about
+    # 0.1 s of CPU, in every megascale process (every rank, every command).
+    p = subprocess.run([BIN, "--version"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "LD_DEBUG": "libs"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    loaded = [l for l in p.stderr.splitlines() if "calling init:" in l]
+    assert any("libc.so" in l for l in loaded), "LD_DEBUG=libs listed no libraries: " + p.stderr[-2000:]
+    for lib in ("libfabric", "libcublas"):
+        assert not any(lib in l for l in loaded), f"{lib} is loaded at start:\n" + "\n".join(loaded)
+
+
+@case
 def prepare_data_from_debian_fortunes():
     assert corpus, "no fortunes files: run scripts/setup.sh"
     rc, out, err = run("prepare-data", "--doc-separator", "%", "--output", DATA, *corpus[:6])
