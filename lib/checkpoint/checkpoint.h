@@ -106,11 +106,13 @@ struct Layout {
 
 // How rank 0 learns that every rank's file of a step is durable. The in-process version below
 // serves tests and single-process runs; a multi-process job implements it over its store.
-// Every method may be called from any rank's writer thread; implementations are thread-safe.
+// Every method may be called from any rank's writer or training thread; implementations are thread-safe.
 class Coordinator {
  public:
   virtual ~Coordinator() = default;
-  // Called by each rank's writer when it starts writing `step` (before any other call for it).
+  // Called by each rank's training thread when it hands `step` to its writer (AsyncCheckpointer::Snapshot, before
+  // any other call for it; not for a skipped step): before the rank's next training step, so that every rank's
+  // marks of a later checkpoint follow it (a store coordinator tells from it whether its server was restarted since).
   virtual Status BeginStep(int64_t /*step*/) { return Status::Ok(); }
   // Called by each rank once its file for `step` is durable.
   virtual Status MarkDurable(int64_t step, int rank, const FileInfo& info) = 0;

@@ -139,6 +139,7 @@ struct Job {
   std::vector<PieceInfo> pieces;  // offsets relative to the data region
   std::string metadata;
   size_t data_bytes = 0;
+  Status begun;  // Coordinator::BeginStep's outcome, on the training thread: the writer fails the step with it
 };
 
 }  // namespace
@@ -304,6 +305,9 @@ Result<SnapshotInfo> AsyncCheckpointer::Snapshot(int64_t step, const std::vector
       result.wait_seconds = NowSeconds() - w0;
     }
   }
+  // Told on this thread, before the next training step: every rank's marks of a later checkpoint come after it,
+  // which a store coordinator needs to tell whether a marks-losing restart of its server may have hit this step.
+  job.begun = m.coord->BeginStep(step);
   // Not busy: only this thread touches the staging buffer until the job is handed over.
   if (Status st = m.staging.Reserve(job.data_bytes, false); !st.ok()) {
     return st.WithContext(fmt::format("checkpoint step {}", step));
@@ -541,9 +545,8 @@ Status AsyncCheckpointer::Impl::WriteJob(const Job& j) {
   };
 
   Hook("write", j.step);
-  Status s = coord->BeginStep(j.step);
-  if (!s.ok()) return fail(s);
-  s = MakeDirs(step_dir);
+  if (!j.begun.ok()) return fail(j.begun);
+  Status s = MakeDirs(step_dir);
   if (!s.ok()) return fail(s);
   s = FsyncPath(opt.dir);
   if (!s.ok()) return fail(s);

@@ -18,15 +18,21 @@ namespace {
 // snapshot) is never held up by a wait in progress.
 class StoreCoordinator : public checkpoint::Coordinator {
  public:
-  StoreCoordinator(std::unique_ptr<bootstrap::Store> marks, std::unique_ptr<bootstrap::Store> waits)
-      : marks_(std::move(marks)), waits_(std::move(waits)) {}
-  // The server instance when this rank began writing `step`: if the store restarts before the
-  // step is committed, the marks written before the restart are lost and the wait must not hang.
+  // `server`: the store's server instance when the coordinator was made (before the job's first step).
+  StoreCoordinator(std::unique_ptr<bootstrap::Store> marks, std::unique_ptr<bootstrap::Store> waits, std::string server)
+      : marks_(std::move(marks)), waits_(std::move(waits)), last_server_(std::move(server)) {}
+  // If the store restarts before a step is committed, the marks written to it before the restart are lost, and the
+  // wait must not hang for them. Another rank marks `step` once it has passed that training step, which needs this
+  // rank's part of it, so any mark of `step` follows this rank's previous BeginStep (on its training thread, before
+  // its next step: AsyncCheckpointer::Snapshot), not necessarily this one: a restart between the two can take a mark
+  // that this BeginStep's own look at the server cannot show. So `step` is coordinated against the server seen at
+  // the previous BeginStep (at the coordinator's creation for the first), and a restart since then abandons it.
   Status BeginStep(int64_t step) override {
     std::lock_guard<std::mutex> lock(marks_mu_);
     MS_ASSIGN_OR_RETURN(std::string id, marks_->ServerId());
     std::lock_guard<std::mutex> ids(ids_mu_);
-    server_at_begin_[step] = std::move(id);
+    server_at_begin_[step] = last_server_.empty() ? id : last_server_;
+    last_server_ = std::move(id);
     while (server_at_begin_.size() > 16) server_at_begin_.erase(server_at_begin_.begin());
     return Status::Ok();
   }
@@ -55,7 +61,7 @@ class StoreCoordinator : public checkpoint::Coordinator {
       if (!begin_id.empty() && id != begin_id) {
         return Unavailable(
             "the store (redis) was restarted while checkpoint step {} was being coordinated: the ranks' marks "
-            "written before the restart are lost, so this checkpoint is abandoned (the next one is coordinated on "
+            "written before the restart may be lost, so this checkpoint is abandoned (the next one is coordinated on "
             "the new server)",
             step);
       }
@@ -85,7 +91,8 @@ class StoreCoordinator : public checkpoint::Coordinator {
   static std::string Key(int64_t step, int rank) { return fmt::format("ckpt/{}/{}", step, rank); }
   std::mutex marks_mu_, waits_mu_, ids_mu_;
   std::unique_ptr<bootstrap::Store> marks_, waits_;
-  std::map<int64_t, std::string> server_at_begin_;
+  std::map<int64_t, std::string> server_at_begin_;  // the server each step is coordinated against
+  std::string last_server_;                         // the server seen at the latest BeginStep
 };
 
 }  // namespace
@@ -93,8 +100,9 @@ class StoreCoordinator : public checkpoint::Coordinator {
 Result<std::shared_ptr<checkpoint::Coordinator>> MakeStoreCoordinator(const bootstrap::Store& store) {
   MS_ASSIGN_OR_RETURN(auto marks, store.Clone());
   MS_ASSIGN_OR_RETURN(auto waits, store.Clone());
+  MS_ASSIGN_OR_RETURN(std::string server, marks->ServerId());
   return std::shared_ptr<checkpoint::Coordinator>(
-      std::make_shared<StoreCoordinator>(std::move(marks), std::move(waits)));
+      std::make_shared<StoreCoordinator>(std::move(marks), std::move(waits), std::move(server)));
 }
 
 std::string ModelSignature(const config::ModelSpec& m) {

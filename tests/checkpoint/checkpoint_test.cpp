@@ -12,6 +12,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
@@ -521,6 +524,59 @@ TEST_CASE("overlap policy: skip drops a snapshot, wait blocks until the previous
     CHECK(!Exists(dir / "step-00000002/manifest.json"));
     CHECK(FindLatestValid(dir.path())->step() == 1);
   }
+}
+
+// Records the thread of each BeginStep; fails the ones in `refuse`.
+class BeginRecorder final : public Coordinator {
+ public:
+  Status BeginStep(int64_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    begun_[step] = std::this_thread::get_id();
+    if (step == refuse) return Unavailable("the store is gone");
+    return Status::Ok();
+  }
+  Status MarkDurable(int64_t step, int rank, const FileInfo& info) override {
+    return inner_.MarkDurable(step, rank, info);
+  }
+  Status MarkFailed(int64_t step, int rank, const Status& why) override { return inner_.MarkFailed(step, rank, why); }
+  Result<std::vector<FileInfo>> WaitAllDurable(int64_t step, int world, double timeout_s) override {
+    return inner_.WaitAllDurable(step, world, timeout_s);
+  }
+  std::optional<std::thread::id> BegunOn(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = begun_.find(step);
+    return it == begun_.end() ? std::nullopt : std::optional(it->second);
+  }
+  int64_t refuse = -1;
+
+ private:
+  std::mutex mu_;
+  std::map<int64_t, std::thread::id> begun_;
+  InProcessCoordinator inner_;
+};
+
+TEST_CASE("a step is begun with the coordinator on the snapshotting thread; a refused begin fails the step") {
+  // The store coordinator's restart check needs every rank's marks of a later checkpoint to follow this rank's
+  // BeginStep: it must happen before Snapshot returns (before the next training step), not on the writer thread.
+  auto hold = [](std::string_view stage, int64_t) {
+    if (stage == "write") std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  };
+  TempDir dir;
+  BeginRecorder coord;
+  coord.refuse = 2;
+  auto ck = AsyncCheckpointer::Create(CheckpointerOptions{.dir = dir.path(), .fault_hook = hold}, &coord);
+  REQUIRE(ck.ok());
+  auto v = Values(1000, 5);
+  REQUIRE(SaveOne(**ck, 1, v).ok());
+  CHECK(coord.BegunOn(1) == std::this_thread::get_id());  // already, while the writer sleeps at "write"
+  REQUIRE((*ck)->Wait().ok());
+  REQUIRE(SaveOne(**ck, 2, v).ok());
+  CHECK(coord.BegunOn(2) == std::this_thread::get_id());
+  Status s = (*ck)->Wait();
+  CHECK(s.code() == Code::kUnavailable);
+  CHECK_MESSAGE(s.message().find("the store is gone") != std::string::npos, s.ToString());
+  CHECK((*ck)->CompletedSteps() == std::vector<int64_t>{1});
+  CHECK(!Exists(dir / "step-00000002"));
 }
 
 TEST_CASE("a process killed while checkpointing leaves no manifest; the checkpoint is ignored and cleaned later") {

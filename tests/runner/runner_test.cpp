@@ -110,6 +110,55 @@ TEST_CASE("the checkpoint coordinator never makes a mark wait behind rank 0's wa
   waiter.join();
 }
 
+TEST_CASE("a store restart just before rank 0 begins a checkpoint abandons it instead of waiting for lost marks") {
+  // Rank 1 begins step 12 and marks it durable on the server; the server is killed and restarted (the driver's
+  // store_lost recovery: keys are lost); only then does rank 0 begin step 12. Both of rank 0's looks at the server
+  // (its begin, its wait) see the new one, yet rank 1's mark is gone: rank 0 waited out the coordination timeout
+  // while rank 1 waited in the next collective (the Gloo timeout, then a job restart).
+  bootstrap::testing::RedisFixture fx;
+  auto store0 = fx.Connect("coord");
+  auto store1 = fx.Connect("coord");
+  auto rank0 = MakeStoreCoordinator(*store0);
+  auto rank1 = MakeStoreCoordinator(*store1);
+  REQUIRE(rank0.ok());
+  REQUIRE(rank1.ok());
+  checkpoint::FileInfo info;
+  info.name = "rank-00000.bin";
+  // Step 10: committed on the first server.
+  REQUIRE((*rank0)->BeginStep(10).ok());
+  REQUIRE((*rank1)->BeginStep(10).ok());
+  info.rank = 1;
+  REQUIRE((*rank1)->MarkDurable(10, 1, info).ok());
+  info.rank = 0;
+  REQUIRE((*rank0)->MarkDurable(10, 0, info).ok());
+  auto committed = (*rank0)->WaitAllDurable(10, 2, 5.0);
+  REQUIRE_MESSAGE(committed.ok(), committed.status().ToString());
+  // Step 12: rank 1's mark lands on the server that dies.
+  REQUIRE((*rank1)->BeginStep(12).ok());
+  info.rank = 1;
+  REQUIRE((*rank1)->MarkDurable(12, 1, info).ok());
+  REQUIRE(kill(fx.redis->pid(), SIGKILL) == 0);
+  for (int i = 0; i < 200 && !fx.redis->PollExit(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE_FALSE(fx.redis->running());
+  REQUIRE(fx.redis->Restart().ok());
+  REQUIRE((*rank0)->BeginStep(12).ok());
+  info.rank = 0;
+  REQUIRE((*rank0)->MarkDurable(12, 0, info).ok());
+  const double t0 = NowSeconds();
+  auto lost = (*rank0)->WaitAllDurable(12, 2, 4.0);
+  CHECK(NowSeconds() - t0 < 2.0);
+  REQUIRE_FALSE(lost.ok());
+  CHECK_MESSAGE(lost.status().code() == Code::kUnavailable, lost.status().ToString());
+  CHECK_MESSAGE(lost.status().message().find("restarted") != std::string::npos, lost.status().ToString());
+  // The next checkpoint is coordinated on the new server.
+  for (auto* c : {&*rank0, &*rank1}) REQUIRE((*c)->BeginStep(14).ok());
+  REQUIRE((*rank1)->MarkDurable(14, 1, info).ok());
+  info.rank = 0;
+  REQUIRE((*rank0)->MarkDurable(14, 0, info).ok());
+  committed = (*rank0)->WaitAllDurable(14, 2, 5.0);
+  CHECK_MESSAGE(committed.ok(), committed.status().ToString());
+}
+
 TEST_CASE("waiting for one rank's long work: no timeout while it makes progress, a clear one when it is silent") {
   bootstrap::testing::RedisFixture fx;
   auto leader_store = fx.Connect("leader");
