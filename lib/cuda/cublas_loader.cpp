@@ -8,9 +8,49 @@
 #include <dlfcn.h>
 
 #include <mutex>
-#include <span>
 #include <string>
 #include <utility>
+
+// The cuBLAS / cuBLASLt functions the backend calls (but cublasGetStatusString, defined by hand below): the
+// forwarding definitions and LoadCublas's check are both made from this list.
+#define MS_CUBLAS_FUNCTIONS(X)                                                                                         \
+  X(kBlas, cublasCreate_v2, (cublasHandle_t * handle), (handle))                                                       \
+  X(kBlas, cublasDestroy_v2, (cublasHandle_t handle), (handle))                                                        \
+  X(kBlas, cublasSetStream_v2, (cublasHandle_t handle, cudaStream_t stream), (handle, stream))                         \
+  X(kBlas, cublasSetWorkspace_v2, (cublasHandle_t handle, void* workspace, size_t bytes), (handle, workspace, bytes))  \
+  X(kBlas, cublasGemmEx,                                                                                               \
+    (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,                   \
+     const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B, cudaDataType Btype, int ldb,        \
+     const void* beta, void* C, cudaDataType Ctype, int ldc, cublasComputeType_t computeType, cublasGemmAlgo_t algo),  \
+    (handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType, algo))    \
+  X(kLt, cublasLtCreate, (cublasLtHandle_t * handle), (handle))                                                        \
+  X(kLt, cublasLtDestroy, (cublasLtHandle_t handle), (handle))                                                         \
+  X(kLt, cublasLtMatmul,                                                                                               \
+    (cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,                             \
+     cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C,       \
+     cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,            \
+     void* workspace, size_t workspace_bytes, cudaStream_t stream),                                                    \
+    (handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, workspace_bytes, stream))     \
+  X(kLt, cublasLtMatmulAlgoGetHeuristic,                                                                               \
+    (cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,   \
+     cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc, cublasLtMatmulPreference_t preference, int requested, \
+     cublasLtMatmulHeuristicResult_t results[], int* returned),                                                        \
+    (handle, desc, Adesc, Bdesc, Cdesc, Ddesc, preference, requested, results, returned))                              \
+  X(kLt, cublasLtMatmulDescCreate, (cublasLtMatmulDesc_t * desc, cublasComputeType_t compute, cudaDataType_t scale),   \
+    (desc, compute, scale))                                                                                            \
+  X(kLt, cublasLtMatmulDescDestroy, (cublasLtMatmulDesc_t desc), (desc))                                               \
+  X(kLt, cublasLtMatmulDescSetAttribute,                                                                               \
+    (cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t bytes),                   \
+    (desc, attr, buf, bytes))                                                                                          \
+  X(kLt, cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t * pref), (pref))                                  \
+  X(kLt, cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t pref), (pref))                                   \
+  X(kLt, cublasLtMatmulPreferenceSetAttribute,                                                                         \
+    (cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const void* buf, size_t bytes),       \
+    (pref, attr, buf, bytes))                                                                                          \
+  X(kLt, cublasLtMatrixLayoutCreate,                                                                                   \
+    (cublasLtMatrixLayout_t * layout, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld),                    \
+    (layout, type, rows, cols, ld))                                                                                    \
+  X(kLt, cublasLtMatrixLayoutDestroy, (cublasLtMatrixLayout_t layout), (layout))
 
 namespace ms::cuda {
 namespace {
@@ -60,34 +100,21 @@ void* Resolve(Lib which, const char* name) {
   return lib != nullptr ? ::dlsym(lib, name) : nullptr;
 }
 
-}  // namespace
+// Every function defined below, with its library: LoadCublas checks that each resolves.
+#define MS_CUBLAS_ENTRY(lib, name, params, args) std::pair{Lib::lib, #name},
+constexpr std::pair<Lib, const char*> kFunctions[] = {{Lib::kBlas, "cublasGetStatusString"},
+                                                      MS_CUBLAS_FUNCTIONS(MS_CUBLAS_ENTRY)};
+#undef MS_CUBLAS_ENTRY
 
-// Every function defined below, by library: LoadCublas checks that each resolves.
-constexpr const char* kLtFunctions[] = {"cublasLtCreate",
-                                        "cublasLtDestroy",
-                                        "cublasLtMatmul",
-                                        "cublasLtMatmulAlgoGetHeuristic",
-                                        "cublasLtMatmulDescCreate",
-                                        "cublasLtMatmulDescDestroy",
-                                        "cublasLtMatmulDescSetAttribute",
-                                        "cublasLtMatmulPreferenceCreate",
-                                        "cublasLtMatmulPreferenceDestroy",
-                                        "cublasLtMatmulPreferenceSetAttribute",
-                                        "cublasLtMatrixLayoutCreate",
-                                        "cublasLtMatrixLayoutDestroy"};
-constexpr const char* kBlasFunctions[] = {"cublasCreate_v2",       "cublasDestroy_v2", "cublasSetStream_v2",
-                                          "cublasSetWorkspace_v2", "cublasGemmEx",     "cublasGetStatusString"};
+}  // namespace
 
 Status LoadCublas() {
   const Libraries& libs = Load();
   if (!libs.status.ok()) return libs.status;
-  for (auto [which, names] : {std::pair{Lib::kLt, std::span<const char* const>(kLtFunctions)},
-                              std::pair{Lib::kBlas, std::span<const char* const>(kBlasFunctions)}}) {
-    for (const char* name : names) {
-      if (Resolve(which, name) == nullptr)
-        return Unavailable("cuBLAS is not available: the loaded library has no function {}; is it CUDA {}'s?", name,
-                           CUBLAS_VER_MAJOR);
-    }
+  for (const auto& [which, name] : kFunctions) {
+    if (Resolve(which, name) == nullptr)
+      return Unavailable("cuBLAS is not available: the loaded library has no function {}; is it CUDA {}'s?", name,
+                         CUBLAS_VER_MAJOR);
   }
   return Status::Ok();
 }
@@ -106,56 +133,12 @@ using ms::cuda::Resolve;
 
 extern "C" {
 
-MS_CUBLAS_FORWARD(kBlas, cublasCreate_v2, (cublasHandle_t * handle), (handle))
-MS_CUBLAS_FORWARD(kBlas, cublasDestroy_v2, (cublasHandle_t handle), (handle))
-MS_CUBLAS_FORWARD(kBlas, cublasSetStream_v2, (cublasHandle_t handle, cudaStream_t stream), (handle, stream))
-MS_CUBLAS_FORWARD(kBlas, cublasSetWorkspace_v2, (cublasHandle_t handle, void* workspace, size_t bytes),
-                  (handle, workspace, bytes))
-MS_CUBLAS_FORWARD(kBlas, cublasGemmEx,
-                  (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                   const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B, cudaDataType Btype,
-                   int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
-                   cublasGemmAlgo_t algo),
-                  (handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
-                   computeType, algo))
+MS_CUBLAS_FUNCTIONS(MS_CUBLAS_FORWARD)
 
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t status) {
   static const auto fn =
       reinterpret_cast<decltype(&cublasGetStatusString)>(Resolve(Lib::kBlas, "cublasGetStatusString"));
   return fn != nullptr ? fn(status) : "cuBLAS is not loaded (its status strings with it)";
 }
-
-MS_CUBLAS_FORWARD(kLt, cublasLtCreate, (cublasLtHandle_t * handle), (handle))
-MS_CUBLAS_FORWARD(kLt, cublasLtDestroy, (cublasLtHandle_t handle), (handle))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmul,
-                  (cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha, const void* A,
-                   cublasLtMatrixLayout_t Adesc, const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
-                   const void* C, cublasLtMatrixLayout_t Cdesc, void* D, cublasLtMatrixLayout_t Ddesc,
-                   const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t stream),
-                  (handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, workspace_bytes,
-                   stream))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmulAlgoGetHeuristic,
-                  (cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
-                   cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
-                   cublasLtMatmulPreference_t preference, int requested, cublasLtMatmulHeuristicResult_t results[],
-                   int* returned),
-                  (handle, desc, Adesc, Bdesc, Cdesc, Ddesc, preference, requested, results, returned))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmulDescCreate,
-                  (cublasLtMatmulDesc_t * desc, cublasComputeType_t compute, cudaDataType_t scale),
-                  (desc, compute, scale))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmulDescDestroy, (cublasLtMatmulDesc_t desc), (desc))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmulDescSetAttribute,
-                  (cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t bytes),
-                  (desc, attr, buf, bytes))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmulPreferenceCreate, (cublasLtMatmulPreference_t * pref), (pref))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmulPreferenceDestroy, (cublasLtMatmulPreference_t pref), (pref))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatmulPreferenceSetAttribute,
-                  (cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
-                   size_t bytes),
-                  (pref, attr, buf, bytes))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatrixLayoutCreate,
-                  (cublasLtMatrixLayout_t * layout, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld),
-                  (layout, type, rows, cols, ld))
-MS_CUBLAS_FORWARD(kLt, cublasLtMatrixLayoutDestroy, (cublasLtMatrixLayout_t layout), (layout))
 
 }  // extern "C"

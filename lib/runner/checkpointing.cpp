@@ -31,7 +31,7 @@ class StoreCoordinator : public checkpoint::Coordinator {
     std::lock_guard<std::mutex> lock(marks_mu_);
     MS_ASSIGN_OR_RETURN(std::string id, marks_->ServerId());
     std::lock_guard<std::mutex> ids(ids_mu_);
-    server_at_begin_[step] = last_server_.empty() ? id : last_server_;
+    server_at_begin_[step] = last_server_;
     last_server_ = std::move(id);
     while (server_at_begin_.size() > 16) server_at_begin_.erase(server_at_begin_.begin());
     return Status::Ok();
