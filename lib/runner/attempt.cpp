@@ -54,6 +54,9 @@ Result<pid_t> Spawn(const SpawnSpec& spec) {
     // Child: async-signal-safe calls only until exec.
     prctl(PR_SET_PDEATHSIG, SIGKILL);     // a rank never outlives its driver ...
     if (getppid() != parent) _exit(127);  // ... including one that died before the line above
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &dfl, nullptr);  // ignored here (InstallStopSignals), and SIG_IGN survives exec
     if (spec.stdout_fd >= 0) dup2(spec.stdout_fd, 1);
     if (spec.stderr_fd >= 0) dup2(spec.stderr_fd, 2);
     execve(argv[0], argv.data(), envp.data());

@@ -81,8 +81,9 @@ inline constexpr int kExitRollback = 76;      // a worker: restart me from the n
 inline constexpr int kExitStopPolicy = 77;    // a worker: stopped on a fault whose policy is stop
 int ExitCode(JobEnd end);
 
-// Catches SIGINT, SIGTERM and SIGUSR1 for the job (counted, acted on at step boundaries). Call it
-// first thing in a process that will run a job; idempotent.
+// Catches SIGINT, SIGTERM and SIGUSR1 for the job (counted, acted on at step boundaries), and
+// ignores SIGPIPE (writes to a dead peer fail with EPIPE instead). Call it first thing in a process
+// that will run a job; idempotent.
 void InstallStopSignals();
 
 struct TrainSummary {

@@ -21,6 +21,11 @@ extern "C" void OnStopSignal(int sig) {
 
 void InstallStopSignals() {
   if (g_installed.exchange(true)) return;
+  // A write to a peer that has died (a Gloo pair, the store's connection, a heartbeat socket) must
+  // fail with EPIPE, which the caller reports, not kill this process with SIGPIPE: a rank whose peer
+  // was killed would otherwise die by a signal too, and could be blamed for the crash it only saw.
+  // Spawn restores the default for the programs it starts.
+  signal(SIGPIPE, SIG_IGN);
   // The signals stay blocked in this thread and in every thread it creates from now on (compute,
   // communication, checkpoint writer: none is ever interrupted by them), and one thread takes them
   // with sigwait. A signal frame pushed onto an arbitrary thread, and the EINTRs it causes in the

@@ -94,6 +94,39 @@ TEST_CASE("a spawned rank starts with the stop signals blocked, so an early sign
   CHECK(WaitFor(*pid, 5).has_value());
 }
 
+TEST_CASE("a job's process survives a write to a dead peer, and the programs it starts get SIGPIPE back") {
+  // A rank whose data-parallel peer was killed wrote to the broken socket and died by SIGPIPE, so
+  // the driver sometimes blamed it for the crash (the layout-equivalence test's killed rank, about
+  // one run in five). In a child, since InstallStopSignals changes the process's signal state.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    InstallStopSignals();
+    int fds[2];
+    if (pipe(fds) != 0) _exit(10);
+    close(fds[0]);
+    const bool epipe = write(fds[1], "x", 1) < 0 && errno == EPIPE;  // the process is still alive
+    // A spawned program must not inherit the ignored SIGPIPE (SIG_IGN survives exec): `yes` writing
+    // into the same broken pipe dies by it.
+    SpawnSpec s;
+    s.argv = {"/usr/bin/yes"};
+    s.env = MergedEnvironment({});
+    s.stdout_fd = fds[1];
+    auto pid = Spawn(s);
+    if (!pid.ok()) _exit(11);
+    int status = 0;
+    if (waitpid(*pid, &status, 0) != *pid) _exit(12);
+    const bool spawned_default = WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE;
+    _exit(epipe ? (spawned_default ? 0 : 3) : 2);
+  }
+  auto status = WaitFor(child, 10);
+  if (!status) kill(child, SIGKILL);
+  REQUIRE(status.has_value());
+  INFO("2: the write killed the process or did not fail with EPIPE; 3: the spawned program ignored SIGPIPE");
+  REQUIRE(WIFEXITED(*status));  // not killed by SIGPIPE
+  CHECK(WEXITSTATUS(*status) == 0);
+}
+
 TEST_CASE("the checkpoint coordinator never makes a mark wait behind rank 0's wait") {
   bootstrap::testing::RedisFixture fx;
   auto store = fx.Connect("coord");
