@@ -193,12 +193,8 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
     b.start = lo;
     b.end = hi;
     b.chunk = (hi - lo + D - 1) / D;
-    ops::Backend* be = gpt->backend();
-    MS_RETURN_IF_ERROR(b.staging.Allocate(be, b.chunk * D));
-    if (options.zero >= 1) {
-      MS_RETURN_IF_ERROR(b.shard.Allocate(be, b.chunk));
-      MS_RETURN_IF_ERROR(b.rs_out.Allocate(be, b.chunk));
-    }
+    b.even = hi - lo == b.chunk * D;
+    if (options.zero >= 1) MS_RETURN_IF_ERROR(b.shard.Allocate(gpt->backend(), b.chunk));
   }
   // Segments: the owned share of every bucket (zero >= 1); all of it, counting only the owned share (zero 0).
   const int tp_rank = gpt->shard().tp_rank;
@@ -282,7 +278,32 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
       }
     }
   }
+  // Staging (zero >= 1). A bucket that divides evenly by dp (every bucket of a model whose tensor sizes are multiples
+  // of dp: the GPT configs') needs none under ZeRO-1: its reduce-scatter reads the gradients where they are (nothing
+  // writes them until the next step) into the owned shard, and its fp32 all-gather runs in place in the parameters.
+  // ZeRO-2 zeroes the gradients as soon as a reduction is launched (the next micro-batch accumulates into them) and
+  // adds each micro-batch's share to the shard: it reduces from a copy. bf16 gathers pack their inputs.
+  for (Bucket& b : d->buckets_) {
+    if (options.zero == 0 || (options.zero == 1 && b.even && !b.gather16)) continue;
+    ops::Backend* be = gpt->backend();
+    MS_RETURN_IF_ERROR(b.staging.Allocate(be, b.chunk * D));
+    MS_RETURN_IF_ERROR(b.rs_out.Allocate(be, b.chunk));
+  }
   return d;
+}
+
+int DataParallel::staged_buckets() const {
+  return static_cast<int>(
+      std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.staging.size() > 0; }));
+}
+
+int64_t DataParallel::buffer_floats() const {
+  int64_t n = 0;
+  for (const Bucket& b : buckets_) {
+    n += static_cast<int64_t>(b.staging.size() + b.shard.size() + b.rs_out.size() + b.beside_send.size() +
+                              b.beside_recv.size());
+  }
+  return n;
 }
 
 int DataParallel::bf16_gather_buckets() const {
@@ -325,7 +346,8 @@ void DataParallel::OptimizerStepped() {
 Status DataParallel::BeginStep() {
   MS_RETURN_IF_ERROR(gpt_->ZeroGrad());
   for (auto& b : buckets_) {
-    if (b.shard.size()) MS_RETURN_IF_ERROR(be_->Zero(b.shard.data(), sizeof(float) * b.shard.size()));
+    // ZeRO-2 accumulates every micro-batch's share; ZeRO-1 overwrites the shard once per step.
+    if (options_.zero == 2) MS_RETURN_IF_ERROR(be_->Zero(b.shard.data(), sizeof(float) * b.shard.size()));
     b.pending = 0;
   }
   for (size_t i = 0; i < param_bucket_.size(); ++i) ++buckets_[param_bucket_[i]].pending;
@@ -346,6 +368,9 @@ Status DataParallel::Launch(Bucket& b) {
     // The communicator runs on its own stream or thread: the gradients the backend enqueued must be final.
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
     b.work = dp_->AllReduce(grad, len, comm::ReduceOp::kSum);
+  } else if (options_.zero == 1 && b.even) {  // from the gradients into the owned shard
+    MS_RETURN_IF_ERROR(ReadyFor(*dp_));
+    b.work = dp_->ReduceScatter(grad, b.shard.data(), b.chunk);
   } else {
     MS_RETURN_IF_ERROR(be_->Copy(b.staging.data(), grad, sizeof(float) * len));
     MS_RETURN_IF_ERROR(be_->Zero(b.staging.data() + len, sizeof(float) * (b.staging.size() - len)));
@@ -390,7 +415,7 @@ Status DataParallel::WaitBucket(Bucket& b) {
   MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
   if (options_.zero == 2) {
     MS_RETURN_IF_ERROR(be_->AddInPlace(b.shard.data(), b.rs_out.data(), b.chunk));
-  } else if (options_.zero == 1) {
+  } else if (options_.zero == 1 && !b.even) {
     MS_RETURN_IF_ERROR(be_->Copy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk));
   }
   return Status::Ok();
@@ -475,10 +500,15 @@ Status DataParallel::FinishBackward() {
 Status DataParallel::LaunchGather32(Bucket& b) {
   const int r = dp_->rank();
   const auto [own_lo, own_hi] = b.Share(r);
-  MS_RETURN_IF_ERROR(be_->Zero(b.rs_out.data(), sizeof(float) * b.rs_out.size()));
-  MS_RETURN_IF_ERROR(be_->Copy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo)));
-  MS_RETURN_IF_ERROR(ReadyFor(*dp_));
-  b.work = dp_->AllGather(b.rs_out.data(), b.staging.data(), b.chunk);
+  if (b.even) {  // in place: the owned share is this rank's slot of the bucket's parameters
+    MS_RETURN_IF_ERROR(ReadyFor(*dp_));
+    b.work = dp_->AllGather(gpt_->param_data() + own_lo, gpt_->param_data() + b.start, b.chunk);
+  } else {
+    MS_RETURN_IF_ERROR(be_->Zero(b.rs_out.data(), sizeof(float) * b.rs_out.size()));
+    MS_RETURN_IF_ERROR(be_->Copy(b.rs_out.data(), gpt_->param_data() + own_lo, sizeof(float) * (own_hi - own_lo)));
+    MS_RETURN_IF_ERROR(ReadyFor(*dp_));
+    b.work = dp_->AllGather(b.rs_out.data(), b.staging.data(), b.chunk);
+  }
   b.launched_at = NowSeconds();
   b.gather_pending = true;
   b.pending16 = false;
@@ -543,6 +573,7 @@ Status DataParallel::WaitGather(Bucket& b, bool on_device) {
   }
   MS_RETURN_IF_ERROR_CTX(s, "data-parallel parameter all-gather{}", b.pending16 ? " (bf16 weight copies)" : "");
   if (!b.pending16) {
+    if (b.even) return Status::Ok();  // gathered in place
     return be_->Copy(gpt_->param_data() + b.start, b.staging.data(), sizeof(float) * (b.end - b.start));
   }
   uint16_t* const bf16 = static_cast<uint16_t*>(gpt_->bf16_param_data());

@@ -137,6 +137,11 @@ class DataParallel {
   // of other parameters gathered in fp32 beside them (per rank, the most any rank owns), over all buckets.
   int bf16_gather_buckets() const;
   int64_t fp32_beside_bf16_floats() const;
+  // Buckets reduced and gathered through staging buffers (zero >= 1; ZeRO-1 stages only the buckets that do not
+  // divide evenly by dp and those gathering bf16 copies), and the floats of every buffer the engine holds beside
+  // the model's (staging, shards, bf16-gather packing).
+  int staged_buckets() const;
+  int64_t buffer_floats() const;
 
   const CommStats& stats() const { return stats_; }
   void ResetStats() { stats_ = CommStats(); }
@@ -147,15 +152,18 @@ class DataParallel {
     int first = 0, last = 0;     // param index range [first, last]
     int64_t start = 0, end = 0;  // float range in the flat buffers
     int64_t chunk = 0;           // ceil((end-start)/dp): the owned share
+    bool even = false;           // end - start == chunk * dp: every rank's share is whole
     // Rank q's share [lo, hi) of the flat range (the last ranks' may be shorter, or empty).
     std::pair<int64_t, int64_t> Share(int q) const {
       return {std::min(start + q * chunk, end), std::min(start + (q + 1) * chunk, end)};
     }
-    bool tied = false;                  // the tied wte (pp > 1): reduced after backward
-    int pending = 0;                    // tensors whose gradient is not final yet (this micro-batch)
-    model::DeviceArray<float> staging;  // dp*chunk floats (device memory, as the two below)
-    model::DeviceArray<float> shard;    // chunk floats: the owned reduced gradient (zero >= 1)
-    model::DeviceArray<float> rs_out;   // chunk floats
+    bool tied = false;  // the tied wte (pp > 1): reduced after backward
+    int pending = 0;    // tensors whose gradient is not final yet (this micro-batch)
+    // Device memory. staging: dp*chunk floats, rs_out: chunk floats; both empty where the bucket needs no staging
+    // (zero 0; ZeRO-1 on an even bucket gathering fp32: reduce-scatter and all-gather run in place).
+    model::DeviceArray<float> staging;
+    model::DeviceArray<float> shard;  // chunk floats: the owned reduced gradient (zero >= 1)
+    model::DeviceArray<float> rs_out;
     std::unique_ptr<comm::Work> work;
     double launched_at = 0;
     int index = 0;

@@ -458,6 +458,11 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         spec.name, m.layers, config::Name(m.block), m.window, par.tp, par.pp, par.dp, par.virtual_stages,
         par.sequence_parallel ? "on" : "off", par.zero, threads, spec.train.global_batch, micro, n_micro, par.dp,
         n_params);
+    if (par.zero >= 1) {
+      LogInfo("zero {}: rank 0's data-parallel buffers hold {:.2f} MB beside the model; {} of {} buckets staged{}",
+              par.zero, dpe->buffer_floats() * sizeof(float) / 1e6, dpe->staged_buckets(), dpe->num_buckets(),
+              par.zero == 1 ? " (the others reduce-scatter from the gradients and gather in place)" : "");
+    }
     if (dpe->bf16_gather_buckets() > 0) {
       LogInfo(
           "zero {}: rank 0's parameter all-gathers move the bf16 weight copies in {} of {} buckets ({} floats of "

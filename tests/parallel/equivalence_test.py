@@ -2,9 +2,10 @@
 """Layout equivalence: the same job spec and seed trained under every parallel layout gives the
 single-rank run's per-step losses (relative 1e-5) and final parameters (per tensor: relative norm of
 the difference 1e-4, and no element off by more than 1e-3 of the tensor's largest magnitude), with
-AdamW and LAMB, ZeRO 1 and 2, both block types, a sliding window and chunked TP communication
+AdamW and LAMB, ZeRO 1 and 2 (also at dp 3, where some buckets do not divide by dp), both block types, a sliding window and chunked TP communication
 (parallel.tp_comm_chunks); with the TP sums in bf16 (parallel.tp_reduce_dtype) the losses within 1.5e-4 of
-it. Also checks that every data-parallel replica ends with bit-identical parameters, that data-parallel
+it. Also checks that every data-parallel replica ends with bit-identical parameters, that ZeRO-1 stages
+only the buckets that do not divide by dp, that data-parallel
 reductions start during backward (overlap), that chunked TP collectives overlap GEMM chunks on the trace
 timeline (and unchunked ones do not), and that a rank killed mid-run fails the job promptly.
 
@@ -53,6 +54,9 @@ runtime: {{threads: 1}}
 """
 
 
+STDERR = {}  # run name -> what it printed
+
+
 def train(spec, name, sets):
     run_dir = os.path.join(WORK, name)
     dump = run_dir + "-params"
@@ -64,6 +68,7 @@ def train(spec, name, sets):
     p = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         raise RuntimeError(f"{name}: exit {p.returncode}\n{p.stderr[-3000:]}")
+    STDERR[name] = p.stderr
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     return [r for r in rows if r["phase"] == "train"], load_params(dump)
 
@@ -183,6 +188,13 @@ def reductions_on_trace(run_dir, ranks):
 # ranks). Measured (2026-11-28): the layouts' losses 0.8-1.7e-5 relative from the single-rank run's;
 # with one row of each chunk's sum left unwidened (a planted mistake: that row keeps this rank's partial) 4.1e-4,
 # 7.4e-4 and 2.9e-3 — hence the tolerance between them.
+# dp 3 (6 sequences a step): buckets whose length does not divide by 3 reduce and gather through staging buffers,
+# the others (ZeRO-1) reduce-scatter straight from the gradients and all-gather in place in the parameters.
+DP3_BATCH = "global_batch: 6, micro_batch: 1"
+DP3_LAYOUTS = {
+    "1.1.3-z1": ["parallel.dp=3", "parallel.zero=1"],
+    "1.1.3-z2": ["parallel.dp=3", "parallel.zero=2"],
+}
 BF16_SUM_LAYOUTS = {
     "2.1.1-c3": ("parallel", ["parallel.tp=2", "parallel.tp_comm_chunks=3"]),
     "2.1.1-sp": ("sequential", ["parallel.tp=2", "parallel.sequence_parallel=true"]),
@@ -230,12 +242,13 @@ def main():
         cases += [(block, "adamw", LAYOUTS, default_batch)]
         cases += [(block, "lamb", LAMB_LAYOUTS, default_batch)]
         cases += [(block, "adamw", CHUNK_LAYOUTS, CHUNK_BATCH)]
+    cases += [("parallel", "adamw", DP3_LAYOUTS, DP3_BATCH)]
     if QUICK:
         cases = [("parallel", "adamw", {"2.2.2": LAYOUTS["2.2.2"]}, default_batch),
                  ("sequential", "lamb", {"2.2.2-sp-z2": LAMB_LAYOUTS["2.2.2-sp-z2"]}, default_batch),
                  ("parallel", "adamw", {"2.2.2-sp-c2": CHUNK_LAYOUTS["2.2.2-sp-c2"]}, CHUNK_BATCH)]
     for block, optimizer, layouts, batch in cases:
-        tag = f"{block}-{optimizer}" + ("" if batch == default_batch else "-chunks")
+        tag = f"{block}-{optimizer}" + {default_batch: "", CHUNK_BATCH: "-chunks", DP3_BATCH: "-dp3"}[batch]
         spec = os.path.join(WORK, f"{tag}.yaml")
         text = spec_text(data, block, optimizer, batch)
         open(spec, "w").write(text if batch == default_batch else text.replace("steps: 10", "steps: 6"))
@@ -259,6 +272,21 @@ def main():
                 during = sum(r["dp_launched_during_backward"] for r in rows)
                 check(f"{block}/{optimizer} {name} reductions start during backward", during > len(rows),
                       f"{during} collectives launched during backward over {len(rows)} steps")
+    # Which buckets went through staging buffers (rank 0's log): none under ZeRO-1 at dp 2 (every tensor size here is
+    # even), some but not all at dp 3, all under ZeRO-2.
+    def staged(name):
+        for line in STDERR.get(name, "").splitlines():
+            if "buckets staged" in line:
+                words = line.split(" of ")
+                return int(words[-2].split()[-1]), int(words[-1].split()[0])
+        return None
+    if not QUICK:
+        counts = {n: staged(n) for n in ("parallel-lamb-1.1.2-z1", "parallel-adamw-1.1.3-z1", "parallel-adamw-1.1.3-z2")}
+        z1_2, z1_3, z2_3 = counts.values()
+        ok = (z1_2 is not None and z1_2[0] == 0 and z1_3 is not None and 0 < z1_3[0] < z1_3[1] and z2_3 is not None
+              and z2_3[0] == z2_3[1])
+        check("ZeRO-1 reduces and gathers in place where a bucket divides by dp", ok,
+              ", ".join(f"{n}: {c[0] if c else '?'} of {c[1] if c else '?'} buckets staged" for n, c in counts.items()))
     # A padded vocabulary (model.vocab_pad_to): 300 tokens held as 384 rows (tp 2: the second rank's slice ends in
     # 84 padding rows) and 257 held as 512 (tp 4: the last rank's slice is all padding, the one before holds a
     # single real row). Every layout trains the single-rank losses and parameters, and the padding rows stay zero.
