@@ -282,9 +282,10 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
   // of dp: the GPT configs') needs none under ZeRO-1: its reduce-scatter reads the gradients where they are (nothing
   // writes them until the next step) into the owned shard, and its fp32 all-gather runs in place in the parameters.
   // ZeRO-2 zeroes the gradients as soon as a reduction is launched (the next micro-batch accumulates into them) and
-  // adds each micro-batch's share to the shard: it reduces from a copy. bf16 gathers pack their inputs.
+  // adds each micro-batch's share to the shard: it reduces from a copy. An even bucket's bf16 gather runs in place
+  // in the bf16 weight copies (StartParamGather).
   for (Bucket& b : d->buckets_) {
-    if (options.zero == 0 || (options.zero == 1 && b.even && !b.gather16)) continue;
+    if (options.zero == 0 || (options.zero == 1 && b.even)) continue;
     ops::Backend* be = gpt->backend();
     MS_RETURN_IF_ERROR(b.staging.Allocate(be, b.chunk * D));
     MS_RETURN_IF_ERROR(b.rs_out.Allocate(be, b.chunk));
@@ -530,16 +531,22 @@ Status DataParallel::StartParamGather() {
     // The owned share of the bf16 copies (the optimizer wrote the update's rounding there; a skipped step left the
     // step's copies, made from the unchanged values) and, packed, the owned parts of the other parameters.
     const auto [own_lo, own_hi] = b.Share(r);
-    uint16_t* const send16 = reinterpret_cast<uint16_t*>(b.rs_out.data());
-    MS_RETURN_IF_ERROR(be_->Copy(send16, bf16 + own_lo, sizeof(uint16_t) * (own_hi - own_lo)));
-    if (own_hi - own_lo < b.chunk) {
-      MS_RETURN_IF_ERROR(be_->Zero(send16 + (own_hi - own_lo), sizeof(uint16_t) * (b.chunk - (own_hi - own_lo))));
+    // An even bucket gathers in place in the copies (this rank's share is its slot); its other parameters' and a
+    // tied wte's slots receive their owners' values too, which nothing reads: a tied wte's copy is cast in the step,
+    // after this gather has been waited for (at the embedding's layer, before the head's).
+    uint16_t* const send16 = b.even ? bf16 + own_lo : reinterpret_cast<uint16_t*>(b.rs_out.data());
+    uint16_t* const recv16 = b.even ? bf16 + b.start : reinterpret_cast<uint16_t*>(b.staging.data());
+    if (!b.even) {
+      MS_RETURN_IF_ERROR(be_->Copy(send16, bf16 + own_lo, sizeof(uint16_t) * (own_hi - own_lo)));
+      if (own_hi - own_lo < b.chunk) {
+        MS_RETURN_IF_ERROR(be_->Zero(send16 + (own_hi - own_lo), sizeof(uint16_t) * (b.chunk - (own_hi - own_lo))));
+      }
     }
     for (const auto& run : b.beside_runs[static_cast<size_t>(r)]) {
       MS_RETURN_IF_ERROR(be_->Copy(b.beside_send.data() + run[2], gpt_->param_data() + run[0], sizeof(float) * run[1]));
     }
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
-    b.work = dp_->AllGather16(send16, reinterpret_cast<uint16_t*>(b.staging.data()), b.chunk);
+    b.work = dp_->AllGather16(send16, recv16, b.chunk);
     ++stats_.dp_launched;
     if (b.beside_count > 0) {
       b.beside_work = dp_->AllGather(b.beside_send.data(), b.beside_recv.data(), b.beside_count);
@@ -578,7 +585,8 @@ Status DataParallel::WaitGather(Bucket& b, bool on_device) {
   }
   uint16_t* const bf16 = static_cast<uint16_t*>(gpt_->bf16_param_data());
   const uint16_t* const got16 = reinterpret_cast<const uint16_t*>(b.staging.data());
-  for (const auto& [lo, hi] : b.copy16) {
+  for (size_t k = 0; !b.even && k < b.copy16.size(); ++k) {  // an even bucket was gathered in place
+    const auto [lo, hi] = b.copy16[k];
     MS_RETURN_IF_ERROR(be_->Copy(bf16 + lo, got16 + (lo - b.start), sizeof(uint16_t) * (hi - lo)));
   }
   const int r = dp_->rank();

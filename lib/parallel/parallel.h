@@ -138,8 +138,8 @@ class DataParallel {
   int bf16_gather_buckets() const;
   int64_t fp32_beside_bf16_floats() const;
   // Buckets reduced and gathered through staging buffers (zero >= 1; ZeRO-1 stages only the buckets that do not
-  // divide evenly by dp and those gathering bf16 copies), and the floats of every buffer the engine holds beside
-  // the model's (staging, shards, bf16-gather packing).
+  // divide evenly by dp), and the floats of every buffer the engine holds beside the model's (staging, shards,
+  // the packing of the fp32 parameters gathered beside bf16 copies).
   int staged_buckets() const;
   int64_t buffer_floats() const;
 
@@ -160,7 +160,7 @@ class DataParallel {
     bool tied = false;  // the tied wte (pp > 1): reduced after backward
     int pending = 0;    // tensors whose gradient is not final yet (this micro-batch)
     // Device memory. staging: dp*chunk floats, rs_out: chunk floats; both empty where the bucket needs no staging
-    // (zero 0; ZeRO-1 on an even bucket gathering fp32: reduce-scatter and all-gather run in place).
+    // (zero 0; ZeRO-1 on an even bucket: reduce-scatter and all-gathers run in place).
     model::DeviceArray<float> staging;
     model::DeviceArray<float> shard;  // chunk floats: the owned reduced gradient (zero >= 1)
     model::DeviceArray<float> rs_out;
