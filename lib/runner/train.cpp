@@ -458,6 +458,12 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         spec.name, m.layers, config::Name(m.block), m.window, par.tp, par.pp, par.dp, par.virtual_stages,
         par.sequence_parallel ? "on" : "off", par.zero, threads, spec.train.global_batch, micro, n_micro, par.dp,
         n_params);
+    if (par.zero == 2 && par.dp > 1) {
+      LogWarn(
+          "parallel.zero: 2 keeps the full gradient buffer (the micro-batches accumulate into it) and a staging copy "
+          "of it, so it holds more memory than parallel.zero: 1 and reduce-scatters every micro-batch; use 1 unless "
+          "comparing them (docs/job-spec.md)");
+    }
     if (par.zero >= 1) {
       LogInfo("zero {}: rank 0's data-parallel buffers hold {:.2f} MB beside the model; {} of {} buckets staged{}",
               par.zero, dpe->buffer_floats() * sizeof(float) / 1e6, dpe->staged_buckets(), dpe->num_buckets(),
