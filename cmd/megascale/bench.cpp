@@ -1,4 +1,7 @@
 // megascale bench: MFU sweeps over configurations (lib/bench).
+#include <signal.h>
+
+#include <cstdio>
 #include <memory>
 
 #include "bench/bench.h"
@@ -36,6 +39,14 @@ CLI::App* AddBenchCommand(CLI::App& parent, RunFn* run) {
     }
     auto result = bench::RunBench(*opts);
     if (!result.ok()) return ReportError(result.status());
+    if (result->interrupted != 0) {  // the table and files of the points up to it are written
+      size_t measured = 0;
+      for (const auto& p : result->points) measured += p.status == "ok";
+      std::fprintf(stderr, "error: bench stopped by %s after %zu measured point%s; outputs in %s\n",
+                   result->interrupted == SIGINT ? "SIGINT" : "SIGTERM", measured, measured == 1 ? "" : "s",
+                   result->output.c_str());
+      return 128 + result->interrupted;
+    }
     for (const auto& p : result->points) {
       if (p.status != "ok") return 2;  // the sweep ran, some points did not: say so in the exit status
     }

@@ -154,8 +154,15 @@ Result<SweepFile> ReadSweepFile(const std::string& path) {
   return out;
 }
 
-// Runs argv with stdout and stderr into `log`, in its own process group; kills the group after timeout_s.
-Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& log, double timeout_s, double* wall_s) {
+// Runs argv with stdout and stderr into `log`, in its own process group; kills the group after timeout_s. A stop
+// signal to the bench (runner::InstallStopSignals; Ctrl-C reaches only the terminal's foreground group, the bench's)
+// is passed on to the point's group as SIGINT — the point stops after its current step, saving nothing — and the
+// point's processes are killed at a second signal or after kStopGraceS; the result is then Aborted and *stopped_by
+// the signal, so that no point's processes outlive the bench.
+constexpr double kStopGraceS = 60;
+
+Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& log, double timeout_s, double* wall_s,
+                       int* stopped_by) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -163,7 +170,11 @@ Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& 
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  sigset_t dfl;  // ignored here (InstallStopSignals), and SIG_IGN survives exec
+  sigemptyset(&dfl);
+  sigaddset(&dfl, SIGPIPE);
+  posix_spawnattr_setsigdefault(&attr, &dfl);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
   posix_spawnattr_setpgroup(&attr, 0);
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -176,10 +187,27 @@ Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& 
   const double t0 = NowSeconds();
   int status = 0;
   bool killed = false;
+  int stop_signal = 0;
+  double stop_deadline = 0;
   for (;;) {
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
     if (r == pid) break;
     if (r < 0 && errno != EINTR) return ErrnoError("waiting for a bench point", errno);
+    if (const int sig = runner::TakeStopSignal(); sig != 0) {
+      if (stop_signal == 0) {
+        stop_signal = sig;
+        stop_deadline = NowSeconds() + kStopGraceS;
+        std::fprintf(stderr, "bench: got %s: stopping the running point (send it again to kill it now)\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+        ::kill(-pid, SIGINT);
+      } else {
+        ::kill(-pid, SIGKILL);
+      }
+    }
+    if (stop_signal != 0 && NowSeconds() > stop_deadline) {
+      ::kill(-pid, SIGKILL);
+      stop_deadline = 1e300;
+    }
     if (!killed && NowSeconds() - t0 > timeout_s) {
       ::kill(-pid, SIGTERM);
       ::usleep(2000000);
@@ -189,6 +217,8 @@ Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& 
     ::usleep(50000);
   }
   *wall_s = NowSeconds() - t0;
+  *stopped_by = stop_signal;
+  if (stop_signal != 0) return Aborted("stopped by {} to the bench", stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
   if (killed) return Timeout("stopped after {:.0f} s (the point timeout)", timeout_s);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
@@ -392,6 +422,7 @@ Result<Axis> ParseAxis(std::string_view text) {
 }
 
 Result<BenchResult> RunBench(const BenchOptions& options) {
+  runner::InstallStopSignals();  // passed on to a running point (RunProcess); none is started after one
   MS_ASSIGN_OR_RETURN(SweepFile sweep, ReadSweepFile(options.spec_path));
   // The axes: the file's, then --vary (which replaces a key the file also varies).
   std::vector<Axis> axes = sweep.vary;
@@ -452,7 +483,11 @@ Result<BenchResult> RunBench(const BenchOptions& options) {
   std::fprintf(stderr, "bench: %zu point%s x (%d warm-up + %d measured steps), output %s\n", total,
                total == 1 ? "" : "s", warmup, steps, result.output.c_str());
   const double t_start = NowSeconds();
-  for (size_t i = 0; i < total; ++i) {
+  for (size_t i = 0; i < total && result.interrupted == 0; ++i) {
+    if (const int sig = runner::TakeStopSignal(); sig != 0) {
+      result.interrupted = sig;
+      break;
+    }
     PointResult p;
     const Case& the_case = cases[i / grid];
     p.case_name = the_case.name;
@@ -504,9 +539,10 @@ Result<BenchResult> RunBench(const BenchOptions& options) {
     MS_RETURN_IF_ERROR(MakeDirs(dir));
     const std::string spec_file = dir + "/job.yaml", log = dir + "/train.log";
     MS_RETURN_IF_ERROR(WriteFileAtomic(spec_file, config::ToYaml(spec)));
-    auto code = RunProcess({exe, "train", spec_file, "--no-progress"}, log, options.point_timeout_s, &p.wall_s);
+    auto code = RunProcess({exe, "train", spec_file, "--no-progress"}, log, options.point_timeout_s, &p.wall_s,
+                           &result.interrupted);
     if (!code.ok()) {
-      p.status = "failed";
+      p.status = result.interrupted != 0 ? "interrupted" : "failed";
       p.reason = code.status().message();
     } else if (*code != 0) {
       p.status = "failed";
@@ -517,7 +553,8 @@ Result<BenchResult> RunBench(const BenchOptions& options) {
     result.points.push_back(p);
   }
   if (options.progress) {
-    std::fprintf(stderr, "bench: %zu points in %s\n", total, Duration(NowSeconds() - t_start).c_str());
+    std::fprintf(stderr, "bench: %zu of %zu points in %s\n", result.points.size(), total,
+                 Duration(NowSeconds() - t_start).c_str());
   }
   PrintTable(result.points, axes, !sweep.cases.empty());
   MS_RETURN_IF_ERROR(WriteOutputs(result.output, result.points, axes));

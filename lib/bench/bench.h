@@ -47,7 +47,7 @@ struct BenchOptions {
   std::string executable;              // the megascale binary that trains a point (empty: this program)
 };
 
-// The measurements of one point; status is "ok", "invalid" or "failed" (with `reason`).
+// The measurements of one point; status is "ok", "invalid", "failed" or "interrupted" (with `reason`).
 struct PointResult {
   std::string case_name;                                      // bench.cases: the case ("" without cases)
   std::vector<std::pair<std::string, std::string>> settings;  // the varied keys' values
@@ -65,10 +65,14 @@ struct PointResult {
 struct BenchResult {
   std::string output;
   std::vector<PointResult> points;
+  // SIGINT or SIGTERM when a stop signal ended the sweep early: the running point was stopped (status
+  // "interrupted"), no later point ran, and the outputs hold the points up to it.
+  int interrupted = 0;
 };
 
 // Runs the sweep; prints the table on stdout. Fails only when the sweep itself cannot run (bad spec
-// file, bad --vary, no output folder); failed points are in the result.
+// file, bad --vary, no output folder); failed points are in the result. Catches SIGINT and SIGTERM
+// (runner::InstallStopSignals) and passes them on to the running point (BenchResult::interrupted).
 Result<BenchResult> RunBench(const BenchOptions& options);
 
 }  // namespace ms::bench

@@ -85,6 +85,9 @@ int ExitCode(JobEnd end);
 // ignores SIGPIPE (writes to a dead peer fail with EPIPE instead). Call it first thing in a process
 // that will run a job; idempotent.
 void InstallStopSignals();
+// For a program that supervises megascale processes of its own (megascale bench), after InstallStopSignals: the stop
+// signal received since the last call (SIGINT when both came, SIGTERM, or 0); a SIGUSR1 is dropped.
+int TakeStopSignal();
 
 struct TrainSummary {
   int64_t steps_done = 0;

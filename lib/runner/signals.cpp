@@ -1,5 +1,7 @@
 #include "runner/signals.h"
 
+#include "runner/runner.h"
+
 #include <signal.h>
 
 #include <atomic>
@@ -54,6 +56,11 @@ SignalCounts TakeSignals() {
   c.terminate = g_terminate.exchange(0);
   c.save = g_save.exchange(0);
   return c;
+}
+
+int TakeStopSignal() {
+  const SignalCounts c = TakeSignals();
+  return c.interrupt > 0 ? SIGINT : c.terminate > 0 ? SIGTERM : 0;
 }
 
 void ReturnSignals(const SignalCounts& counts) {

@@ -2,7 +2,8 @@
 """megascale bench end to end: a 2 x 2 sweep of a tiny model (one axis from the spec's bench:
 section, one from --vary), one of its points invalid. The table, CSV and JSON hold every point with
 sane values, the invalid one with its reason, the others measured; the charts are valid SVG images;
-a spec whose learning-rate warm-up is longer than the bench's steps benches unedited.
+a spec whose learning-rate warm-up is longer than the bench's steps benches unedited; SIGINT to the
+bench stops its running point (no process left) and ends the sweep with exit 130.
 
 Usage: bench_test.py MEGASCALE WORK_DIR
 """
@@ -10,8 +11,10 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -117,5 +120,31 @@ check("cases: the unfused point ran unfused", "fused_kernels: false" in
 
 r = subprocess.run([BIN, "bench", spec, "--vary", "parallel.tpp=1,2"], capture_output=True, text=True, cwd=WORK)
 check("a --vary key that does not exist is refused", r.returncode == 1 and "parallel.tpp" in r.stderr, r.stderr)
+# Ctrl-C (SIGINT to the bench; the terminal's group does not hold the point's processes, which run in their own
+# group): the running point is stopped, no later point starts, no process of it is left, and the outputs hold it.
+stop_dir = os.path.join(WORK, "stopped")
+p = subprocess.Popen([BIN, "bench", spec, "--vary", "parallel.dp=2,1", "--steps", "1000000", "--output", stop_dir],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=WORK)
+point = os.path.join(stop_dir, "points", "000", "run", "job.yaml")
+deadline = time.time() + 60
+while time.time() < deadline:  # both ranks of the first point are up
+    if len(subprocess.run(["pgrep", "-f", f"worker {point}"], capture_output=True, text=True).stdout.split()) == 2:
+        break
+    time.sleep(0.2)
+p.send_signal(signal.SIGINT)
+try:
+    out, err = p.communicate(timeout=60)
+except subprocess.TimeoutExpired:
+    p.kill()
+    out, err = p.communicate()
+left = subprocess.run(["pgrep", "-af", os.path.join(stop_dir, "points")], capture_output=True, text=True).stdout
+check("SIGINT: exit 130, the point stopped and named", p.returncode == 130 and "stopped by SIGINT" in err,
+      f"exit {p.returncode}: {err[-1500:]}")
+check("SIGINT: no process of the point is left", not left.strip(), left)
+rows = list(csv.DictReader(open(os.path.join(stop_dir, "bench.csv")))) if os.path.exists(
+    os.path.join(stop_dir, "bench.csv")) else []
+check("SIGINT: the CSV holds the stopped point, and no later point ran",
+      [r["status"] for r in rows] == ["interrupted"] and not os.path.exists(os.path.join(stop_dir, "points", "001")),
+      rows)
 print(f"{'all passed' if not fails else f'{len(fails)} failed: ' + ', '.join(fails)}")
 sys.exit(1 if fails else 0)
