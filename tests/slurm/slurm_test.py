@@ -10,6 +10,8 @@ namespace), megascale launched inside allocations with sbatch and salloc.
   awkward_names         a job name and run directory with spaces, quotes and $(...)
   killed_rank           SIGKILL of one rank's process: the job fails within seconds naming rank and node;
                         no megascale process, redis-server or job step remains
+  driver_killed         SIGKILL of the driver while its allocation lives on: its srun dies with it and Slurm ends
+                        the step within seconds; no rank, redis-server or job step remains
   scancel               scancel of a job of scripts/slurm/train-cpu.sbatch: a complete checkpoint,
                         `megascale resume` continues it bit-exactly, nothing left running
   usr1_warning_then_step_cancel  the time-limit warning (B:USR1) saves and training goes on;
@@ -28,8 +30,8 @@ namespace), megascale launched inside allocations with sbatch and salloc.
 If Slurm cannot start here the test fails, unless MEGASCALE_SKIP_SLURM=1 asks to skip it (exit 77,
 with the reason printed). MS_TEST_CASES=a,b runs only those cases.
 
---quick (the sanitizer build) leaves out scancel, nan_then_lost_rank and store_lost: what they add to the
-other cases is recovery logic of the driver and the ranks (a checkpoint on SIGTERM and its resume; NaN
+--quick (the sanitizer build) leaves out scancel, nan_then_lost_rank, store_lost and driver_killed (Slurm's and the
+kernel's behaviour, nothing a sanitizer checks); what the first three add to the other cases is recovery logic of the driver and the ranks (a checkpoint on SIGTERM and its resume; NaN
 rollback; a lost heartbeat; the store restarted) that the sanitizer build runs in the local tests
 (tests/runner: fault_test.py, reliability_test.py, resume_test.py); the Slurm launch, a restart as a new job
 step, exclusion of a node and the step signals stay in (there the test took 153 s, 72-84 s with --quick).
@@ -54,7 +56,7 @@ CLUSTER = os.path.join(SRC, "tests", "slurm", "testcluster.sh")
 STATE = tempfile.mkdtemp(prefix="ms-slurm-", dir="/tmp")
 ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
 QUICK = "--quick" in sys.argv[4:]
-QUICK_SKIPS = {"scancel", "nan_then_lost_rank", "store_lost"}
+QUICK_SKIPS = {"scancel", "nan_then_lost_rank", "store_lost", "driver_killed"}
 results = []
 SLURM_ENV = dict(os.environ, SLURM_CONF=os.path.join(STATE, "slurm.conf"))
 
@@ -319,6 +321,41 @@ exec {BIN} train {shlex.quote(s)} --no-progress
         last = [l for l in out.splitlines() if l.startswith("error: ")][-1:]
         assert last and f"rank {rank} on {node} failed (signal 9" in last[0], f"last error: {last}; {out[-1500:]}"
         assert took < 20, f"the job took {took:.1f} s to end"
+        assert not stray(), stray()
+
+    @case
+    def driver_killed():
+        # The driver SIGKILLed (the OOM killer, a node agent) while its allocation lives on: its srun dies with it
+        # (PR_SET_PDEATHSIG), Slurm ends the step's tasks, and nothing of the job step remains; the batch script
+        # goes on (here it sleeps) and sees the driver's 137.
+        run_dir = os.path.join(WORK, "driver-killed")
+        s = spec("driver killed", run_dir, steps=100000, extra="fault: {max_restarts: 0}\n")
+        job = sbatch(f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=4 --output={WORK}/driver-killed.out
+{BIN} train {shlex.quote(s)} --no-progress
+echo "driver exit $?"
+sleep 60
+""", "driver-killed")
+        wait_steps(run_dir, 2)
+        drivers = [pid for pid, name in job_processes().items()
+                   if name == "megascale" and b"\0train\0" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(drivers) == 1 and len(workers()) == 8, f"drivers {drivers}, workers {workers()}"
+        def ranks_step():  # the job's steps but its batch script's
+            return [i for i in squeue("--steps", "-o", "%i").split() if not i.endswith(".batch")]
+        t0 = time.time()
+        os.kill(drivers[0], signal.SIGKILL)
+        while (workers() or ranks_step()) and time.time() - t0 < 30:
+            time.sleep(0.2)
+        took = time.time() - t0
+        left = [workers(), ranks_step()]
+        out = open(os.path.join(WORK, "driver-killed.out")).read()
+        still_queued = job in squeue("-o", "%i").split()
+        subprocess.run(["scancel", job], env=SLURM_ENV, check=True)
+        wait_job(job, timeout=60)
+        assert not left[0] and not left[1], f"{took:.1f} s after the driver's SIGKILL: workers {left[0]}, steps {left[1]}"
+        assert took < 15, f"the job step took {took:.1f} s to end"
+        assert still_queued and "driver exit 137" in out, f"queued {still_queued}; {out[-1000:]}"
+        print(f"     driver_killed: the step's 8 ranks gone {took:.1f} s after the driver's SIGKILL", flush=True)
         assert not stray(), stray()
 
     @case
