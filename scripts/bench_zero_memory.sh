@@ -12,7 +12,7 @@ bin=${1:-$build/megascale}
 shift || true
 if [ "$bin" = "$build/megascale" ]; then cmake --build "$build" --target megascale >/dev/null; fi
 bash scripts/make_demo_data.sh "$bin" >/dev/null
-work=$(mktemp -d /tmp/ms-bench-zero-XXXXXX)
+work=$(mktemp -d)  # removed on exit
 trap 'rm -rf "$work"' EXIT
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); binary $bin"
 for zero in 0 1 2; do
