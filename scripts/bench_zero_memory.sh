@@ -30,4 +30,5 @@ for zero in 0 1 2; do
   if ! wait $driver; then echo "zero $zero: the job failed:"; tail -5 "$work/log-$zero"; exit 1; fi
   buffers=$(grep -o "data-parallel buffers hold .*" "$work/log-$zero" || echo "(no data-parallel buffers line)")
   printf 'zero %d: rank peak %5d MiB; %s\n' "$zero" $((peak / 1024)) "$buffers"
+  grep -o "zero 2: no gradient buffer.*" "$work/log-$zero" | sed 's/^/        /' || true
 done

@@ -258,7 +258,11 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     }
   }
   MS_ASSIGN_OR_RETURN(g->params_buf_, device::Buffer::Allocate(device, std::max<int64_t>(g->num_params_, 1)));
-  MS_ASSIGN_OR_RETURN(g->grads_buf_, device::Buffer::Allocate(device, std::max<int64_t>(g->num_params_, 1)));
+  g->grad_ptrs_.assign(g->params_.size(), nullptr);
+  if (!shard.placed_grads) {
+    MS_ASSIGN_OR_RETURN(g->grads_buf_, device::Buffer::Allocate(device, std::max<int64_t>(g->num_params_, 1)));
+    for (size_t i = 0; i < g->params_.size(); ++i) g->grad_ptrs_[i] = g->grads_buf_.f32() + g->params_[i].offset;
+  }
   MS_RETURN_IF_ERROR(g->Init(seed));
   // The padded vocabulary's logits are masked out of the softmax by the classifier GEMM's bias: 0 for a real
   // column, kMaskedLogit for a padding one (only on a rank whose vocabulary slice holds padding).
@@ -271,7 +275,7 @@ Result<std::unique_ptr<Gpt>> Gpt::Create(const config::ModelSpec& spec, const Sh
     MS_RETURN_IF_ERROR(g->be_->CopyFromHost(g->logit_mask_.data(), mask.data(), sizeof(float) * mask.size()));
     g->masked_logits_ = true;
   }
-  MS_RETURN_IF_ERROR(g->ZeroGrad());
+  if (!shard.placed_grads) MS_RETURN_IF_ERROR(g->ZeroGrad());
   if (g->be_->keeps_bf16_copies()) {
     g->keep_bf16_ = true;
     MS_RETURN_IF_ERROR(AllocateBf16(g->bf16_params_, g->be_, g->num_params_).WithContext("bf16 weight copies"));
@@ -377,7 +381,29 @@ Status Gpt::Init(uint64_t seed) {
 }
 
 Status Gpt::ZeroGrad() {
+  if (shard_.placed_grads) return FailedPrecondition("the model's gradients are placed: their owner zeroes them");
   return be_->Zero(grad_data(), sizeof(float) * num_params_).WithContext("zeroing the gradients");
+}
+
+Status Gpt::PlaceGradients(const std::vector<float*>& where) {
+  if (!shard_.placed_grads) return FailedPrecondition("gradients placed on a model that holds them (placed_grads)");
+  if (where.size() != params_.size()) {
+    return InvalidArgument("{} gradient places for {} parameters", where.size(), params_.size());
+  }
+  const ParamInfo* sp0 = nullptr;  // the first sp_partial tensor: the others at their offsets' distances from it
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (where[i] == nullptr) return InvalidArgument("no gradient place for {}", params_[i].name);
+    if (!params_[i].sp_partial) continue;
+    if (sp0 == nullptr || params_[i].offset < sp0->offset) sp0 = &params_[i];
+  }
+  for (size_t i = 0; sp0 != nullptr && i < params_.size(); ++i) {
+    const size_t i0 = static_cast<size_t>(sp0 - params_.data());
+    if (params_[i].sp_partial && where[i] - where[i0] != params_[i].offset - sp0->offset) {
+      return InvalidArgument("the sequence-parallel gradients must be placed as one range: {} is not", params_[i].name);
+    }
+  }
+  grad_ptrs_ = where;
+  return Status::Ok();
 }
 
 Result<const void*> Gpt::KeptWeight(const ParamInfo* p) {
@@ -1178,7 +1204,7 @@ Status Gpt::HeadBackward(Acts& a, float dloss, float* dres, float* dsum, float* 
   const int64_t C = spec_.hidden, N = N_, R = rows_, Vl = Vl_;
   const bool tp = shard_.tp_size > 1, sp = shard_.sequence_parallel && tp;
   auto P = [&](const char* name) { return param_data() + FindParam(name)->offset; };
-  auto G = [&](const char* name) { return grad_data() + FindParam(name)->offset; };
+  auto G = [&](const char* name) { return grad(static_cast<size_t>(FindParam(name) - params_.data())); };
   float* s = scratch_.data();
   float* dln = s + 2 * R * C;
   float* dln_full = s + 3 * R * C + 2 * N * C;
@@ -1263,6 +1289,9 @@ Status Gpt::BackwardChunk(int chunk, int slot, const float* dout, float dloss,
   if (it == acts_.end() || !it->second->forward_done) {
     return FailedPrecondition("backward of chunk {} slot {} without its forward", chunk, slot);
   }
+  if (!params_.empty() && grad_ptrs_[0] == nullptr) {
+    return FailedPrecondition("backward before the gradients are placed (PlaceGradients)");
+  }
   Acts& a = *it->second;
   a.forward_done = false;
   if (!chunks_[chunk].head && !dout) {
@@ -1291,7 +1320,7 @@ Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
   float* dfch_gelu = datty + DattyFloats(D) + (dqkv ? 3 * N * HlD : 0);
   float* dfch = Dfch32() ? dfch_gelu + DfchGeluFloats() : nullptr;
   auto P = [&](const ParamInfo* p) { return param_data() + p->offset; };
-  auto G = [&](const ParamInfo* p) { return grad_data() + p->offset; };
+  auto G = [&](const ParamInfo* p) { return grad(static_cast<size_t>(p - params_.data())); };
   auto done = [&](int layer) {
     if (on_layer_done) on_layer_done(layer);
   };
@@ -1522,14 +1551,19 @@ Status Gpt::BackwardCompute(int chunk, Acts& a, const float* dout, float dloss,
 Status Gpt::ReduceSequenceParallelGrads() {
   if (!(shard_.sequence_parallel && shard_.tp_size > 1)) return Status::Ok();
   // The sp_partial tensors are laid out last and contiguously (see Create): one all-reduce over the range.
+  // Placed gradients keep them so (PlaceGradients checks).
   int64_t first = num_params_, last = 0;
-  for (const auto& p : params_) {
+  float* at = nullptr;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamInfo& p = params_[i];
     if (!p.sp_partial) continue;
+    if (p.offset < first) at = grad(i);
     first = std::min(first, p.offset);
     last = std::max(last, p.offset + p.numel);
   }
   if (last <= first) return Status::Ok();
-  return TpAllReduce(grad_data() + first, last - first, comm::ReduceOp::kSum, "sequence-parallel grads");
+  if (at == nullptr) return FailedPrecondition("the sequence-parallel gradients are not placed");
+  return TpAllReduce(at, last - first, comm::ReduceOp::kSum, "sequence-parallel grads");
 }
 
 }  // namespace ms::model

@@ -48,10 +48,10 @@
 // shard, so every layout starts from identical weights.
 //
 // Memory: parameters and gradients are two flat buffers (param_data(), grad_data()) of
-// num_params() floats with tensors at fixed, 64-byte aligned offsets. Activations live per
-// (chunk, slot): a slot holds one micro-batch between its forward and its backward, so a
-// pipeline schedule keeps several in flight.
-// Thread safety: one thread drives a Gpt; ops use OpenMP inside.
+// num_params() floats with tensors at fixed, 64-byte aligned offsets — unless the gradients are placed
+// (ShardSpec::placed_grads, PlaceGradients: ZeRO-2's gradient windows), where no flat gradient buffer exists.
+// Activations live per (chunk, slot): a slot holds one micro-batch between its forward and its backward, so a pipeline
+// schedule keeps several in flight. Thread safety: one thread drives a Gpt; ops use OpenMP inside.
 #pragma once
 
 #include <algorithm>
@@ -118,6 +118,10 @@ struct ShardSpec {
   // With bf16_fc and kept bf16 operands: the fc bias + GeLU in the fc GEMM's epilogue and their gradient in the fc
   // projection's backward GEMM's (ops::Backend::gemm_gelu_epilogue; runtime.gemm_epilogues).
   bool gemm_epilogues = true;
+  // The parameters' gradients live where the caller places them (PlaceGradients; parallel::DataParallel under
+  // ZeRO-2: a few bucket-sized windows reused through backward instead of one gradient per parameter): the model
+  // allocates no flat gradient buffer (grad_data() is null) and cannot zero them (ZeroGrad fails).
+  bool placed_grads = false;
 };
 
 // Communicators the model uses inside a layer (TP). Null when tp_size == 1.
@@ -172,7 +176,13 @@ class Gpt {
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo* FindParam(const std::string& name) const;
   float* param_data() const { return params_buf_.f32(); }
-  float* grad_data() const { return grads_buf_.f32(); }
+  float* grad_data() const { return grads_buf_.f32(); }  // null with ShardSpec::placed_grads
+  // Where parameter i's gradient lives: grad_data() + its offset, or where PlaceGradients put it.
+  float* grad(size_t i) const { return grad_ptrs_[i]; }
+  // ShardSpec::placed_grads: every parameter's gradient at where[i] (numel floats; the tensors under sequence
+  // parallelism's partial sums, sp_partial, contiguous at their offsets' distances: ReduceSequenceParallelGrads
+  // reduces them as one range). Before the first backward; the caller zeroes them and keeps them alive.
+  Status PlaceGradients(const std::vector<float*>& where);
   int64_t num_params() const { return num_params_; }
   int micro_batch() const { return B_; }
 
@@ -506,6 +516,7 @@ class Gpt {
   int64_t num_params_ = 0;
   std::vector<Chunk> chunks_;
   device::Buffer params_buf_, grads_buf_;
+  std::vector<float*> grad_ptrs_;  // per parameter: where its gradient lives (null until placed)
   std::map<std::pair<int, int>, std::unique_ptr<Acts>> acts_;
   ops::Backend* be_ = nullptr;
   std::unique_ptr<ops::Backend> own_be_;

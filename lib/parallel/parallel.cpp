@@ -130,6 +130,12 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
                                                            comm::Communicator* embedding,
                                                            const DataParallelOptions& options) {
   if (options.zero < 0 || options.zero > 2) return InvalidArgument("zero must be 0, 1 or 2, not {}", options.zero);
+  if ((options.zero == 2) != gpt->shard().placed_grads) {
+    return InvalidArgument(
+        "ZeRO-2 places the model's gradients (model::ShardSpec::placed_grads), and only ZeRO-2: "
+        "zero {} on a model {}",
+        options.zero, gpt->shard().placed_grads ? "with placed gradients" : "holding them");
+  }
   std::unique_ptr<DataParallel> d(new DataParallel());
   d->gpt_ = gpt;
   d->be_ = gpt->backend();
@@ -281,16 +287,127 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(model::Gpt* gpt, comm
   // Staging (zero >= 1). A bucket that divides evenly by dp (every bucket of a model whose tensor sizes are multiples
   // of dp: the GPT configs') needs none under ZeRO-1: its reduce-scatter reads the gradients where they are (nothing
   // writes them until the next step) into the owned shard, and its fp32 all-gather runs in place in the parameters.
-  // ZeRO-2 zeroes the gradients as soon as a reduction is launched (the next micro-batch accumulates into them) and
-  // adds each micro-batch's share to the shard: it reduces from a copy. An even bucket's bf16 gather runs in place
-  // in the bf16 weight copies (StartParamGather).
+  // ZeRO-2 reduces each bucket from its gradient window (PlaceGradients), padded there, and gathers as ZeRO-1 does;
+  // its deferred buckets, which accumulate over the micro-batches in buffers of their own, reduce from a copy. An
+  // even bucket's bf16 gather runs in place in the bf16 weight copies (StartParamGather).
   for (Bucket& b : d->buckets_) {
-    if (options.zero == 0 || (options.zero == 1 && b.even)) continue;
+    if (options.zero == 0 || (b.even && !(options.zero == 2 && b.tied))) continue;
     ops::Backend* be = gpt->backend();
     MS_RETURN_IF_ERROR(b.staging.Allocate(be, b.chunk * D));
     MS_RETURN_IF_ERROR(b.rs_out.Allocate(be, b.chunk));
   }
+  if (options.zero == 2) {
+    MS_RETURN_IF_ERROR(d->PlaceGradients().WithContext("ZeRO-2's gradient windows"));
+  } else {
+    for (Bucket& b : d->buckets_) b.grad = gpt->grad_data() + b.start;
+  }
   return d;
+}
+
+Status DataParallel::PlaceGradients() {
+  const auto& params = gpt_->params();
+  const int D = dp_->size(), L = gpt_->spec().layers;
+  ops::Backend* be = gpt_->backend();
+  // Each local chunk's layers in backward order (the head's L first, the embeddings' -1 last).
+  chunk_layers_.assign(static_cast<size_t>(gpt_->num_chunks()), {});
+  layer_pos_.assign(static_cast<size_t>(L + 2), {-1, -1});
+  for (const auto& p : params) {
+    auto& v = chunk_layers_[static_cast<size_t>(p.chunk)];
+    if (std::find(v.begin(), v.end(), p.layer) == v.end()) v.push_back(p.layer);
+  }
+  for (size_t c = 0; c < chunk_layers_.size(); ++c) {
+    auto& v = chunk_layers_[c];
+    std::sort(v.begin(), v.end(), std::greater<>());
+    for (size_t k = 0; k < v.size(); ++k) layer_pos_[static_cast<size_t>(v[k] + 1)] = {static_cast<int>(c), k};
+  }
+  // Buckets in a window of their own (a wte tied at pp 1: written by the head's backward and the embeddings'), and
+  // those sharing the K windows, numbered in backward order.
+  auto own_window = [&](const Bucket& b) {
+    for (int i = b.first; i <= b.last; ++i) {
+      if (param_bucket_[static_cast<size_t>(i)] == b.index && gpt_->spec().tied_embeddings &&
+          params[static_cast<size_t>(i)].name == "embed.wte") {
+        return true;
+      }
+    }
+    return false;
+  };
+  std::vector<int> shared_pos(buckets_.size(), -1);
+  int shared = 0;
+  for (Bucket& b : buckets_) {
+    if (!b.tied && !own_window(b)) shared_pos[static_cast<size_t>(b.index)] = shared++;
+  }
+  // K: the most buckets (as a span of that numbering) three consecutive layers of a chunk touch — the layer running,
+  // the next (being written: its residual-branch bias gradients), the one after (readied now) — so a window is
+  // only taken from a bucket whose layer finished before the running one, whose reduction had that layer's time.
+  int K = 1;
+  for (const auto& v : chunk_layers_) {
+    for (size_t k = 0; k < v.size(); ++k) {
+      int lo = INT32_MAX, hi = -1;
+      for (size_t j = k; j < std::min(v.size(), k + 3); ++j) {
+        for (int bi : layer_buckets_[static_cast<size_t>(v[j] + 1)]) {
+          const int w = shared_pos[static_cast<size_t>(bi)];
+          if (w < 0) continue;
+          lo = std::min(lo, w);
+          hi = std::max(hi, w);
+        }
+      }
+      if (hi >= lo) K = std::max(K, hi - lo + 1);
+    }
+  }
+  shared_windows_ = std::min(K, shared);
+  windows_.clear();
+  windows_.resize(static_cast<size_t>(shared_windows_));
+  std::vector<int64_t> floats(static_cast<size_t>(shared_windows_), 0), chunks(floats);
+  for (Bucket& b : buckets_) {
+    const int w = shared_pos[static_cast<size_t>(b.index)];
+    if (w >= 0) {
+      b.window = w % shared_windows_;
+      floats[static_cast<size_t>(b.window)] = std::max(floats[static_cast<size_t>(b.window)], b.chunk * D);
+      chunks[static_cast<size_t>(b.window)] = std::max(chunks[static_cast<size_t>(b.window)], b.chunk);
+    } else if (!b.tied) {
+      b.window = static_cast<int>(windows_.size());
+      windows_.emplace_back();
+      floats.push_back(b.chunk * D);
+      chunks.push_back(b.chunk);
+    }
+  }
+  for (size_t w = 0; w < windows_.size(); ++w) {
+    MS_RETURN_IF_ERROR(windows_[w].data.Allocate(be, floats[w]));
+    MS_RETURN_IF_ERROR(windows_[w].rs_out.Allocate(be, chunks[w]));
+  }
+  for (Bucket& b : buckets_) {
+    if (b.window >= 0) b.grad = windows_[static_cast<size_t>(b.window)].data.data();
+  }
+  // Deferred buckets: buffers over runs of them adjacent in the flat layout (tensors sit 16-float aligned), so that
+  // the sequence-parallel partial sums stay one range (model::Gpt::ReduceSequenceParallelGrads).
+  std::vector<Bucket*> deferred;
+  for (Bucket& b : buckets_) {
+    if (b.tied) deferred.push_back(&b);
+  }
+  std::sort(deferred.begin(), deferred.end(), [](const Bucket* x, const Bucket* y) { return x->start < y->start; });
+  for (size_t i = 0; i < deferred.size();) {
+    size_t j = i + 1;
+    int64_t hi = deferred[i]->end;
+    while (j < deferred.size() && deferred[j]->start - hi < 16) hi = std::max(hi, deferred[j++]->end);
+    const int64_t lo = deferred[i]->start;
+    deferred_grads_.emplace_back();
+    MS_RETURN_IF_ERROR(deferred_grads_.back().Allocate(be, hi - lo));
+    for (size_t k = i; k < j; ++k) deferred[k]->grad = deferred_grads_.back().data() + (deferred[k]->start - lo);
+    i = j;
+  }
+  std::vector<float*> where(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Bucket& b = buckets_[static_cast<size_t>(param_bucket_[i])];
+    where[i] = b.grad + (params[i].offset - b.start);
+  }
+  return gpt_->PlaceGradients(where);
+}
+
+int64_t DataParallel::gradient_floats() const {
+  int64_t n = 0;
+  for (const Window& w : windows_) n += static_cast<int64_t>(w.data.size() + w.rs_out.size());
+  for (const auto& g : deferred_grads_) n += static_cast<int64_t>(g.size());
+  return n;
 }
 
 int DataParallel::staged_buckets() const {
@@ -304,7 +421,7 @@ int64_t DataParallel::buffer_floats() const {
     n += static_cast<int64_t>(b.staging.size() + b.shard.size() + b.rs_out.size() + b.beside_send.size() +
                               b.beside_recv.size());
   }
-  return n;
+  return n + gradient_floats();
 }
 
 int DataParallel::bf16_gather_buckets() const {
@@ -345,7 +462,12 @@ void DataParallel::OptimizerStepped() {
 }
 
 Status DataParallel::BeginStep() {
-  MS_RETURN_IF_ERROR(gpt_->ZeroGrad());
+  if (options_.zero == 2) {  // the windows are zeroed as they are readied; the deferred buckets' buffers here
+    for (auto& g : deferred_grads_) MS_RETURN_IF_ERROR(be_->Zero(g.data(), sizeof(float) * g.size()));
+    for (Bucket& b : buckets_) b.ready = false;
+  } else {
+    MS_RETURN_IF_ERROR(gpt_->ZeroGrad());
+  }
   for (auto& b : buckets_) {
     // ZeRO-2 accumulates every micro-batch's share; ZeRO-1 overwrites the shard once per step.
     if (options_.zero == 2) MS_RETURN_IF_ERROR(be_->Zero(b.shard.data(), sizeof(float) * b.shard.size()));
@@ -364,7 +486,7 @@ Status DataParallel::ReadyFor(comm::Communicator& c) {
 
 Status DataParallel::Launch(Bucket& b) {
   const int64_t len = b.end - b.start;
-  float* grad = gpt_->grad_data() + b.start;
+  float* grad = b.grad;
   if (options_.zero == 0) {
     // The communicator runs on its own stream or thread: the gradients the backend enqueued must be final.
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
@@ -372,12 +494,16 @@ Status DataParallel::Launch(Bucket& b) {
   } else if (options_.zero == 1 && b.even) {  // from the gradients into the owned shard
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
     b.work = dp_->ReduceScatter(grad, b.shard.data(), b.chunk);
+  } else if (b.window >= 0) {  // ZeRO-2: from its window (zero beyond the bucket) into the window's output
+    MS_RETURN_IF_ERROR(ReadyFor(*dp_));
+    b.work = dp_->ReduceScatter(grad, RsOut(b), b.chunk);
+    b.ready = false;
   } else {
     MS_RETURN_IF_ERROR(be_->Copy(b.staging.data(), grad, sizeof(float) * len));
     MS_RETURN_IF_ERROR(be_->Zero(b.staging.data() + len, sizeof(float) * (b.staging.size() - len)));
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
     b.work = dp_->ReduceScatter(b.staging.data(), b.rs_out.data(), b.chunk);
-    if (options_.zero == 2) {  // ZeRO-2: the full gradient is scratch
+    if (options_.zero == 2) {  // ZeRO-2's deferred buckets: reduced once, after the last micro-batch
       MS_RETURN_IF_ERROR(be_->Zero(grad, sizeof(float) * len));
     }
   }
@@ -415,7 +541,7 @@ Status DataParallel::WaitBucket(Bucket& b) {
   }
   MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
   if (options_.zero == 2) {
-    MS_RETURN_IF_ERROR(be_->AddInPlace(b.shard.data(), b.rs_out.data(), b.chunk));
+    MS_RETURN_IF_ERROR(be_->AddInPlace(b.shard.data(), RsOut(b), b.chunk));
   } else if (options_.zero == 1 && !b.even) {
     MS_RETURN_IF_ERROR(be_->Copy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk));
   }
@@ -434,6 +560,10 @@ void DataParallel::OnLayerDone(int layer, int micro, int num_micro) {
     for (size_t i = 0; i < params.size(); ++i) b.pending += param_bucket_[i] == bi;  // next micro-batch
     if (b.tied) continue;  // deferred: reduced in FinishBackward
     const bool last = micro == num_micro - 1;
+    if (b.window >= 0 && !b.ready) {  // its gradient went into a window that holds another bucket's
+      pending_error_ = Internal("ZeRO-2: bucket {} reduced without its gradient window ({})", b.index, b.window);
+      continue;
+    }
     if (options_.zero == 2 || last) {
       if (b.work) {
         Status s = WaitBucket(b);  // the previous micro-batch's reduction of this bucket (ZeRO-2)
@@ -452,6 +582,50 @@ void DataParallel::OnLayerDone(int layer, int micro, int num_micro) {
       }
     }
   }
+  if (options_.zero == 2 && pending_error_.ok()) {  // the windows of the layer after the next
+    const auto [c, k] = layer_pos_[static_cast<size_t>(layer + 1)];
+    if (c < 0) return;
+    const auto& v = chunk_layers_[static_cast<size_t>(c)];
+    if (static_cast<size_t>(k) + 2 < v.size()) {
+      if (Status s = ReadyLayer(v[static_cast<size_t>(k) + 2]); !s.ok()) pending_error_ = s;
+    }
+  }
+}
+
+Status DataParallel::Ready(Bucket& b) {
+  if (b.window < 0 || b.ready) return Status::Ok();
+  Window& w = windows_[static_cast<size_t>(b.window)];
+  if (w.holder >= 0) {
+    Bucket& h = buckets_[static_cast<size_t>(w.holder)];
+    if (h.ready && w.holder != b.index) {
+      return Internal("ZeRO-2: bucket {} needs gradient window {}, which still holds bucket {} (not yet reduced)",
+                      b.index, b.window, h.index);
+    }
+    MS_RETURN_IF_ERROR(WaitBucket(h));  // its reduction (and the add into its shard) read the window
+  }
+  MS_RETURN_IF_ERROR(be_->Zero(w.data.data(), sizeof(float) * w.data.size()));
+  w.holder = b.index;
+  b.ready = true;
+  return Status::Ok();
+}
+
+Status DataParallel::ReadyLayer(int layer) {
+  for (int bi : layer_buckets_[static_cast<size_t>(layer + 1)])
+    MS_RETURN_IF_ERROR(Ready(buckets_[static_cast<size_t>(bi)]));
+  return Status::Ok();
+}
+
+Status DataParallel::BeforeBackward(int chunk) {
+  if (options_.zero != 2) return Status::Ok();
+  MS_RETURN_IF_ERROR(pending_error_);
+  const auto& params = gpt_->params();
+  for (Bucket& b : buckets_) {  // the windows of their own (a wte tied at pp 1)
+    if (b.window >= shared_windows_ && params[static_cast<size_t>(b.first)].chunk == chunk)
+      MS_RETURN_IF_ERROR(Ready(b));
+  }
+  const auto& v = chunk_layers_[static_cast<size_t>(chunk)];
+  for (size_t k = 0; k < std::min<size_t>(2, v.size()); ++k) MS_RETURN_IF_ERROR(ReadyLayer(v[k]));
+  return Status::Ok();
 }
 
 Status DataParallel::EndMicroBatch(int, int) {
@@ -472,7 +646,7 @@ Status DataParallel::FinishBackward() {
     if (is_wte) {
       MS_RETURN_IF_ERROR(ReadyFor(*embedding_));
       const double t0 = NowSeconds();
-      auto work = embedding_->AllReduce(gpt_->grad_data() + b.start, b.end - b.start, comm::ReduceOp::kSum);
+      auto work = embedding_->AllReduce(b.grad, b.end - b.start, comm::ReduceOp::kSum);
       // On the device where it can (the data-parallel reduction below is ordered after it there), drained below.
       const bool dev = options_.device_waits && embedding_->waits_on_device();
       Status s = dev ? work->WaitOnDevice() : work->Wait();

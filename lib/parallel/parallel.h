@@ -16,7 +16,16 @@
 //   zero 1    reduce-scatter of each bucket on the last micro-batch; each rank owns 1/dp of
 //             every bucket (optimizer state and update); updated parameters are all-gathered.
 //   zero 2    as 1, but gradients are reduce-scattered after EVERY micro-batch and accumulated
-//             in the owned shard, so the full gradient buffer only holds one micro-batch.
+//             in the owned shard, so no gradient outlives its bucket's reduction: the model holds no
+//             gradient buffer (model::ShardSpec::placed_grads). Its buckets' gradients live in a few
+//             bucket-sized windows, reused in backward order: window w % K for the w-th bucket, K the most
+//             buckets three consecutive layers of a chunk touch. A window is readied (its previous holder's
+//             reduction waited for, then zeroed) two layers ahead of the backward (BeforeBackward, then each
+//             OnLayerDone), since a layer's backward also writes the next layer's residual-branch bias
+//             gradients; so a layer's reduction overlaps with the next layer's backward. Deferred buckets
+//             (sequence parallelism's partial sums, a tied wte across stages) hold their gradient for the
+//             whole step in buffers of their own (reduced through staging in FinishBackward), as does a wte
+//             tied at pp 1 (the head's backward writes it first, the embedding's last: a window of its own).
 //   bf16      with zero >= 1 on a model that keeps bf16 weight copies (model::Gpt::keeps_bf16_weights), the
 //   gathers   all-gather moves the bf16 copies of the weights a step reads only in bf16 (Gpt::Bf16OnlyInStep),
 //             which the optimizer writes with the update, as Megatron-LM's distributed optimizer gathers its
@@ -114,6 +123,9 @@ class DataParallel {
 
   // Start of a training step (zeroes gradients and shard accumulators).
   Status BeginStep();
+  // Before each backward of local chunk `chunk` (ZeRO-2: readies the gradient windows of its first two layers and
+  // of a wte tied at pp 1; nothing otherwise).
+  Status BeforeBackward(int chunk);
   // The model's on_layer_done hook during backward of micro-batch `micro` of `num_micro`.
   void OnLayerDone(int layer, int micro, int num_micro);
   // After a backward: returns an error a reduction launched from the hook ran into.
@@ -142,6 +154,10 @@ class DataParallel {
   // the packing of the fp32 parameters gathered beside bf16 copies).
   int staged_buckets() const;
   int64_t buffer_floats() const;
+  // ZeRO-2: the gradient windows (the windows of buckets in backward order, not those of their own), and the floats
+  // of every gradient buffer: the windows and the deferred buckets' buffers (0 otherwise).
+  int gradient_windows() const { return shared_windows_; }
+  int64_t gradient_floats() const;
 
   const CommStats& stats() const { return stats_; }
   void ResetStats() { stats_ = CommStats(); }
@@ -178,6 +194,18 @@ class DataParallel {
     int64_t beside_count = 0;
     model::DeviceArray<float> beside_send, beside_recv;  // beside_count, dp * beside_count floats
     std::unique_ptr<comm::Work> beside_work;
+    // Where its gradient lives (the float at start): the model's gradient buffer, or under ZeRO-2 its window
+    // (`window` >= 0: windows_[window], `ready` while it holds this bucket's gradient of the running micro-batch)
+    // or a deferred bucket's own buffer.
+    float* grad = nullptr;
+    int window = -1;
+    bool ready = false;
+  };
+  // ZeRO-2: a gradient window — the gradient of the bucket that holds it (zero beyond the bucket, up to the
+  // reduce-scatter's dp * chunk floats) and the reduce-scatter's output, added to the holder's shard when waited.
+  struct Window {
+    model::DeviceArray<float> data, rs_out;
+    int holder = -1;  // the bucket it holds or last held (-1: none)
   };
   DataParallel() = default;
   Status ReadyFor(comm::Communicator& c);
@@ -189,6 +217,15 @@ class DataParallel {
   // Waits for `work`: on the device where DataParallelOptions::device_waits allows and `on_device`, else on the host.
   Status WaitWork(std::unique_ptr<comm::Work>& work, bool on_device);
   Status Drain();
+  // ZeRO-2: places the model's gradients (windows, deferred buffers; Create).
+  Status PlaceGradients();
+  // ZeRO-2: b's window, holding b zeroed (its previous holder's reduction waited for); nothing if it already does.
+  Status Ready(Bucket& b);
+  // ZeRO-2: readies the windows of `layer`'s buckets.
+  Status ReadyLayer(int layer);
+  float* RsOut(Bucket& b) {
+    return b.window >= 0 ? windows_[static_cast<size_t>(b.window)].rs_out.data() : b.rs_out.data();
+  }
 
   model::Gpt* gpt_ = nullptr;
   ops::Backend* be_ = nullptr;  // the model's
@@ -200,6 +237,14 @@ class DataParallel {
   std::vector<int> param_bucket_;
   std::vector<optim::Segment> segments_;
   std::vector<std::pair<int, int64_t>> segment_home_;  // (bucket, offset in its shard) or (-1, -1) for flat
+  // ZeRO-2: the windows (the first shared_windows_ shared in backward order, then those of a bucket of their own),
+  // the deferred buckets' buffers, and per local chunk its layers in backward order (layer_pos_: layer + 1 -> its
+  // index there).
+  std::vector<Window> windows_;
+  int shared_windows_ = 0;
+  std::vector<model::DeviceArray<float>> deferred_grads_;
+  std::vector<std::vector<int>> chunk_layers_;
+  std::vector<std::pair<int, int>> layer_pos_;  // layer + 1 -> (chunk, index in chunk_layers_[chunk])
   bool in_backward_ = false;
   bool drain_ = false;       // a collective was waited for on the device since the last Drain
   bool fp32_stale_ = false;  // bf16 gathers left non-owned fp32 values of bf16-gathered weights stale

@@ -395,6 +395,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
   shard.fused_kernels = spec.runtime.fused_kernels;
   shard.bf16_fc = spec.runtime.activations == "bf16";
   shard.gemm_epilogues = spec.runtime.gemm_epilogues;
+  shard.placed_grads = par.zero == 2;  // ZeRO-2's gradient windows (parallel::DataParallel)
   model::ModelComms mcomms;
   if (par.tp > 1) mcomms.tp = &tp_timed;
   MS_ASSIGN_OR_RETURN(auto gpt,
@@ -458,11 +459,20 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         spec.name, m.layers, config::Name(m.block), m.window, par.tp, par.pp, par.dp, par.virtual_stages,
         par.sequence_parallel ? "on" : "off", par.zero, threads, spec.train.global_batch, micro, n_micro, par.dp,
         n_params);
-    if (par.zero == 2 && par.dp > 1) {
-      LogWarn(
-          "parallel.zero: 2 keeps the full gradient buffer (the micro-batches accumulate into it) and a staging copy "
-          "of it, so it holds more memory than parallel.zero: 1 and reduce-scatters every micro-batch; use 1 unless "
-          "comparing them (docs/job-spec.md)");
+    if (par.zero == 2) {
+      LogInfo(
+          "zero 2: no gradient buffer: rank 0's gradients live in {} windows its {} buckets take in turn through "
+          "backward (and buffers of their own for a tied wte and deferred buckets): {:.2f} MB where the parameters' "
+          "gradients would take {:.2f} MB",
+          dpe->gradient_windows(), dpe->num_buckets(), dpe->gradient_floats() * sizeof(float) / 1e6,
+          gpt->num_params() * sizeof(float) / 1e6);
+      if (dpe->gradient_floats() >= gpt->num_params()) {
+        LogWarn(
+            "parallel.zero: 2 saves no gradient memory here: its windows (a bucket each, plus 1/dp of one for the "
+            "reduce-scatter's output) take as much as the gradients, since three layers touch nearly every bucket; "
+            "use parallel.zero: 1, or a smaller parallel.bucket_mb ({}) for more buckets (docs/job-spec.md)",
+            par.bucket_mb);
+      }
     }
     if (par.zero >= 1) {
       LogInfo("zero {}: rank 0's data-parallel buffers hold {:.2f} MB beside the model; {} of {} buckets staged{}",
@@ -716,6 +726,7 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           layer_t = now;
           dpe->OnLayerDone(layer, a.micro, n_micro);
         };
+        MS_RETURN_IF_ERROR(dpe->BeforeBackward(c));
         MS_RETURN_IF_ERROR(gpt->BackwardChunk(c, slot, dout, dloss, done));
         if (slow_factor > 1) BurnCpu((slow_factor - 1) * (NowSeconds() - tb));
         MS_RETURN_IF_ERROR(dpe->EndMicroBatch(a.micro, n_micro));

@@ -43,6 +43,56 @@ Batch RandomBatch(const config::ModelSpec& m, int B, uint64_t seed) {
 
 }  // namespace
 
+TEST_CASE("placed gradients: the backward writes each parameter's gradient where it was placed") {
+  auto dev = device::MakeCpuDevice();
+  for (auto block : {config::BlockKind::kParallel, config::BlockKind::kSequential}) {
+    CAPTURE(static_cast<int>(block));
+    const auto m = SmallSpec(block, 3);
+    const int B = 2;
+    const Batch batch = RandomBatch(m, B, 5);
+    auto flat = Gpt::Create(m, {}, B, 11, dev.get());
+    REQUIRE(flat.ok());
+    ShardSpec placed_spec;
+    placed_spec.placed_grads = true;
+    auto placed = Gpt::Create(m, placed_spec, B, 11, dev.get());
+    REQUIRE(placed.ok());
+    Gpt& g = **placed;
+    CHECK(g.grad_data() == nullptr);
+    CHECK(!g.ZeroGrad().ok());
+    // No backward before the gradients are placed; a placement of the wrong size or with a hole is refused.
+    REQUIRE(g.Forward(batch.inputs.data(), batch.targets.data()).ok());
+    const Status early = g.Backward(1.0f / (B * m.seq_len));
+    CHECK(!early.ok());
+    CHECK(early.message().find("placed") != std::string::npos);
+    const size_t n = g.params().size();
+    CHECK(!g.PlaceGradients(std::vector<float*>(n - 1, nullptr)).ok());
+    CHECK(!g.PlaceGradients(std::vector<float*>(n, nullptr)).ok());
+    CHECK(!(*flat)->PlaceGradients(std::vector<float*>(n, nullptr)).ok());  // a model holding its gradients
+    // Each tensor in a buffer of its own, in reverse order, with a guard value after it that must survive.
+    std::vector<std::vector<float>> own(n);
+    std::vector<float*> where(n);
+    for (size_t k = n; k-- > 0;) {
+      own[k].assign(static_cast<size_t>(g.params()[k].numel) + 1, 0.0f);
+      own[k].back() = 1234.5f;
+      where[k] = own[k].data();
+    }
+    REQUIRE(g.PlaceGradients(where).ok());
+    for (int micro = 0; micro < 2; ++micro) {  // two micro-batches accumulate
+      REQUIRE((*flat)->Forward(batch.inputs.data(), batch.targets.data()).ok());
+      REQUIRE((*flat)->Backward(1.0f / (B * m.seq_len)).ok());
+      REQUIRE(g.Forward(batch.inputs.data(), batch.targets.data()).ok());
+      REQUIRE(g.Backward(1.0f / (B * m.seq_len)).ok());
+    }
+    for (size_t k = 0; k < n; ++k) {
+      const auto& p = g.params()[k];
+      CAPTURE(p.name);
+      CHECK(std::memcmp(own[k].data(), (*flat)->grad_data() + p.offset, sizeof(float) * p.numel) == 0);
+      CHECK(own[k].back() == 1234.5f);
+      CHECK(g.grad(k) == own[k].data());
+    }
+  }
+}
+
 TEST_CASE("gradients match central finite differences of the loss") {
   auto dev = device::MakeCpuDevice();
   for (auto block : {config::BlockKind::kParallel, config::BlockKind::kSequential}) {

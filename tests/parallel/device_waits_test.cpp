@@ -72,6 +72,7 @@ Status Step(model::Gpt& gpt, DataParallel& dpe, const std::vector<int32_t>& toke
   for (int micro = 0; micro < 2; ++micro) {
     auto before = [&](int layer) { return dpe.WaitParams(layer); };
     MS_RETURN_IF_ERROR(gpt.ForwardChunk(0, 0, tokens.data(), tokens.data(), nullptr, before).status());
+    MS_RETURN_IF_ERROR(dpe.BeforeBackward(0));
     MS_RETURN_IF_ERROR(gpt.BackwardChunk(0, 0, nullptr, 0.1f, [&](int layer) { dpe.OnLayerDone(layer, micro, 2); }));
     MS_RETURN_IF_ERROR(dpe.EndMicroBatch(micro, 2));
   }
@@ -91,7 +92,9 @@ TEST_CASE("data-parallel waits: on the device where the communicator can, draine
     for (bool device_waits : {true, false}) {
       CAPTURE(zero);
       CAPTURE(device_waits);
-      auto gpt = model::Gpt::Create(m, {}, 2, 3, dev.get());
+      model::ShardSpec shard;
+      shard.placed_grads = zero == 2;  // ZeRO-2's gradient windows
+      auto gpt = model::Gpt::Create(m, shard, 2, 3, dev.get());
       REQUIRE(gpt.ok());
       Counts counts;
       auto self = comm::MakeSelfCommunicator();

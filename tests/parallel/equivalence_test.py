@@ -273,7 +273,8 @@ def main():
                 check(f"{block}/{optimizer} {name} reductions start during backward", during > len(rows),
                       f"{during} collectives launched during backward over {len(rows)} steps")
     # Which buckets went through staging buffers (rank 0's log): none under ZeRO-1 at dp 2 (every tensor size here is
-    # even), some but not all at dp 3, all under ZeRO-2.
+    # even), some but not all at dp 3, and the same under ZeRO-2 (its gathers are ZeRO-1's; it reduces from its
+    # gradient windows).
     def staged(name):
         for line in STDERR.get(name, "").splitlines():
             if "buckets staged" in line:
@@ -283,10 +284,23 @@ def main():
     if not QUICK:
         counts = {n: staged(n) for n in ("parallel-lamb-1.1.2-z1", "parallel-adamw-1.1.3-z1", "parallel-adamw-1.1.3-z2")}
         z1_2, z1_3, z2_3 = counts.values()
-        ok = (z1_2 is not None and z1_2[0] == 0 and z1_3 is not None and 0 < z1_3[0] < z1_3[1] and z2_3 is not None
-              and z2_3[0] == z2_3[1])
+        ok = (z1_2 is not None and z1_2[0] == 0 and z1_3 is not None and 0 < z1_3[0] < z1_3[1] and z2_3 == z1_3)
         check("ZeRO-1 reduces and gathers in place where a bucket divides by dp", ok,
               ", ".join(f"{n}: {c[0] if c else '?'} of {c[1] if c else '?'} buckets staged" for n, c in counts.items()))
+    # ZeRO-2 holds no gradient buffer: its buckets take turns in fewer windows than there are buckets (the runs above
+    # match the single-rank run, so no gradient was lost to a window readied late or taken early).
+    def windows(name):
+        for line in STDERR.get(name, "").splitlines():
+            if "no gradient buffer" in line:
+                words = line.split("gradients live in ")[1].split()
+                return int(words[0]), int(words[3])
+        return None
+    z2_runs = [n for n in ("parallel-lamb-1.1.2-z2", "sequential-lamb-2.2.2-sp-z2", "parallel-adamw-1.1.3-z2")
+               if n in STDERR]
+    found = {n: windows(n) for n in z2_runs}
+    check("ZeRO-2 keeps its gradients in windows the buckets share",
+          bool(found) and all(w is not None and w[0] < w[1] for w in found.values()),
+          ", ".join(f"{n}: {w[0] if w else '?'} windows for {w[1] if w else '?'} buckets" for n, w in found.items()))
     # A padded vocabulary (model.vocab_pad_to): 300 tokens held as 384 rows (tp 2: the second rank's slice ends in
     # 84 padding rows) and 257 held as 512 (tp 4: the last rank's slice is all padding, the one before holds a
     # single real row). Every layout trains the single-rank losses and parameters, and the padding rows stay zero.
