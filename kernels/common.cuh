@@ -49,8 +49,18 @@ inline int BlockThreadsFor(int64_t width, int max_threads) {
   if (t < 32) t = 32;
   return static_cast<int>(t < max_threads ? t : max_threads);
 }
+// Under the SIMT emulator GridFor launches at most this many blocks: every emulated CUDA thread is a fiber whose start
+// and two switches cost far more than a grid-stride iteration, so an emulated launch over a whole weight (1.65M
+// elements: 6,446 blocks of 256 fibers) ran mostly the scheduler. Capped, each thread loops, as on a GPU when n
+// exceeds the grid — the path the kernels' tests then cover at every size above kSimMaxGridBlocks blocks' threads
+// (and a kernel that is not grid-stride fails them). Not in the nvcc build: the GPU gets the whole grid.
+constexpr int64_t kSimMaxGridBlocks = 8;
+
 // Blocks of `block` threads covering n elements, capped (kernels use grid-stride loops).
 inline unsigned GridFor(int64_t n, int block, int64_t max_blocks = 65535) {
+#if MS_SIM_EMULATION
+  if (max_blocks > kSimMaxGridBlocks) max_blocks = kSimMaxGridBlocks;
+#endif
   int64_t g = (n + block - 1) / block;
   return static_cast<unsigned>(g < 1 ? 1 : (g > max_blocks ? max_blocks : g));
 }

@@ -373,7 +373,10 @@ void InitFiber(Thread& t) {
   // Initial frame, read by ms_sim_switch from the saved stack pointer upwards: x87 CW, MXCSR, r15, r14,
   // r13 (function), r12 (argument), rbx, rbp (0: ends frame-pointer unwinding), return address
   // (the trampoline), leaving rsp 16-byte aligned in the trampoline as the ABI requires before a call.
-  auto* top = reinterpret_cast<uint64_t*>(t.stack->top());
+  // Each fiber's frame starts at another of a page's 64 cache lines (the stacks are page-aligned mappings): with
+  // every frame at the same page offset, a block's fibers all met in one L1 set, and each switch missed it
+  // (an emulated LayerNorm parameter-gradient launch of 1,024 threads: 38 % less time so).
+  auto* top = reinterpret_cast<uint64_t*>(t.stack->top() - (t.linear % 64) * 64);
   uint16_t fpu_cw;
   asm volatile("fnstcw %0" : "=m"(fpu_cw));
   top[-1] = 0;
