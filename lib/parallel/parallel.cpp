@@ -357,24 +357,19 @@ Status DataParallel::PlaceGradients() {
   shared_windows_ = std::min(K, shared);
   windows_.clear();
   windows_.resize(static_cast<size_t>(shared_windows_));
-  std::vector<int64_t> floats(static_cast<size_t>(shared_windows_), 0), chunks(floats);
+  std::vector<int64_t> floats(static_cast<size_t>(shared_windows_), 0);
   for (Bucket& b : buckets_) {
     const int w = shared_pos[static_cast<size_t>(b.index)];
     if (w >= 0) {
       b.window = w % shared_windows_;
       floats[static_cast<size_t>(b.window)] = std::max(floats[static_cast<size_t>(b.window)], b.chunk * D);
-      chunks[static_cast<size_t>(b.window)] = std::max(chunks[static_cast<size_t>(b.window)], b.chunk);
     } else if (!b.tied) {
       b.window = static_cast<int>(windows_.size());
       windows_.emplace_back();
       floats.push_back(b.chunk * D);
-      chunks.push_back(b.chunk);
     }
   }
-  for (size_t w = 0; w < windows_.size(); ++w) {
-    MS_RETURN_IF_ERROR(windows_[w].data.Allocate(be, floats[w]));
-    MS_RETURN_IF_ERROR(windows_[w].rs_out.Allocate(be, chunks[w]));
-  }
+  for (size_t w = 0; w < windows_.size(); ++w) MS_RETURN_IF_ERROR(windows_[w].data.Allocate(be, floats[w]));
   for (Bucket& b : buckets_) {
     if (b.window >= 0) b.grad = windows_[static_cast<size_t>(b.window)].data.data();
   }
@@ -405,7 +400,7 @@ Status DataParallel::PlaceGradients() {
 
 int64_t DataParallel::gradient_floats() const {
   int64_t n = 0;
-  for (const Window& w : windows_) n += static_cast<int64_t>(w.data.size() + w.rs_out.size());
+  for (const Window& w : windows_) n += static_cast<int64_t>(w.data.size());
   for (const auto& g : deferred_grads_) n += static_cast<int64_t>(g.size());
   return n;
 }
@@ -462,17 +457,15 @@ void DataParallel::OptimizerStepped() {
 }
 
 Status DataParallel::BeginStep() {
+  // The shards need no zeroing: ZeRO-1 and ZeRO-2's deferred buckets write theirs once per step, and ZeRO-2's first
+  // reduction of a bucket in a step writes its shard (the later ones add it in first, Launch).
   if (options_.zero == 2) {  // the windows are zeroed as they are readied; the deferred buckets' buffers here
     for (auto& g : deferred_grads_) MS_RETURN_IF_ERROR(be_->Zero(g.data(), sizeof(float) * g.size()));
-    for (Bucket& b : buckets_) b.ready = false;
+    for (Bucket& b : buckets_) b.ready = b.shard_started = false;
   } else {
     MS_RETURN_IF_ERROR(gpt_->ZeroGrad());
   }
-  for (auto& b : buckets_) {
-    // ZeRO-2 accumulates every micro-batch's share; ZeRO-1 overwrites the shard once per step.
-    if (options_.zero == 2) MS_RETURN_IF_ERROR(be_->Zero(b.shard.data(), sizeof(float) * b.shard.size()));
-    b.pending = 0;
-  }
+  for (auto& b : buckets_) b.pending = 0;
   for (size_t i = 0; i < param_bucket_.size(); ++i) ++buckets_[param_bucket_[i]].pending;
   in_backward_ = true;
   return Status::Ok();
@@ -494,10 +487,18 @@ Status DataParallel::Launch(Bucket& b) {
   } else if (options_.zero == 1 && b.even) {  // from the gradients into the owned shard
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
     b.work = dp_->ReduceScatter(grad, b.shard.data(), b.chunk);
-  } else if (b.window >= 0) {  // ZeRO-2: from its window (zero beyond the bucket) into the window's output
+  } else if (b.window >= 0) {
+    // ZeRO-2: from its window (zero beyond the bucket) straight into the owned shard. From the step's second
+    // reduction of the bucket on, the shard (this step's sum so far) is first added into this rank's share of the
+    // window, so that the reduce-scatter yields shard + the micro-batch's sum over the ranks: no output buffer, no
+    // add after it (the share's sum then adds the shard first: rounding, not bits, differ from adding it after).
+    if (b.shard_started) {  // b's previous reduction, which wrote the shard, was waited for when b took the window
+      MS_RETURN_IF_ERROR(be_->AddInPlace(grad + dp_->rank() * b.chunk, b.shard.data(), b.chunk));
+    }
     MS_RETURN_IF_ERROR(ReadyFor(*dp_));
-    b.work = dp_->ReduceScatter(grad, RsOut(b), b.chunk);
+    b.work = dp_->ReduceScatter(grad, b.shard.data(), b.chunk);
     b.ready = false;
+    b.shard_started = true;
   } else {
     MS_RETURN_IF_ERROR(be_->Copy(b.staging.data(), grad, sizeof(float) * len));
     MS_RETURN_IF_ERROR(be_->Zero(b.staging.data() + len, sizeof(float) * (b.staging.size() - len)));
@@ -540,9 +541,7 @@ Status DataParallel::WaitBucket(Bucket& b) {
                           b.launched_at, NowSeconds());
   }
   MS_RETURN_IF_ERROR_CTX(s, "data-parallel gradient reduction");
-  if (options_.zero == 2) {
-    MS_RETURN_IF_ERROR(be_->AddInPlace(b.shard.data(), RsOut(b), b.chunk));
-  } else if (options_.zero == 1 && !b.even) {
+  if (options_.zero == 1 && !b.even) {
     MS_RETURN_IF_ERROR(be_->Copy(b.shard.data(), b.rs_out.data(), sizeof(float) * b.chunk));
   }
   return Status::Ok();

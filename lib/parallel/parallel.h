@@ -200,11 +200,12 @@ class DataParallel {
     float* grad = nullptr;
     int window = -1;
     bool ready = false;
+    bool shard_started = false;  // ZeRO-2: the shard holds this step's sum of earlier micro-batches
   };
   // ZeRO-2: a gradient window — the gradient of the bucket that holds it (zero beyond the bucket, up to the
-  // reduce-scatter's dp * chunk floats) and the reduce-scatter's output, added to the holder's shard when waited.
+  // reduce-scatter's dp * chunk floats), reduce-scattered straight into the holder's shard (Launch).
   struct Window {
-    model::DeviceArray<float> data, rs_out;
+    model::DeviceArray<float> data;
     int holder = -1;  // the bucket it holds or last held (-1: none)
   };
   DataParallel() = default;
@@ -223,9 +224,6 @@ class DataParallel {
   Status Ready(Bucket& b);
   // ZeRO-2: readies the windows of `layer`'s buckets.
   Status ReadyLayer(int layer);
-  float* RsOut(Bucket& b) {
-    return b.window >= 0 ? windows_[static_cast<size_t>(b.window)].rs_out.data() : b.rs_out.data();
-  }
 
   model::Gpt* gpt_ = nullptr;
   ops::Backend* be_ = nullptr;  // the model's

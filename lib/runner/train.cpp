@@ -461,16 +461,16 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
         n_params);
     if (par.zero == 2) {
       LogInfo(
-          "zero 2: no gradient buffer: rank 0's gradients live in {} windows its {} buckets take in turn through "
+          "zero 2: no gradient buffer: rank 0's gradients live in {} window{} its {} buckets take in turn through "
           "backward (and buffers of their own for a tied wte and deferred buckets): {:.2f} MB where the parameters' "
           "gradients would take {:.2f} MB",
-          dpe->gradient_windows(), dpe->num_buckets(), dpe->gradient_floats() * sizeof(float) / 1e6,
-          gpt->num_params() * sizeof(float) / 1e6);
+          dpe->gradient_windows(), dpe->gradient_windows() == 1 ? "" : "s", dpe->num_buckets(),
+          dpe->gradient_floats() * sizeof(float) / 1e6, gpt->num_params() * sizeof(float) / 1e6);
       if (dpe->gradient_floats() >= gpt->num_params()) {
         LogWarn(
-            "parallel.zero: 2 saves no gradient memory here: its windows (a bucket each, plus 1/dp of one for the "
-            "reduce-scatter's output) take as much as the gradients, since three layers touch nearly every bucket; "
-            "use parallel.zero: 1, or a smaller parallel.bucket_mb ({}) for more buckets (docs/job-spec.md)",
+            "parallel.zero: 2 saves no gradient memory here: its windows take as much as the gradients, since "
+            "three layers touch nearly every bucket; use parallel.zero: 1, or a smaller parallel.bucket_mb ({}) for "
+            "more buckets (docs/job-spec.md)",
             par.bucket_mb);
       }
     }

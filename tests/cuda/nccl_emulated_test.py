@@ -32,7 +32,8 @@ the CPU backend's losses:
               before NCCL wrote them: tp 2 and tp 2 with sequence parallelism, chunked, must differ; so must pp 2
               (a stage computes on its receive buffer before the activations or gradients arrived), and
               dp 2 with ZeRO-1 (the forward copies the parameters before their all-gather wrote them) and ZeRO-2
-              (each micro-batch's reduce-scatter added to the shard before it completed).
+              (a gradient window zeroed for its next bucket, and a shard added into its window, before the
+              reduce-scatter that reads the one and writes the other completed).
 
 Usage: nccl_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--quick] [--gpu]
   --gpu: MEGASCALE_EMU is a megascale built with nvcc and the layouts (and tp 2's bf16 sums) run on real GPUs and
@@ -140,7 +141,10 @@ def compare(name, parallel, layers=2, env=None, sets=(), expect_differ=False):
     if expect_differ:
         # The race a planted bug opens corrupts gradients at some step; when that is a late step, only the
         # gradient norm shows it (seen: dp2 with the loss within 4e-4 but the grad norm 0.5 off), so either counts.
-        caught = max(worst.values()) > 1e-3
+        # The bar is 1e-5, 180x the correct fp32 layouts' worst (<= 5.6e-8): dp2 with ZeRO-1 reads parameters one
+        # step stale, a small change — over 20 runs 9e-5 to 1.6e-3, and 3.2e-4 in a run that the former 1e-3 bar
+        # let pass.
+        caught = max(worst.values()) > 1e-5
         return None if caught else "the planted bug went unnoticed: losses and grad norms match the CPU run"
     if not max(worst.values()) <= 1e-4:
         return f"differs from the CPU run by {max(worst.values()):.3e} relative (> 1e-4)"

@@ -292,7 +292,7 @@ def main():
     def windows(name):
         for line in STDERR.get(name, "").splitlines():
             if "no gradient buffer" in line:
-                words = line.split("gradients live in ")[1].split()
+                words = line.split("gradients live in ")[1].split()  # N window(s) its M buckets
                 return int(words[0]), int(words[3])
         return None
     z2_runs = [n for n in ("parallel-lamb-1.1.2-z2", "sequential-lamb-2.2.2-sp-z2", "parallel-adamw-1.1.3-z2")
