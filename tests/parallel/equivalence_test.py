@@ -160,6 +160,8 @@ LAMB_LAYOUTS = {
     "2.2.2-z1": ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1"],
     "2.2.2-sp-z2": ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
                     "parallel.zero=2"],
+    # Two chunks a rank (interleaved schedule): their buckets share ZeRO-2's gradient windows.
+    "1.2.2-v2-z2": ["parallel.pp=2", "parallel.virtual_stages=2", "parallel.dp=2", "parallel.zero=2"],
 }
 
 
@@ -295,8 +297,8 @@ def main():
                 words = line.split("gradients live in ")[1].split()  # N window(s) its M buckets
                 return int(words[0]), int(words[3])
         return None
-    z2_runs = [n for n in ("parallel-lamb-1.1.2-z2", "sequential-lamb-2.2.2-sp-z2", "parallel-adamw-1.1.3-z2")
-               if n in STDERR]
+    z2_runs = [n for n in ("parallel-lamb-1.1.2-z2", "sequential-lamb-2.2.2-sp-z2", "parallel-lamb-1.2.2-v2-z2",
+                           "parallel-adamw-1.1.3-z2") if n in STDERR]
     found = {n: windows(n) for n in z2_runs}
     check("ZeRO-2 keeps its gradients in windows the buckets share",
           bool(found) and all(w is not None and w[0] < w[1] for w in found.values()),
