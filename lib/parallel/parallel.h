@@ -22,7 +22,9 @@
 //             buckets three consecutive layers of a chunk touch. A window is readied (its previous holder's
 //             reduction waited for, then zeroed) two layers ahead of the backward (BeforeBackward, then each
 //             OnLayerDone), since a layer's backward also writes the next layer's residual-branch bias
-//             gradients; so a layer's reduction overlaps with the next layer's backward. Deferred buckets
+//             gradients; so a layer's reduction overlaps with the next layer's backward. A window is
+//             reduce-scattered straight into the bucket's shard (from the step's second reduction of the
+//             bucket on, the shard is first added into this rank's share of the window). Deferred buckets
 //             (sequence parallelism's partial sums, a tied wte across stages) hold their gradient for the
 //             whole step in buffers of their own (reduced through staging in FinishBackward), as does a wte
 //             tied at pp 1 (the head's backward writes it first, the embedding's last: a window of its own).
@@ -121,7 +123,9 @@ class DataParallel {
   const std::vector<optim::Segment>& segments() const { return segments_; }
   std::vector<optim::SegmentData> segment_data();
 
-  // Start of a training step (zeroes gradients and shard accumulators).
+  // Start of a training step: zeroes the gradients (ZeRO-2: its deferred buckets' buffers; the windows are zeroed as
+  // they are readied) and resets the per-step state. The shards are not zeroed: each step's first reduction of a
+  // bucket writes its shard.
   Status BeginStep();
   // Before each backward of local chunk `chunk` (ZeRO-2: readies the gradient windows of its first two layers and
   // of a wte tied at pp 1; nothing otherwise).
