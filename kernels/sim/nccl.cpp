@@ -23,6 +23,9 @@
 //     blocked operation then completes without data. ncclCommAbort unblocks everything of the communicator.
 // Fault injection for tests: MS_SIM_NCCL_STALL=<rank>:<n> makes the n-th operation (1-based, all communicators
 // of the process whose MEGASCALE_RANK is <rank>) block its stream until the communicator is aborted: a stuck peer.
+// MS_SIM_NCCL_DELAY_MS=<ms> holds every operation on its stream that long before it runs (a slow network): a
+// consumer that does not wait for an operation then reads what was there before it, every time, not only when the
+// peer happens to be late (the planted missing-wait tests).
 // Transport: one Unix stream socket per pair of ranks in the abstract namespace (nothing on disk), named after
 // the unique id; one receiver thread per communicator files incoming messages into inboxes.
 #include <fcntl.h>
@@ -115,6 +118,12 @@ long StallAt() {
   long rank = 0, n = 0;
   if (std::sscanf(v, "%ld:%ld", &rank, &n) != 2 || rank != std::strtol(me, nullptr, 10)) return 0;
   return n;
+}
+
+std::chrono::milliseconds DelayMs() {  // MS_SIM_NCCL_DELAY_MS (0: none)
+  const char* v = std::getenv("MS_SIM_NCCL_DELAY_MS");
+  const long ms = v ? std::strtol(v, nullptr, 10) : 0;
+  return std::chrono::milliseconds(ms > 0 ? ms : 0);
 }
 
 }  // namespace
@@ -395,8 +404,10 @@ std::shared_ptr<Comm> Get(ncclComm_t h) {
 
 ncclResult_t Launch(Pending p) {
   const long stall = StallAt();
+  static const std::chrono::milliseconds delay = DelayMs();
   const long n = ++g_ops;
   const cudaError_t e = EnqueueOnStream(p.stream, "nccl", [p = std::move(p), stall, n]() {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
     if (stall > 0 && n >= stall) p.comm->Stall();
     ncclResult_t r = ncclSuccess;
     for (const CollOp& o : p.colls) {
