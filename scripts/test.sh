@@ -18,17 +18,8 @@ phase() {  # ends the running phase, starts the next (none: "")
   phase_name=$1 phase_start=$SECONDS
   if [[ -n $1 ]]; then echo "== $1"; fi
 }
-asan_pid=""  # the sanitizer build running in the background (its process group), if any
-stop_asan_build() {
-  if [[ -n $asan_pid ]]; then
-    kill -TERM -- "-$asan_pid" 2>/dev/null || true
-    wait "$asan_pid" 2>/dev/null || true
-    asan_pid=""
-  fi
-}
 summary() {
   local rc=$?
-  stop_asan_build
   if [[ -n $phase_name ]]; then phase ""; fi
   echo "== time per phase ($(nproc) cores)$( ((rc == 0)) || echo ", stopped by a failure")"
   printf '   %s\n' "${phase_times[@]}"
@@ -45,29 +36,13 @@ gpu_tests=OFF
 if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then gpu_tests=ON; fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_KERNELS_TSAN=ON -DMS_GPU_TESTS=$gpu_tests
 cmake --build build -j "$jobs"
-# The sanitizer build runs beside the Release tests at the lowest CPU priority (nice 19): the tests leave about a
-# fifth of the two cores idle (they wait on timeouts, signals and each other), and a nice-19 job gets a core only
-# when no test wants it (docs/PERFORMANCE.md, "Build and test time"). Its output goes to build/asan-build.log,
-# shown if it fails; a failing Release test stops it.
-if [[ "${MS_SKIP_ASAN:-0}" != 1 ]]; then
-  # shellcheck disable=SC2016  # $1 is the inner shell's
-  setsid nice -n 19 bash -c 'cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMS_SANITIZE=ON \
-      -DMS_WITH_CUDA=OFF && cmake --build build-asan -j "$1"' _ "$jobs" >build/asan-build.log 2>&1 &
-  asan_pid=$!
-fi
 phase "Release tests"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600 -LE gpu
 
-if [[ -n $asan_pid ]]; then
-  phase "ASan + UBSan build"  # what is left of it once the Release tests are done
-  if ! wait "$asan_pid"; then
-    asan_pid=""
-    tail -n 60 build/asan-build.log
-    echo "== the ASan + UBSan build failed (all of its output: build/asan-build.log)"
-    exit 1
-  fi
-  asan_pid=""
-  tail -n 3 build/asan-build.log
+if [[ "${MS_SKIP_ASAN:-0}" != 1 ]]; then
+  phase "ASan + UBSan build"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMS_SANITIZE=ON -DMS_WITH_CUDA=OFF
+  cmake --build build-asan -j "$jobs"
   phase "ASan + UBSan tests"
   # oneDNN and the OpenMP runtime are not instrumented; their internal allocations are not ours.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
