@@ -357,6 +357,7 @@ struct ProcessGroups {
   std::shared_ptr<gloo::Context> tp, pp, dp, embedding, model_parallel, world;
   std::array<std::vector<int>, kNumGroupKinds> members;  // global ranks, by GroupKind
   std::vector<PhaseTiming> phases;                       // per kind
+  std::string loop_note;  // what became of the TCP device's event-loop thread (comm::MakeGlooTcpDevice)
   std::shared_ptr<gloo::Context> Get(GroupKind kind) const;
 };
 

@@ -5,7 +5,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
 
 #include <fmt/ranges.h>
 
@@ -14,6 +13,7 @@
 #include <stdexcept>
 
 #include "bootstrap/bootstrap.h"
+#include "comm/comm.h"
 
 namespace ms::bootstrap {
 namespace {
@@ -93,11 +93,8 @@ std::shared_ptr<gloo::Context> ProcessGroups::Get(GroupKind kind) const {
 
 Result<ProcessGroups> CreateProcessGroups(Store& store, const Topology& topology, const ProcessGroupOptions& options) {
   ProcessGroups groups;
-  std::shared_ptr<gloo::transport::Device> device;
-  MS_RETURN_IF_ERROR(GlooCall(fmt::format("creating the Gloo TCP device on {}", options.listen_address), [&] {
-    gloo::transport::tcp::attr attr(options.listen_address.c_str());
-    device = gloo::transport::tcp::CreateDevice(attr);
-  }));
+  MS_ASSIGN_OR_RETURN(std::shared_ptr<gloo::transport::Device> device,
+                      comm::MakeGlooTcpDevice(options.listen_address, &groups.loop_note));
   GlooStoreAdapter adapter(store, options.timeout);
   const int rank = topology.rank;
 

@@ -259,7 +259,16 @@ std::unique_ptr<Communicator> MakeGlooCommunicator(std::shared_ptr<gloo::Context
 
 // A TCP transport device listening on `hostname` (an address or name of this host; empty:
 // resolve this machine's hostname). One device serves any number of contexts.
-Result<std::shared_ptr<gloo::transport::Device>> MakeGlooTcpDevice(const std::string& hostname);
+//
+// The device's event-loop thread (Gloo's: it reads every socket of the device) is made SCHED_BATCH, which only
+// takes away its wakeup preemption. Without it, on a host with more busy threads than cores, the loop woke on a
+// message, preempted the thread that held that connection's lock (a send or receive being posted), and — Gloo
+// only try-locks there and epoll is level-triggered — spun on epoll_wait for the rest of its time slice: 99% of
+// its calls failed the lock, and an 8-rank job on 2 cores spent 35 s of system time in 27 s (7 s with it;
+// docs/PERFORMANCE.md, "Gloo's event loop"). MEGASCALE_GLOO_LOOP=normal leaves the thread as it was. `loop_note`
+// (optional) receives what was done, for the log.
+Result<std::shared_ptr<gloo::transport::Device>> MakeGlooTcpDevice(const std::string& hostname,
+                                                                   std::string* loop_note = nullptr);
 
 // Connects `rank` of `size` to every other rank through `store` (give each group its own
 // key space, e.g. with gloo::rendezvous::PrefixStore). Blocks until every rank has

@@ -13,16 +13,24 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <sched.h>
+#include <sys/types.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -576,11 +584,51 @@ std::unique_ptr<Communicator> MakeGlooCommunicator(std::shared_ptr<gloo::Context
   return std::make_unique<GlooCommunicator>(std::move(context), std::move(options));
 }
 
-Result<std::shared_ptr<gloo::transport::Device>> MakeGlooTcpDevice(const std::string& hostname) {
+namespace {
+
+// The thread ids of this process (/proc/self/task).
+Result<std::vector<pid_t>> ThreadIds() {
+  std::vector<pid_t> ids;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/task", ec), end; !ec && it != end; it.increment(ec)) {
+    ids.push_back(static_cast<pid_t>(std::strtol(it->path().filename().c_str(), nullptr, 10)));
+  }
+  if (ec) return Unavailable("listing /proc/self/task: {}", ec.message());
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+// Makes the one thread in `after` but not in `before` (the device's event loop) SCHED_BATCH; says what it did.
+std::string BatchTheLoop(const Result<std::vector<pid_t>>& before, const Result<std::vector<pid_t>>& after) {
+  if (!before.ok()) return "left as it was: " + before.status().message();
+  if (!after.ok()) return "left as it was: " + after.status().message();
+  std::vector<pid_t> fresh;
+  std::set_difference(after->begin(), after->end(), before->begin(), before->end(), std::back_inserter(fresh));
+  if (fresh.size() != 1) {
+    return fmt::format("left as it was: {} threads started with the device, not one", fresh.size());
+  }
+  sched_param param{};
+  param.sched_priority = 0;
+  if (::sched_setscheduler(fresh[0], SCHED_BATCH, &param) != 0) {
+    return fmt::format("left as it was: sched_setscheduler(SCHED_BATCH) failed: {}", std::strerror(errno));
+  }
+  return "SCHED_BATCH (no wakeup preemption)";
+}
+
+}  // namespace
+
+Result<std::shared_ptr<gloo::transport::Device>> MakeGlooTcpDevice(const std::string& hostname,
+                                                                   std::string* loop_note) {
+  const char* policy = std::getenv("MEGASCALE_GLOO_LOOP");
+  const bool batch = policy == nullptr || std::string_view(policy) != "normal";
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = hostname;
-    return gloo::transport::tcp::CreateDevice(attr);
+    auto before = batch ? ThreadIds() : Result<std::vector<pid_t>>(std::vector<pid_t>{});
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    std::string note = batch ? BatchTheLoop(before, ThreadIds()) : "left as it was (MEGASCALE_GLOO_LOOP=normal)";
+    if (loop_note != nullptr) *loop_note = std::move(note);
+    return device;
   } catch (const std::exception& e) {
     return Unavailable("creating a Gloo TCP device on host '{}': {}. Hint: give an address of this machine", hostname,
                        e.what());

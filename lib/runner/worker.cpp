@@ -62,6 +62,16 @@ Result<std::unique_ptr<Runtime>> JoinJob(const config::JobSpec& spec, double wor
   po.listen_address = me.address;
   MS_ASSIGN_OR_RETURN(auto groups, bootstrap::CreateProcessGroups(*store, topo, po));
   const double bootstrap_done = WallSeconds();
+  const bool batched = groups.loop_note.rfind("SCHED_BATCH", 0) == 0;
+  const bool asked = groups.loop_note.find("MEGASCALE_GLOO_LOOP=normal") != std::string::npos;
+  if (!batched && !asked) {  // every rank: each may have failed in its own way
+    LogWarn(
+        "Gloo's event-loop thread {}: on a host with more busy threads than cores its spinning can cost several "
+        "times the training's own CPU time (comm::MakeGlooTcpDevice)",
+        groups.loop_note);
+  } else if (me.rank == 0) {
+    LogInfo("Gloo's event-loop thread: {}", groups.loop_note);
+  }
   MS_ASSIGN_OR_RETURN(std::unique_ptr<bootstrap::Store> coordination_store, store->Clone());
   auto holder = std::make_shared<std::pair<bootstrap::ProcessGroups, std::unique_ptr<bootstrap::Store>>>(
       std::move(groups), std::move(store));

@@ -4,6 +4,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/hash_store.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -645,6 +647,55 @@ TEST_CASE("ConnectGlooContext reports a missing peer as an error, not an excepti
   CHECK(context.status().message().find("tp[0]") != std::string::npos);
   CHECK(Since(t0) < 10.0);
   CHECK_FALSE(ConnectGlooContext(store, 2, 2, *device, Millis(500), "tp[0]").ok());
+}
+
+// The threads of this process whose scheduling policy is SCHED_BATCH.
+int BatchThreads() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    const int policy = sched_getscheduler(static_cast<pid_t>(std::atoi(e.path().filename().c_str())));
+    if (policy == SCHED_BATCH) ++n;
+  }
+  return n;
+}
+
+TEST_CASE("the TCP device's event-loop thread is SCHED_BATCH, unless MEGASCALE_GLOO_LOOP=normal") {
+  const int before = BatchThreads();
+  std::string note;
+  auto device = MakeGlooTcpDevice("127.0.0.1", &note);
+  REQUIRE(device.ok());
+  CHECK(note == "SCHED_BATCH (no wakeup preemption)");
+  CHECK(BatchThreads() == before + 1);  // the one thread the device started, and no other
+  ::setenv("MEGASCALE_GLOO_LOOP", "normal", 1);
+  std::string normal_note;
+  auto normal = MakeGlooTcpDevice("127.0.0.1", &normal_note);
+  ::unsetenv("MEGASCALE_GLOO_LOOP");
+  REQUIRE(normal.ok());
+  CHECK(normal_note == "left as it was (MEGASCALE_GLOO_LOOP=normal)");
+  CHECK(BatchThreads() == before + 1);
+  // Both still carry traffic: a 2-rank all-reduce over one device of each kind.
+  gloo::rendezvous::HashStore store;
+  std::shared_ptr<gloo::Context> c1;
+  Status s1;
+  std::thread peer([&] {
+    auto c = ConnectGlooContext(store, 1, 2, *normal, Millis(20'000), "t");
+    if (c.ok()) c1 = *c;
+    s1 = c.status();
+  });
+  auto c0 = ConnectGlooContext(store, 0, 2, *device, Millis(20'000), "t");
+  peer.join();
+  REQUIRE(c0.ok());
+  REQUIRE_MESSAGE(s1.ok(), s1.ToString());
+  Comms comms;
+  comms.push_back(MakeGlooCommunicator(*c0, GlooOptions{}));
+  comms.push_back(MakeGlooCommunicator(c1, GlooOptions{}));
+  std::vector<float> a{1, 2}, b{10, 20};
+  auto w0 = comms[0]->AllReduce(a.data(), 2, ReduceOp::kSum);
+  auto w1 = comms[1]->AllReduce(b.data(), 2, ReduceOp::kSum);
+  REQUIRE(w0->Wait().ok());
+  REQUIRE(w1->Wait().ok());
+  CHECK(a == std::vector<float>{11, 22});
+  CHECK(b == std::vector<float>{11, 22});
 }
 
 }  // namespace
