@@ -469,7 +469,7 @@ if not QUICK:
     PLANTED_DEVICE = {"MS_SIM_STREAMS": "deferred", "MEGASCALE_PLANT": "nccl_no_device_wait"}
     # ZeRO's parameter all-gathers run on NCCL's eager stream while the next step's forward waits (deferred) for the
     # host to ask for it, so without the device wait the forward read stale parameters only when the peer happened
-    # to be late: 1e-5 to 2e-3 off, and one CI run (a build beside it) matched to 4.5e-8. Each NCCL
+    # to be late: 1e-5 to 2e-3 off, and one fresh-clone .ci/run (a build beside it) matched to 4.5e-8. Each NCCL
     # operation held 100 ms (MS_SIM_NCCL_DELAY_MS) makes the forward run first every time: the loss 1.2e-2 to 2.3e-2
     # off in each of 12 runs here (6 a case, 4 of them beside two busy loops); the correct runs still match (4.5e-8).
     SLOW_NCCL = {"MS_SIM_NCCL_DELAY_MS": "100"}
