@@ -41,6 +41,7 @@ Usage: nccl_emulated_test.py MEGASCALE MEGASCALE_EMU WORK_DIR [--quick] [--gpu]
          a layout needing more GPUs than the machine has is skipped, and the emulator-only cases (deferred
          streams, Gloo, buffering, stuck peer, planted bug) are not run.
 """
+import concurrent.futures
 import json
 import os
 import shutil
@@ -108,13 +109,26 @@ def report(name, err):
         failures.append(name)
 
 
+cpu_references = {}  # layers -> the run dir of the one-process CPU run every layout of that depth is compared with
+
+
+def cpu_reference(layers):
+    """(run dir, None) of the one-process CPU backend run with `layers` layers (run once), or (None, error)."""
+    if layers not in cpu_references:
+        d, path = os.path.join(WORK, f"cpu-{layers}"), os.path.join(WORK, f"cpu-{layers}.yaml")
+        spec(path, d, "{}", layers)
+        rc, _, err, _ = run(BIN, ["train", path])
+        if rc != 0:
+            return None, f"cpu run failed: {err.strip()[-800:]}"
+        cpu_references[layers] = d
+    return cpu_references[layers], None
+
+
 def compare(name, parallel, layers=2, env=None, sets=(), expect_differ=False):
-    cpu_dir, emu_dir = os.path.join(WORK, name + "-cpu"), os.path.join(WORK, name + "-emu")
-    path = os.path.join(WORK, name + ".yaml")
-    spec(path, cpu_dir, "{}", layers)  # the reference: one process on the CPU backend
-    rc, _, err, _ = run(BIN, ["train", path])
-    if rc != 0:
-        return f"cpu run failed: {err.strip()[-800:]}"
+    cpu_dir, err = cpu_reference(layers)  # the reference: one process on the CPU backend
+    if err:
+        return err
+    emu_dir, path = os.path.join(WORK, name + "-emu"), os.path.join(WORK, name + ".yaml")
     spec(path, emu_dir, parallel, layers)
     args = ["train", path, "--set", "runtime.backend=cuda"]
     for s in sets:
@@ -322,6 +336,14 @@ def must_fail(name, parallel, env, needles, timeout_s=3, layers=2, sets=()):
     return None
 
 
+def run_waiting(cases):
+    """Runs must_fail(*args, **kwargs) for each (report name, args, kwargs) side by side; reports in their order."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        futures = [(name, pool.submit(must_fail, *args, **kwargs)) for name, args, kwargs in cases]
+        for name, future in futures:
+            report(name, future.result())
+
+
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
 corpus = fortune_corpus()
@@ -429,39 +451,43 @@ if not QUICK:
                             ["model.block=sequential"]))
 DEADLOCK = ["no completion after 3.0 s", "nccl-pp[0]", "from peer", "runtime.collective_timeout_s"]
 UNGROUPED = {"MEGASCALE_PP_P2P": "ungrouped"}
-report("deadlock-of-the-former-order", must_fail("deadlock", "{pp: 2, micro_batches: 4}", UNGROUPED, DEADLOCK))
+# The cases that must fail end by a timeout and spend most of it waiting (ranks blocked in the emulated NCCL until
+# the 3 s watchdog fires: ~0.5 s of CPU in 3.5 to 6.5 s): they run side by side at the end (run_waiting), reported
+# in this order.
+waiting = [("deadlock-of-the-former-order", ("deadlock", "{pp: 2, micro_batches: 4}", UNGROUPED, DEADLOCK), {})]
 if not QUICK:
     # Without the receive posted ahead, the 1F1B crossing of two sends still deadlocks when NCCL does not buffer
     # (the emulator's default), and runs when it buffers everything: why a small test on real NCCL can miss it.
-    report("deadlock-of-the-crossing",
-           must_fail("crossing", "{pp: 2, micro_batches: 4, pp_overlap: false}", UNGROUPED, DEADLOCK))
+    waiting.append(("deadlock-of-the-crossing",
+                    ("crossing", "{pp: 2, micro_batches: 4, pp_overlap: false}", UNGROUPED, DEADLOCK), {}))
     report("crossing-hidden-by-buffering",
            compare("buffered", "{pp: 2, micro_batches: 4, pp_overlap: false}",
                    env=dict(UNGROUPED, MS_SIM_NCCL_EAGER_BYTES="100000000")))
     # Interleaved: a rank receives from its peer in another order than the peer sends; buffering does not help.
-    report("deadlock-of-the-interleaved-order",
-           must_fail("interleaved", "{pp: 2, virtual_stages: 2, micro_batches: 4}",
-                     dict(UNGROUPED, MS_SIM_NCCL_EAGER_BYTES="100000000"), DEADLOCK, layers=4))
-if not QUICK:
-    report("watchdog-stuck-peer",
-           must_fail("stuck", "{dp: 2}", {"MS_SIM_NCCL_STALL": "1:2"},
+    waiting.append(("deadlock-of-the-interleaved-order",
+                    ("interleaved", "{pp: 2, virtual_stages: 2, micro_batches: 4}",
+                     dict(UNGROUPED, MS_SIM_NCCL_EAGER_BYTES="100000000"), DEADLOCK), {"layers": 4}))
+    waiting.append(("watchdog-stuck-peer",
+                    ("stuck", "{dp: 2}", {"MS_SIM_NCCL_STALL": "1:2"},
                      # Whichever rank's watchdog fires first ends the job: the waiting rank 0 names peer 1, the
                      # stalled rank 1 (its own operation times out too; seen on a loaded machine) names peer 0.
-                     ["no completion after 3.0 s", ("all-reduce (peers 1)", "all-reduce (peers 0)"), "nccl-dp[0]"]))
+                     ["no completion after 3.0 s", ("all-reduce (peers 1)", "all-reduce (peers 0)"), "nccl-dp[0]"]),
+                    {}))
     # The tensor-parallel collectives of a training step are waited for on the device: a stuck peer is found by
     # the communicator's watchdog thread (the host is not waiting in it), which aborts the communicator; the step's
     # drain (or the next collective) reports it.
-    report("watchdog-stuck-peer-tp-device-waits",
-           must_fail("stuck-tp", "{tp: 2}", {"MS_SIM_NCCL_STALL": "1:3"},
+    waiting.append(("watchdog-stuck-peer-tp-device-waits",
+                    ("stuck-tp", "{tp: 2}", {"MS_SIM_NCCL_STALL": "1:3"},
                      ["no completion after 3.0 s", "nccl-tp[0]", "aborted after an earlier failure",
-                      "runtime.collective_timeout_s"]))
+                      "runtime.collective_timeout_s"]), {}))
     # A stuck peer inside a graph (operation 12 on is the second micro-batch's, recorded in the graphs): no Work
     # stands for the graphs' collectives, the communicator watches each launch (Communicator::WatchCompute).
-    report("watchdog-stuck-peer-tp-in-graphs",
-           must_fail("stuck-tp-graphs", "{tp: 2, micro_batches: 2}", {"MS_SIM_NCCL_STALL": "1:12"},
+    waiting.append(("watchdog-stuck-peer-tp-in-graphs",
+                    ("stuck-tp-graphs", "{tp: 2, micro_batches: 2}", {"MS_SIM_NCCL_STALL": "1:12"},
                      ["no completion after 3.0 s", "graph's tensor-parallel collectives on nccl-tp[0]",
-                      "runtime.collective_timeout_s"],
-                     sets=["train.precision=bf16", "runtime.cuda_graphs=true"]))
+                      "runtime.collective_timeout_s"]),
+                    {"sets": ["train.precision=bf16", "runtime.cuda_graphs=true"]}))
+if not QUICK:
     PLANTED = {"MS_SIM_STREAMS": "deferred", "MEGASCALE_PLANT": "nccl_no_compute_wait"}
     for name, par in [("pp2", "{pp: 2, micro_batches: 4}"), ("dp2", "{dp: 2}"), ("tp2", "{tp: 2}")]:
         report(f"planted-missing-event-wait-caught-{name}",
@@ -480,5 +506,6 @@ if not QUICK:
                              ("dp2-zero2", "{dp: 2, zero: 2, micro_batches: 2}", SLOW_NCCL)]:
         report(f"planted-missing-device-wait-caught-{name}",
                compare(f"planted-device-{name}", par, env=dict(PLANTED_DEVICE, **extra), expect_differ=True))
+run_waiting(waiting)
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)
