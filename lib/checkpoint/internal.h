@@ -83,10 +83,7 @@ std::string ShapeString(const std::vector<int64_t>& shape);  // "[768, 2304]"
 
 // ---- files ----
 
-// write() all of it, retrying EINTR and short writes.
-// Finishes a file written at `tmp` through `fd`: fsync, close, rename to `path`. On failure the
-// temporary file is removed and `path` is left as it was. Does not fsync the directory.
-Status CommitTempFile(int fd, const std::string& tmp, const std::string& path);
+// write() all of it, retrying EINTR and short writes. (A file written so is finished with ms::CommitTempFile.)
 Status WriteAll(int fd, const void* data, size_t n, const std::string& path);
 // pread() exactly n bytes at `offset`; a short read is DataLoss ("truncated").
 Status ReadAt(int fd, void* data, size_t n, int64_t offset, const std::string& path);

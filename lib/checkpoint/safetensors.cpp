@@ -67,7 +67,7 @@ Status ExportSafetensors(const Checkpoint& checkpoint, const std::string& out_pa
     checkpoint.DropCache();  // one tensor in memory at a time
     if (!s.ok()) return fail(s);
   }
-  MS_RETURN_IF_ERROR_CTX(internal::CommitTempFile(fd, tmp, out_path), "exporting {} to {}", checkpoint.dir(), out_path);
+  MS_RETURN_IF_ERROR_CTX(CommitTempFile(fd, tmp, out_path), "exporting {} to {}", checkpoint.dir(), out_path);
   auto slash = out_path.rfind('/');
   return internal::FsyncPath(slash == std::string::npos ? "." : slash == 0 ? "/" : out_path.substr(0, slash));
 }

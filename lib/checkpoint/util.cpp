@@ -249,26 +249,6 @@ int64_t ShardGeom::GlobalIndex(int64_t i) const {
 
 // ---- files ----
 
-Status CommitTempFile(int fd, const std::string& tmp, const std::string& path) {
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return ErrnoError(fmt::format("fsync of {}", tmp), err);
-  }
-  if (::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError(fmt::format("closing {}", tmp), err);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoError(fmt::format("renaming {} to {}", tmp, path), err);
-  }
-  return Status::Ok();
-}
-
 Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {

@@ -501,7 +501,7 @@ Status AsyncCheckpointer::Impl::WriteRankFile(const Job& j, const std::string& s
   if (::lseek(fd, 0, SEEK_SET) != 0) return fail(ErrnoError(fmt::format("seeking {}", tmp), errno));
   Status s = internal::WriteAll(fd, head_buf.get(), head_size, tmp);
   if (!s.ok()) return fail(s);
-  MS_RETURN_IF_ERROR(internal::CommitTempFile(fd, tmp, path));
+  MS_RETURN_IF_ERROR(CommitTempFile(fd, tmp, path));
   MS_RETURN_IF_ERROR(FsyncPath(step_dir));
   info->crc32c = internal::Crc32cCombine(Crc32c(head_buf.get(), head_size), data_crc, j.data_bytes);
   return Status::Ok();

@@ -241,6 +241,11 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents) {
     }
     done += static_cast<size_t>(n);
   }
+  MS_RETURN_IF_ERROR(CommitTempFile(fd, tmp, path));
+  return FsyncDir(path);
+}
+
+Status CommitTempFile(int fd, const std::string& tmp, const std::string& path) {
   if (::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);
@@ -257,7 +262,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents) {
     ::unlink(tmp.c_str());
     return ErrnoError(fmt::format("renaming {} to {}", tmp, path), err);
   }
-  return FsyncDir(path);
+  return Status::Ok();
 }
 
 Status MakeDirs(const std::string& path) {

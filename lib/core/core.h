@@ -190,6 +190,9 @@ Result<std::string> ReadFile(const std::string& path);
 // Writes via "<path>.tmp" + fsync + rename + fsync of the directory: readers see the old
 // file or the new one, never half of it.
 Status WriteFileAtomic(const std::string& path, std::string_view contents);
+// Finishes a file written at `tmp` through `fd`: fsync, close, rename to `path`. On failure the
+// temporary file is removed and `path` is left as it was. Does not fsync the directory.
+Status CommitTempFile(int fd, const std::string& tmp, const std::string& path);
 // mkdir -p.
 Status MakeDirs(const std::string& path);
 
