@@ -58,6 +58,8 @@ ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
 QUICK = "--quick" in sys.argv[4:]
 QUICK_SKIPS = {"scancel", "nan_then_lost_rank", "store_lost", "driver_killed"}
 results = []
+# SIGTERM (a CI runner stopping the run, `kill`) unwinds like Ctrl-C, through the teardown in the finally below.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 SLURM_ENV = dict(os.environ, SLURM_CONF=os.path.join(STATE, "slurm.conf"))
 
 
@@ -239,6 +241,13 @@ def workers():
 
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
+# The data first: nothing between the cluster's start and the try below may fail (a prepare-data that died here once
+# left the cluster's daemons and namespaces behind: the teardown is in that try's finally).
+corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
+                if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:3]
+DATA = os.path.join(WORK, "data")
+subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA, *corpus], check=True,
+               capture_output=True)
 subprocess.run(["bash", CLUSTER, "down", STATE], capture_output=True)
 up = subprocess.run(["bash", CLUSTER, "up", STATE, "--nodes", "4", "--cpus", "8"], capture_output=True, text=True)
 if up.returncode != 0:
@@ -250,11 +259,6 @@ if up.returncode != 0:
     print(f"FAIL: the test Slurm cluster could not start: {reason}\n(set MEGASCALE_SKIP_SLURM=1 to skip, loudly)")
     sys.exit(1)
 print(up.stdout.strip(), flush=True)
-corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
-                if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:3]
-DATA = os.path.join(WORK, "data")
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA, *corpus], check=True,
-               capture_output=True)
 
 try:
     @case
