@@ -106,6 +106,7 @@ AttemptEnd Supervise(Attempt& attempt, int world, const SuperviseOptions& o) {
   std::optional<Fault> monitored;
   std::vector<RankExit> exits;
   bool killed_on_second = false, grace_expired = false;
+  std::vector<int> outlasted;  // the ranks still running when the stop's grace ran out
   const double started = NowSeconds();
   while (!attempt.AllExited()) {
     const SignalCounts sig = TakeSignals();
@@ -192,8 +193,9 @@ AttemptEnd Supervise(Attempt& attempt, int world, const SuperviseOptions& o) {
     }
     if (phase != Phase::kRunning && !attempt.AllExited() && NowSeconds() > deadline) {
       auto running = attempt.Running();
-      if (phase == Phase::kStopping) {
+      if (phase == Phase::kStopping && !grace_expired) {  // once: killed ranks may take a tick or two to be reaped
         grace_expired = true;
+        outlasted = running;
         LogError("rank(s) {} did not exit within the grace of {:.0f} s (runtime.stop_grace_s); killing them",
                  fmt::join(running, ", "), o.grace_s);
       }
@@ -240,7 +242,20 @@ AttemptEnd Supervise(Attempt& attempt, int world, const SuperviseOptions& o) {
     return out;
   }
   if (grace_expired) {
-    out.error = Aborted("job stopped by {}: the ranks did not exit within the grace", strsignal(stop_signal));
+    // Name them, with a log to read: a rank stopped (SIGSTOP, a debugger) or stuck where no timeout reaches it, or
+    // one waiting for such a peer (its checkpoint's files).
+    std::sort(outlasted.begin(), outlasted.end());
+    const std::string which = outlasted.empty()       ? std::string("the ranks")
+                              : outlasted.size() == 1 ? fmt::format("rank {}", outlasted[0])
+                                                      : fmt::format("ranks {}", fmt::join(outlasted, ", "));
+    const std::string log = outlasted.empty()       ? std::string()
+                            : outlasted.size() == 1 ? "; " + log_of(outlasted[0])
+                                                    : fmt::format("; rank {}'s log: {}/logs/rank-{}.log", outlasted[0],
+                                                                  o.run_dir, outlasted[0]);
+    out.error = Aborted(
+        "job stopped by {}: {} did not exit within the grace of {:.0f} s (runtime.stop_grace_s) and {} "
+        "killed{}",
+        strsignal(stop_signal), which, o.grace_s, outlasted.size() == 1 ? "was" : "were", log);
     return out;
   }
   int saved = 0, interrupted = 0, rollback = 0, stopped = 0;
