@@ -124,6 +124,17 @@ def ranks_and_redis(driver):
     return [k for k in kids if comm(k) != "redis-server"], [k for k in kids if comm(k) == "redis-server"]
 
 
+def training(name, **spec_args):
+    """Starts `megascale train` on write_spec(name, **spec_args) and waits for its second step: (driver, run dir,
+    rank pids, redis-server pids)."""
+    spec = write_spec(name, **spec_args)
+    run_dir = os.path.join(WORK, name)
+    p = start("train", spec, "--no-progress")
+    assert wait_steps(run_dir, 2, p), f"{name}: the job did not train"
+    ranks, redis = ranks_and_redis(p.pid)
+    return p, run_dir, ranks, redis
+
+
 def train_rows(run_dir):
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
@@ -180,11 +191,8 @@ subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA, *
 @case
 def job_wide_sigterm():
     # Defect 1: kill -TERM <driver> <redis-server> <rank0> <rank1>, as Slurm does at a time limit.
-    spec = write_spec("sigterm all", model="layers: 4, hidden: 256, heads: 4, seq_len: 32, vocab: 256")
-    run_dir = os.path.join(WORK, "sigterm all")
-    p = start("train", spec, "--no-progress")
-    assert wait_steps(run_dir, 2, p), "the job did not train"
-    ranks, redis = ranks_and_redis(p.pid)
+    p, run_dir, ranks, redis = training("sigterm all",
+                                        model="layers: 4, hidden: 256, heads: 4, seq_len: 32, vocab: 256")
     assert len(ranks) == 2 and len(redis) == 1, f"children: ranks {ranks}, redis {redis}"
     for pid in [p.pid, *redis, *ranks]:
         os.kill(pid, signal.SIGTERM)
@@ -201,11 +209,7 @@ def stopped_rank_then_sigterm():
     # Defect 2: kill -STOP <rank0>; kill -TERM <driver>: rank 1 times out, rank 0 is killed, no checkpoint:
     # the job must fail (it exited 0).
     runtime = "threads: 1, collective_timeout_s: 2, stop_grace_s: 20"
-    spec = write_spec("frozen", runtime=runtime)
-    run_dir = os.path.join(WORK, "frozen")
-    p = start("train", spec, "--no-progress")
-    assert wait_steps(run_dir, 2, p), "the job did not train"
-    ranks, redis = ranks_and_redis(p.pid)
+    p, run_dir, ranks, redis = training("frozen", runtime=runtime)
     os.kill(ranks[0], signal.SIGSTOP)
     p.send_signal(signal.SIGTERM)
     rc, _, err = finish(p, timeout=90)
@@ -220,11 +224,7 @@ def stopped_rank_then_sigterm():
     assert named and log and os.path.exists(log.group(1)), f"last line: {last}"
     assert not any(alive(x) for x in [*ranks, *redis]), "a rank or redis-server is still running"
     # A second SIGINT during the grace is not swallowed: the job ends at once.
-    spec = write_spec("frozen2", runtime=runtime)
-    run_dir = os.path.join(WORK, "frozen2")
-    p = start("train", spec, "--no-progress")
-    assert wait_steps(run_dir, 2, p), "the job did not train"
-    ranks, redis = ranks_and_redis(p.pid)
+    p, run_dir, ranks, redis = training("frozen2", runtime=runtime)
     os.kill(ranks[0], signal.SIGSTOP)
     p.send_signal(signal.SIGTERM)
     time.sleep(0.5)
@@ -240,11 +240,8 @@ def stopped_rank_then_sigterm():
 def grace_expired_names_the_ranks():
     # Every rank frozen when SIGTERM comes: none can save or exit, so runtime.stop_grace_s runs out; the job fails
     # naming the ranks it killed and a log to read, commits nothing and leaves nothing running.
-    spec = write_spec("graceless", runtime="threads: 1, collective_timeout_s: 60, stop_grace_s: 2")
-    run_dir = os.path.join(WORK, "graceless")
-    p = start("train", spec, "--no-progress")
-    assert wait_steps(run_dir, 2, p), "the job did not train"
-    ranks, redis = ranks_and_redis(p.pid)
+    p, run_dir, ranks, redis = training("graceless",
+                                        runtime="threads: 1, collective_timeout_s: 60, stop_grace_s: 2")
     for r in ranks:
         os.kill(r, signal.SIGSTOP)
     t0 = time.time()
