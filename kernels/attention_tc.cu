@@ -46,8 +46,10 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "attention_common.cuh"
+#include "ldmatrix.h"
 
 namespace ms::kernels {
 
@@ -86,6 +88,96 @@ using FragBCol = wmma::fragment<wmma::matrix_b, kF, kF, kF, __nv_bfloat16, wmma:
 using FragC = wmma::fragment<wmma::accumulator, kF, kF, kF, float>;
 // dS as the left operand of the stored-dS dQ kernel, read from the dS^T tile the dK/dV kernel stored (key rows).
 using FragACol = wmma::fragment<wmma::matrix_a, kF, kF, kF, __nv_bfloat16, wmma::col_major>;
+
+// Every bf16 operand fragment a kernel reads from shared memory (16 x 16 at p, leading dimension ld: rows 16-byte
+// aligned) is loaded by LoadFrag: on the device one ldmatrix.x4 per fragment (kernels/ldmatrix.h: wmma's own
+// load_matrix_sync makes 4 generic 32-bit loads of it, plus 4 MOVM transposes for a row-major B operand), in the
+// emulator wmma::load_matrix_sync, whose fragment layout is the emulator's. FragLayoutsHold checks on the device,
+// once per process before any kernel runs, that ldmatrix's fragments are wmma's, element for element, for all four
+// kinds; where they are not the tensor-core attention refuses to run (cudaErrorNotSupported).
+template <ldsm::FragKind kKind>
+struct FragOf;
+template <>
+struct FragOf<ldsm::FragKind::kARow> {
+  using T = FragA;
+};
+template <>
+struct FragOf<ldsm::FragKind::kACol> {
+  using T = FragACol;
+};
+template <>
+struct FragOf<ldsm::FragKind::kBCol> {
+  using T = FragBCol;
+};
+template <>
+struct FragOf<ldsm::FragKind::kBRow> {
+  using T = FragBRow;
+};
+
+#if MS_SIM_EMULATION
+// The emulator checks what ldmatrix asks of the rows (shared memory, 16-byte aligned) and loads with wmma, naming the
+// kernel's line in its reports.
+#define MS_FRAG_SITE , std::source_location loc = MS_SIM_CALLER
+#else
+#define MS_FRAG_SITE
+#endif
+template <ldsm::FragKind kKind>
+__device__ __forceinline__ void LoadFragKind(typename FragOf<kKind>::T& f, const __nv_bfloat16* p,
+                                             int ld MS_FRAG_SITE) {
+#if MS_SIM_EMULATION
+  ::ms::sim::LdmatrixRows(::ms::sim::CallerSite(loc), p, static_cast<unsigned>(ld));
+  wmma::load_matrix_sync(f, p, static_cast<unsigned>(ld), loc);
+#else
+  static_assert(sizeof(f.x) == 4 * sizeof(uint32_t), "a 16 x 16 bf16 fragment is four registers");
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p)) +
+                        static_cast<uint32_t>(ldsm::LdsmLaneRow(kKind, lane) * ld + ldsm::LdsmLaneCol(kKind, lane)) *
+                            static_cast<uint32_t>(sizeof(__nv_bfloat16));
+  auto* const r = reinterpret_cast<uint32_t*>(&f.x[0]);  // as wmma's own loads view a fragment's elements
+  if constexpr (ldsm::LdsmTransposes(kKind)) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+#endif
+}
+#if MS_SIM_EMULATION
+#define MS_FRAG_LOAD(kind) LoadFragKind<ldsm::FragKind::kind>(f, p, ld, loc)
+#else
+#define MS_FRAG_LOAD(kind) LoadFragKind<ldsm::FragKind::kind>(f, p, ld)
+#endif
+__device__ __forceinline__ void LoadFrag(FragA& f, const __nv_bfloat16* p, int ld MS_FRAG_SITE) {
+  MS_FRAG_LOAD(kARow);
+}
+__device__ __forceinline__ void LoadFrag(FragACol& f, const __nv_bfloat16* p, int ld MS_FRAG_SITE) {
+  MS_FRAG_LOAD(kACol);
+}
+__device__ __forceinline__ void LoadFrag(FragBCol& f, const __nv_bfloat16* p, int ld MS_FRAG_SITE) {
+  MS_FRAG_LOAD(kBCol);
+}
+__device__ __forceinline__ void LoadFrag(FragBRow& f, const __nv_bfloat16* p, int ld MS_FRAG_SITE) {
+  MS_FRAG_LOAD(kBRow);
+}
+#undef MS_FRAG_LOAD
+#undef MS_FRAG_SITE
+// LoadFrag, or (kLdsm false) wmma::load_matrix_sync on the device: the split dK/dV kernel's choice on sm_80, where its
+// fragments loaded by ldmatrix made ptxas spill at the kernel's 128-register bound (8 warps, 2 blocks per SM).
+template <bool kLdsm, typename Frag>
+__device__ __forceinline__ void LoadFragIf(Frag& f, const __nv_bfloat16* p, int ld) {
+#if MS_SIM_EMULATION
+  LoadFrag(f, p, ld);
+#else
+  if constexpr (kLdsm) {
+    LoadFrag(f, p, ld);
+  } else {
+    wmma::load_matrix_sync(f, p, static_cast<unsigned>(ld));
+  }
+#endif
+}
 
 // Where the elements of an fp32 accumulator fragment lie, for the register-resident softmax (kRegs). CUDA leaves the
 // lane -> element mapping of a wmma fragment unspecified. On sm_80 and sm_90 an m16n16k16 fp32 accumulator is the C
@@ -468,7 +560,7 @@ __device__ __forceinline__ void ForKeyTiles(const S* k, const S* v, const HeadBi
 // acc[j] = A_w (16 x D) times the transpose of the tile's rows (n0 + j) * 16 .. + 15 (bf16 at tile, leading
 // dimension ld), for j < kN: acc[j][i][c] = sum_d A[i][d] tile[(n0 + j) * 16 + c][d]. A_w is the warp's fragments a
 // (kAShared false), or its rows in shared memory at a_shared (bf16, leading dimension ld), read per fragment.
-template <int kMaxD, bool kAShared, int kN>
+template <int kMaxD, bool kAShared, int kN, bool kLdsm = true>
 __device__ __forceinline__ void RowsTimesTileTFrags(FragC (&acc)[kN], int n0, const FragA* a,
                                                     const __nv_bfloat16* a_shared, const __nv_bfloat16* tile, int ld,
                                                     int D) {
@@ -479,14 +571,14 @@ __device__ __forceinline__ void RowsTimesTileTFrags(FragC (&acc)[kN], int n0, co
     if (f * kF >= D) break;
     FragA af;
     if constexpr (kAShared) {
-      wmma::load_matrix_sync(af, a_shared + f * kF, ld);
+      LoadFragIf<kLdsm>(af, a_shared + f * kF, ld);
     } else {
       af = a[f];
     }
     MS_UNROLL
     for (int j = 0; j < kN; ++j) {
       FragBCol b;
-      wmma::load_matrix_sync(b, tile + (n0 + j) * kF * ld + f * kF, ld);
+      LoadFragIf<kLdsm>(b, tile + (n0 + j) * kF * ld + f * kF, ld);
       wmma::mma_sync(acc[j], af, b, acc[j]);
     }
   }
@@ -510,14 +602,14 @@ __device__ __forceinline__ void PTimesTile(FragC (&acc)[kMaxD / kF], const __nv_
                                            int ld, int D) {
   FragA a[kTileFrags];
   MS_UNROLL
-  for (int k = 0; k < kTileFrags; ++k) wmma::load_matrix_sync(a[k], p + k * kF, kLdP);
+  for (int k = 0; k < kTileFrags; ++k) LoadFrag(a[k], p + k * kF, kLdP);
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) {
     if (n * kF >= D) break;
     MS_UNROLL
     for (int k = 0; k < kTileFrags; ++k) {
       FragBRow b;
-      wmma::load_matrix_sync(b, tile + k * kF * ld + n * kF, ld);
+      LoadFrag(b, tile + k * kF * ld + n * kF, ld);
       wmma::mma_sync(acc[n], a[k], b, acc[n]);
     }
   }
@@ -527,14 +619,14 @@ __device__ __forceinline__ void PTimesTile(FragC (&acc)[kMaxD / kF], const __nv_
 // (64 x D bf16, leading dimension ld), for the D / 16 column fragments n: the register-resident softmax's form of
 // PTimesTile, whose left operand it builds in matrix_a fragments (FragLayoutsHold) rather than in shared memory.
 // Called for kb = 0, 1, 2, 3 in turn it makes PTimesTile's products in PTimesTile's order: the same sums.
-template <int kMaxD, typename A>
+template <int kMaxD, bool kLdsm = true, typename A>
 __device__ __forceinline__ void AddATimesTileRows(FragC (&acc)[kMaxD / kF], const A& a, const __nv_bfloat16* tile,
                                                   int kb, int ld, int D) {
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) {
     if (n * kF >= D) break;
     FragBRow b;
-    wmma::load_matrix_sync(b, tile + kb * kF * ld + n * kF, ld);
+    LoadFragIf<kLdsm>(b, tile + kb * kF * ld + n * kF, ld);
     wmma::mma_sync(acc[n], a, b, acc[n]);
   }
 }
@@ -859,7 +951,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   FragA qf[kMaxD / kF];
   MS_UNROLL
   for (int f = 0; f < kMaxD / kF; ++f) {
-    if (f * kF < D) wmma::load_matrix_sync(qf[f], Qstage + warp * kWarpRows * ld + f * kF, ld);
+    if (f * kF < D) LoadFrag(qf[f], Qstage + warp * kWarpRows * ld + f * kF, ld);
   }
 
   if constexpr (kRegs) {
@@ -902,7 +994,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
         {
           FragA pa[kTileFrags];
           MS_UNROLL
-          for (int kk = 0; kk < kTileFrags; ++kk) wmma::load_matrix_sync(pa[kk], Pw + kk * kF, kLdP);
+          for (int kk = 0; kk < kTileFrags; ++kk) LoadFrag(pa[kk], Pw + kk * kF, kLdP);
           MS_UNROLL
           for (int n = 0; n < kMaxD / kF; ++n) {
             if (n * kF >= D) break;
@@ -911,7 +1003,7 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
             MS_UNROLL
             for (int kk = 0; kk < kTileFrags; ++kk) {
               FragBRow vb;
-              wmma::load_matrix_sync(vb, Vs + kk * kF * ld + n * kF, ld);
+              LoadFrag(vb, Vs + kk * kF * ld + n * kF, ld);
               wmma::mma_sync(pv, pa[kk], vb, pv);
             }
             wmma::store_matrix_sync(Fw + n * kF, pv, kLdF, wmma::mem_row_major);
@@ -1002,7 +1094,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int fr = 0; fr < kWideFrags; ++fr) {
     MS_UNROLL
     for (int f = 0; f < kDF; ++f) {
-      if (f * kF < D) wmma::load_matrix_sync(qf[fr][f], K1 + (warp * kWideWarpRows + fr * kWarpRows) * ld + f * kF, ld);
+      if (f * kF < D) LoadFrag(qf[fr][f], K1 + (warp * kWideWarpRows + fr * kWarpRows) * ld + f * kF, ld);
     }
   }
 
@@ -1032,7 +1124,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                               MS_UNROLL
                                               for (int j = 0; j < kTileFrags; ++j) {
                                                 FragBCol kb;
-                                                wmma::load_matrix_sync(kb, Kt + j * kF * ld + f * kF, ld);
+                                                LoadFrag(kb, Kt + j * kF * ld + f * kF, ld);
                                                 MS_UNROLL
                                                 for (int fr = 0; fr < kWideFrags; ++fr)
                                                   wmma::mma_sync(sc[fr][j], qf[fr][f], kb, sc[fr][j]);
@@ -1054,7 +1146,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                               MS_UNROLL
                                               for (int kk = 0; kk < kTileFrags; ++kk) {
                                                 FragBRow vb;
-                                                wmma::load_matrix_sync(vb, Vt + kk * kF * ld + n * kF, ld);
+                                                LoadFrag(vb, Vt + kk * kF * ld + n * kF, ld);
                                                 MS_UNROLL
                                                 for (int fr = 0; fr < kWideFrags; ++fr)
                                                   wmma::mma_sync(of[fr][n], pa[fr][kk], vb, of[fr][n]);
@@ -1130,8 +1222,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int f = 0; f < kMaxD / kF; ++f) {
     wmma::fill_fragment(dq[f], 0.0f);
     if (f * kF >= D) continue;
-    wmma::load_matrix_sync(qf[f], Qstage + warp * kWarpRows * ld + f * kF, ld);
-    wmma::load_matrix_sync(gf[f], Gstage + warp * kWarpRows * ld + f * kF, ld);
+    LoadFrag(qf[f], Qstage + warp * kWarpRows * ld + f * kF, ld);
+    LoadFrag(gf[f], Gstage + warp * kWarpRows * ld + f * kF, ld);
   }
 
   ForKeyTiles<kMaxD, S, kAsync>(
@@ -1204,7 +1296,7 @@ __global__ void __launch_bounds__(kThreads)
 // copies, as ForKeyTiles does for the key tiles; the second buffers lie in the fp32 area where they fit (kRegs,
 // D <= 64: SecondInSdP), and the key and value rows are staged in them while the first query tile's copies fly.
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
                              int window, int ntiles, float scale, __nv_bfloat16* ds_tiles, int ds_w) {
@@ -1295,8 +1387,8 @@ __global__ void __launch_bounds__(kThreads)
     wmma::fill_fragment(dv[f], 0.0f);
     if constexpr (!kOperandsShared) {
       if (f * kF >= D) continue;
-      wmma::load_matrix_sync(kf[f], Kw + f * kF, ld);
-      wmma::load_matrix_sync(vf[f], Vw + f * kF, ld);
+      LoadFrag(kf[f], Kw + f * kF, ld);
+      LoadFrag(vf[f], Vw + f * kF, ld);
     }
   }
 
@@ -1498,7 +1590,7 @@ __global__ void __launch_bounds__(kThreads)
     MS_UNROLL
     for (int n = 0; n < kTileFrags; ++n) {
       FragACol a;  // dS[ra .. ra + 15][k0 + 16 n ..] = dS^T[16 n ..][the warp's columns]
-      wmma::load_matrix_sync(a, St + n * kF * kLdP, kLdP);
+      LoadFrag(a, St + n * kF * kLdP, kLdP);
       AddATimesTileRows<kMaxD>(dq, a, Ks, n, ld, D);
     }
   }
@@ -1551,6 +1643,13 @@ __global__ void __launch_bounds__(kSplitThreads, kMaxD <= 64 ? 2 : 1)
   // S^T and dP^T fragments at a time, of the warp's 2 (its 32 queries): 1 at D <= 64, where 2 made ptxas spill
   // (sm_90: 16 bytes) in the 128 registers 2 blocks of 8 warps per SM allow (with 1: 102 / 126 on sm_80 / sm_90).
   constexpr int kN = kMaxD <= 64 ? 1 : kSplitCols / kF;
+  // Fragments by ldmatrix (LoadFrag), but at D <= 64 on sm_80 by wmma's own loads: there ldmatrix's took ptxas from
+  // 102 registers to the bound's 128 and 12 bytes of spill (CUDA 13; sm_90: 126 -> 128, no spill).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kLdsm = kMaxD > 64;
+#else
+  constexpr bool kLdsm = true;
+#endif
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D), hd = D / 2;
   __nv_bfloat16* const Q0 = smem;
@@ -1627,8 +1726,8 @@ __global__ void __launch_bounds__(kSplitThreads, kMaxD <= 64 ? 2 : 1)
         MS_UNROLL
         for (int j0 = 0; j0 < kSplitCols / kF; j0 += kN) {
           FragC sc[kN], dpc[kN];
-          RowsTimesTileTFrags<kMaxD, true, kN>(sc, c0 / kF + j0, nullptr, Kw, Qc, ld, D);   // S^T
-          RowsTimesTileTFrags<kMaxD, true, kN>(dpc, c0 / kF + j0, nullptr, Vw, Gc, ld, D);  // dP^T
+          RowsTimesTileTFrags<kMaxD, true, kN, kLdsm>(sc, c0 / kF + j0, nullptr, Kw, Qc, ld, D);   // S^T
+          RowsTimesTileTFrags<kMaxD, true, kN, kLdsm>(dpc, c0 / kF + j0, nullptr, Vw, Gc, ld, D);  // dP^T
           MS_UNROLL
           for (int j = 0; j < kN; ++j) {
             MS_UNROLL
@@ -1674,14 +1773,14 @@ __global__ void __launch_bounds__(kSplitThreads, kMaxD <= 64 ? 2 : 1)
       MS_UNROLL
       for (int kb = 0; kb < kTileFrags; ++kb) {
         FragA pa;
-        wmma::load_matrix_sync(pa, Pw + kb * kF, kLdP);
-        AddATimesTileRows<kHalfD>(dv, pa, Gc + half * hd, kb, ld, hd);
+        LoadFragIf<kLdsm>(pa, Pw + kb * kF, kLdP);
+        AddATimesTileRows<kHalfD, kLdsm>(dv, pa, Gc + half * hd, kb, ld, hd);
       }
       MS_UNROLL
       for (int kb = 0; kb < kTileFrags; ++kb) {
         FragA da;
-        wmma::load_matrix_sync(da, Dw + kb * kF, kLdP);
-        AddATimesTileRows<kHalfD>(dk, da, Qc + half * hd, kb, ld, hd);
+        LoadFragIf<kLdsm>(da, Dw + kb * kF, kLdP);
+        AddATimesTileRows<kHalfD, kLdsm>(dk, da, Qc + half * hd, kb, ld, hd);
       }
     }
   }
@@ -1710,9 +1809,26 @@ cudaError_t CheckShapeTc(int64_t B, int64_t T, int64_t H, int64_t D, int64_t win
 
 // The fragment layout probe: one warp loads the 16 x 16 matrix m[r][c] = 16 r + c into an accumulator fragment (from
 // in, fp32) and into a bf16 matrix_a fragment (from in16; 0 .. 255 are exact in bf16) and writes their x[i] to
-// out[lane * 8 + i] and out[256 + lane * 8 + i]; FragLayoutsHold compares them with AccRow and AccCol.
+// out[lane * 8 + i] and out[256 + lane * 8 + i]; FragLayoutsHold compares them with AccRow and AccCol. Then, from a
+// copy of in16 in shared memory, each of the four operand kinds (ldsm::FragKind) by wmma::load_matrix_sync and by
+// LoadFrag: kind k's x[i] at out[512 + 512 k + lane * 8 + i] (wmma) and 256 further on (LoadFrag).
+constexpr int kProbeKinds = 4;
+constexpr int kProbeFloats = 2 * 32 * kAccElems + kProbeKinds * 2 * 32 * kAccElems;
+template <typename Frag>
+__device__ __forceinline__ void ProbeWrite(float* out, const Frag& f, int lane) {
+  for (int i = 0; i < kAccElems; ++i) out[lane * kAccElems + i] = i < f.num_elements ? __bfloat162float(f.x[i]) : -1.0f;
+}
+template <typename Frag>
+__device__ __forceinline__ void ProbeKind(float* out, const __nv_bfloat16* tile, int lane) {
+  Frag w, l;
+  wmma::load_matrix_sync(w, tile, kF);
+  LoadFrag(l, tile, kF);
+  ProbeWrite(out, w, lane);
+  ProbeWrite(out + 32 * kAccElems, l, lane);
+}
 __global__ void __launch_bounds__(32)
     attention_frag_layout_probe_kernel(float* out, const float* in, const __nv_bfloat16* in16) {
+  MS_SHARED_ARRAY(__nv_bfloat16, tile, kF * kF);
   FragC f;
   FragA a;
   wmma::load_matrix_sync(f, in, kF, wmma::mem_row_major);
@@ -1722,22 +1838,33 @@ __global__ void __launch_bounds__(32)
     out[lane * kAccElems + i] = i < f.num_elements ? f.x[i] : -1.0f;
     out[32 * kAccElems + lane * kAccElems + i] = i < a.num_elements ? __bfloat162float(a.x[i]) : -1.0f;
   }
+  for (int i = lane; i < kF * kF; i += 32) tile[i] = in16[i];
+  __syncwarp();
+  float* const kinds = out + 2 * 32 * kAccElems;
+  constexpr int kStride = 2 * 32 * kAccElems;
+  ProbeKind<FragA>(kinds, tile, lane);
+  ProbeKind<FragACol>(kinds + kStride, tile, lane);
+  ProbeKind<FragBCol>(kinds + 2 * kStride, tile, lane);
+  ProbeKind<FragBRow>(kinds + 3 * kStride, tile, lane);
 }
 
 std::atomic<int> g_softmax{static_cast<int>(AttentionTcSoftmax::kAuto)};
-std::atomic<int> g_layout_holds{-1};  // -1: not probed yet
+std::atomic<int> g_layout_holds{-1};  // -1: not probed yet; else bit 0: the AccRow / AccCol layout, bit 1: LoadFrag
 
 // *holds: on the current device, the fp32 accumulator fragments and the bf16 matrix_a fragments hold their elements
 // where AccRow and AccCol say — x[i] of both the same element, so the kRegs kernels round their P and dS into
 // matrix_a fragments lane by lane (probed on `stream` once per process; the first call synchronizes it). On sm_80
 // and sm_90 both are the mma.sync m16n8k16 operand layouts (a 16 x 16 bf16 matrix_a fragment is exactly the A
 // operand of the two m16n8k16 products one wmma m16n16k16 makes), as FlashAttention-2 uses them.
-cudaError_t FragLayoutsHold(cudaStream_t stream, bool* holds) {
+// *loads: LoadFrag's fragments (ldmatrix on the device) are wmma::load_matrix_sync's, element for element, for all
+// four operand kinds; every tensor-core attention kernel needs it (ForwardTc, BackwardTc).
+cudaError_t FragLayoutsHold(cudaStream_t stream, bool* holds, bool* loads = nullptr) {
   int known = g_layout_holds.load();
   if (known < 0) {
-    constexpr int kN = kF * kF, kGot = 2 * 32 * kAccElems;
+    constexpr int kN = kF * kF, kGot = kProbeFloats;
     static_assert(FragA::num_elements == kAccElems, "matrix_a and accumulator fragments hold as many elements");
-    float host[kN], got[kGot];
+    float host[kN];
+    std::vector<float> got(kGot);
     __nv_bfloat16 host16[kN];
     for (int i = 0; i < kN; ++i) {
       host[i] = static_cast<float>(i);
@@ -1753,22 +1880,37 @@ cudaError_t FragLayoutsHold(cudaStream_t stream, bool* holds) {
       MS_LAUNCH(attention_frag_layout_probe_kernel, 1, 32, 0, stream, dev + kN, dev, dev16);
       err = cudaGetLastError();
     }
-    if (err == cudaSuccess) err = cudaMemcpyAsync(got, dev + kN, sizeof(got), cudaMemcpyDeviceToHost, stream);
+    if (err == cudaSuccess)
+      err = cudaMemcpyAsync(got.data(), dev + kN, sizeof(float) * kGot, cudaMemcpyDeviceToHost, stream);
     if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
     const cudaError_t freed = cudaFree(dev);
     if (err == cudaSuccess) err = freed;
     if (err != cudaSuccess) return err;
-    known = 1;
+    int layout = 1, ldsm_ok = 1;
     for (int lane = 0; lane < 32; ++lane) {
       for (int i = 0; i < kAccElems; ++i) {
         const float want = static_cast<float>(kF * AccRow(lane, i) + AccCol(lane, i));
-        if (got[lane * kAccElems + i] != want || got[32 * kAccElems + lane * kAccElems + i] != want) known = 0;
+        if (got[lane * kAccElems + i] != want || got[32 * kAccElems + lane * kAccElems + i] != want) layout = 0;
+        for (int k = 0; k < kProbeKinds; ++k) {
+          const float* const w = got.data() + 2 * 32 * kAccElems + k * 2 * 32 * kAccElems;
+          if (w[lane * kAccElems + i] != w[32 * kAccElems + lane * kAccElems + i]) ldsm_ok = 0;
+        }
       }
     }
+    known = layout | (ldsm_ok << 1);
     g_layout_holds.store(known);
   }
-  *holds = known == 1;
+  *holds = (known & 1) != 0;
+  if (loads) *loads = (known & 2) != 0;
   return cudaSuccess;
+}
+
+// cudaErrorNotSupported where LoadFrag's fragments are not wmma's on this device (FragLayoutsHold).
+cudaError_t FragLoadsHold(cudaStream_t stream) {
+  bool holds = false, loads = false;
+  const cudaError_t err = FragLayoutsHold(stream, &holds, &loads);
+  if (err != cudaSuccess) return err;
+  return loads ? cudaSuccess : cudaErrorNotSupported;
 }
 
 // *regs: run the kRegs kernels (SetAttentionTcSoftmax; kAuto: where the layout holds, but not for the backward at
@@ -1909,6 +2051,7 @@ cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T
   attention_detail::AttentionShape s{};
   cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
+  if ((err = FragLoadsHold(stream)) != cudaSuccess) return err;
   bool regs = false;
   if ((err = UseRegisters(stream, /*backward_wide=*/false, &regs)) != cudaSuccess) return err;
   const bool async = UseAsync<S>(qkv, qkv);
@@ -1968,6 +2111,7 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
   attention_detail::AttentionShape s{};
   cudaError_t err = CheckShapeTc(B, T, H, D, window, &empty, &s);
   if (err != cudaSuccess || empty) return err;
+  if ((err = FragLoadsHold(stream)) != cudaSuccess) return err;
   float* const drow = scratch;
   float* const part = dqkv_bias ? scratch + AttentionBackwardScratchFloats(B, T, H, D) : nullptr;
   if constexpr (std::is_same_v<S, float>) {

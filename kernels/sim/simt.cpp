@@ -1032,6 +1032,22 @@ void AsyncCopy(Site site, void* dst, const void* src, size_t size_and_align, siz
   t.copies.push_back(Thread::PendingCopy{dst, src, size_and_align - zfill, zfill, t.committed});
 }
 
+void LdmatrixRows(Site site, const void* p, unsigned ld) {
+  Scheduler& s = tls_sched;
+  CurrentThread("ldmatrix");
+  constexpr size_t kRowBytes = 16 * 2;  // 16 bf16
+  for (unsigned r = 0; r < 16; ++r) {
+    const auto* row = static_cast<const char*>(p) + static_cast<size_t>(r) * ld * 2;
+    if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+      Fault(site, "ldmatrix: row %u of the fragment at %p (leading dimension %u) is not 16-byte aligned", r, p, ld);
+    }
+    if (!InShared(s, row, kRowBytes)) {
+      Fault(site, "ldmatrix: row %u of the fragment at %p (leading dimension %u) is not in the block's shared memory",
+            r, p, ld);
+    }
+  }
+}
+
 void AsyncCommit(Site /*site*/) {
   ++CurrentThread("__pipeline_commit").committed;
 }

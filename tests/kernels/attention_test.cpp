@@ -18,6 +18,7 @@
 #include "sim/simt.h"
 #endif
 #include "kernels.h"
+#include "ldmatrix.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -242,6 +243,53 @@ constexpr AttentionTcSoftmax kSoftmaxModes[] = {AttentionTcSoftmax::kRegisters};
 #else
 constexpr AttentionTcSoftmax kSoftmaxModes[] = {AttentionTcSoftmax::kRegisters, AttentionTcSoftmax::kShared};
 #endif
+
+// The GPU's fragment loads (kernels/attention_tc.cu, LoadFrag: ldmatrix.x4 from shared memory) run only on a GPU; their
+// lane addresses are checked here against ldmatrix's semantics as the PTX ISA states them — lane l gives the address
+// of row l % 8 of matrix l / 8; register j of lane t receives matrix j's row t / 4, columns 2 (t % 4) and 2 (t % 4) + 1
+// (with .trans: column t / 4, rows 2 (t % 4) and 2 (t % 4) + 1) — so that every x[i] of every lane lands where the
+// mma.sync m16n8k16 operand layout puts it (ldsm::FragElemRow / FragElemCol; the device probe then compares the
+// result with wmma::load_matrix_sync's, FragLayoutsHold). A wrong row or column offset, a swapped matrix order or a
+// missing .trans fails here.
+TEST_CASE("attention bf16 (tensor cores): ldmatrix's lane addresses give the mma.sync fragment layout") {
+  using ldsm::FragKind;
+  for (const FragKind kind : {FragKind::kARow, FragKind::kACol, FragKind::kBCol, FragKind::kBRow}) {
+    CAPTURE(static_cast<int>(kind));
+    const bool trans = ldsm::LdsmTransposes(kind);
+    int seen[16][16] = {};
+    for (int t = 0; t < 32; ++t) {
+      for (int j = 0; j < 4; ++j) {    // register j: matrix j, whose rows lanes 8 j .. 8 j + 7 address
+        for (int h = 0; h < 2; ++h) {  // its lower (h 0) and upper 16 bits: x[2 j + h]
+          const int mrow = trans ? 2 * (t % 4) + h : t / 4;  // row of the 8 x 8 matrix, column below
+          const int mcol = trans ? t / 4 : 2 * (t % 4) + h;
+          const int src = 8 * j + mrow;  // the lane that gave that row's address
+          const int row = ldsm::LdsmLaneRow(kind, src), col = ldsm::LdsmLaneCol(kind, src) + mcol;
+          CAPTURE(t);
+          CAPTURE(j);
+          CAPTURE(h);
+          REQUIRE(row >= 0);
+          REQUIRE(row < 16);
+          REQUIRE(col >= 0);
+          REQUIRE(col < 16);
+          CHECK(ldsm::LdsmLaneCol(kind, src) % 8 == 0);  // each row address 16-byte aligned in a 16-byte aligned block
+          CHECK(row == ldsm::FragElemRow(kind, t, 2 * j + h));
+          CHECK(col == ldsm::FragElemCol(kind, t, 2 * j + h));
+          ++seen[row][col];
+        }
+      }
+    }
+    for (const auto& r : seen) {
+      for (const int n : r) CHECK(n == 1);  // every element of the 16 x 16 block loaded once
+    }
+  }
+  // The matrix_a layout is the accumulator's (the register softmax rounds P into matrix_a fragments lane by lane).
+  for (int t = 0; t < 32; ++t) {
+    for (int i = 0; i < 8; ++i) {
+      CHECK(ldsm::FragElemRow(FragKind::kARow, t, i) == t / 4 + 8 * ((i / 2) % 2));
+      CHECK(ldsm::FragElemCol(FragKind::kARow, t, i) == 8 * (i / 4) + 2 * (t % 4) + i % 2);
+    }
+  }
+}
 
 TEST_CASE("attention bf16 (tensor cores): forward/backward match the reference on bf16-rounded inputs") {
   for (const AttentionTcSoftmax mode : kSoftmaxModes) {

@@ -905,6 +905,21 @@ TEST_CASE("sim checkers: asynchronous copies read before __pipeline_wait_prior, 
                     {"planted_async_copy_kernel", "planted.cu:", "not in the block's shared memory"});
 }
 
+// ldmatrix (the tensor-core attention's fragment loads on the GPU) reads 16 rows of 32 bytes from shared memory, each
+// 16-byte aligned: the emulator fails a load that asks anything else, naming the row.
+TEST_CASE("sim checkers: a fragment load that ldmatrix could not make (global, misaligned, past shared memory)") {
+  namespace t = ms::kernels::testing;
+  Dev<__nv_bfloat16> in(16 * 16);
+  REQUIRE(t::PlantedLdmatrix(in.get(), 0) == cudaSuccess);
+  ExpectLaunchError(t::PlantedLdmatrix(in.get(), 1), cudaErrorLaunchFailure,
+                    {"planted_ldmatrix_kernel", "planted.cu:", "row 0 ", "not in the block's shared memory"});
+  ExpectLaunchError(t::PlantedLdmatrix(in.get(), 2), cudaErrorLaunchFailure,
+                    {"planted_ldmatrix_kernel", "row 0 ", "not 16-byte aligned"});
+  ExpectLaunchError(t::PlantedLdmatrix(in.get(), 3), cudaErrorLaunchFailure, {"row 1 ", "not 16-byte aligned"});
+  ExpectLaunchError(t::PlantedLdmatrix(in.get(), 4), cudaErrorLaunchFailure,
+                    {"row 15 ", "not in the block's shared memory"});
+}
+
 TEST_CASE("sim checkers: planted bugs are reported with kernel, block, thread and line") {
   namespace t = ms::kernels::testing;
   ms::sim::ResetStats();

@@ -126,6 +126,20 @@ __global__ void planted_async_copy_kernel(float* out, const float* in, int kind)
   out[t] = buf[63 - t];
 }
 
+// What ldmatrix asks of a fragment's 16 rows (the tensor-core attention's LoadFrag checks it here before each load).
+__global__ void planted_ldmatrix_kernel(const __nv_bfloat16* in, int kind) {
+  MS_SHARED_ARRAY(__nv_bfloat16, tile, 16 * 24);
+  if (kind == 0) ::ms::sim::LdmatrixRows(MS_SIM_SITE, tile, 24);       // fine: 16 rows of 48 bytes, aligned
+  if (kind == 1) ::ms::sim::LdmatrixRows(MS_SIM_SITE, in, 16);         // BUG (kind 1): global memory
+  if (kind == 2) ::ms::sim::LdmatrixRows(MS_SIM_SITE, tile + 4, 24);   // BUG (kind 2): rows 8-byte aligned
+  if (kind == 3) ::ms::sim::LdmatrixRows(MS_SIM_SITE, tile, 25);       // BUG (kind 3): ld 25 misaligns row 1
+  if (kind == 4) ::ms::sim::LdmatrixRows(MS_SIM_SITE, tile + 16, 24);  // BUG (kind 4): row 15 ends past the array
+}
+
+cudaError_t PlantedLdmatrix(const __nv_bfloat16* in, int kind) {
+  MS_LAUNCH(planted_ldmatrix_kernel, 1, 32, 0, 0, in, kind);
+  return cudaGetLastError();
+}
 cudaError_t PlantedAsyncCopy(float* out, const float* in, int kind) {
   MS_LAUNCH(planted_async_copy_kernel, 1, 64, 0, 0, out, in, kind);
   return cudaGetLastError();

@@ -45,6 +45,9 @@ cudaError_t PlantedMissingSync(float* out);          // reads shared memory writ
 cudaError_t PlantedWarpRace(float* out,
                             bool race);  // shared memory passed by warp collectives; race: one write after them (TSan)
 cudaError_t PlantedHalfWarpMma(float* out);
+// ldmatrix's demands on a fragment's rows (one warp, in: 256 bf16 in global memory): kind 0 meets them; 1 global
+// memory, 2 and 3 misaligned rows, 4 a last row past the shared array.
+cudaError_t PlantedLdmatrix(const __nv_bfloat16* in, int kind);
 // Asynchronous copies (64 threads, in: 64 floats): kind 0 reads the copies after a barrier but without
 // __pipeline_wait_prior (the emulator completes them only there: out reads the poison); 1 copies 16 bytes to a
 // destination aligned to 4; 2 copies to global memory.
