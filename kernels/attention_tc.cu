@@ -95,25 +95,6 @@ using FragACol = wmma::fragment<wmma::matrix_a, kF, kF, kF, __nv_bfloat16, wmma:
 // emulator wmma::load_matrix_sync, whose fragment layout is the emulator's. FragLayoutsHold checks on the device,
 // once per process before any kernel runs, that ldmatrix's fragments are wmma's, element for element, for all four
 // kinds; where they are not the tensor-core attention refuses to run (cudaErrorNotSupported).
-template <ldsm::FragKind kKind>
-struct FragOf;
-template <>
-struct FragOf<ldsm::FragKind::kARow> {
-  using T = FragA;
-};
-template <>
-struct FragOf<ldsm::FragKind::kACol> {
-  using T = FragACol;
-};
-template <>
-struct FragOf<ldsm::FragKind::kBCol> {
-  using T = FragBCol;
-};
-template <>
-struct FragOf<ldsm::FragKind::kBRow> {
-  using T = FragBRow;
-};
-
 #if MS_SIM_EMULATION
 // The emulator checks what ldmatrix asks of the rows (shared memory, 16-byte aligned) and loads with wmma, naming the
 // kernel's line in its reports.
@@ -121,9 +102,8 @@ struct FragOf<ldsm::FragKind::kBRow> {
 #else
 #define MS_FRAG_SITE
 #endif
-template <ldsm::FragKind kKind>
-__device__ __forceinline__ void LoadFragKind(typename FragOf<kKind>::T& f, const __nv_bfloat16* p,
-                                             int ld MS_FRAG_SITE) {
+template <ldsm::FragKind kKind, typename Frag>
+__device__ __forceinline__ void LoadFragKind(Frag& f, const __nv_bfloat16* p, int ld MS_FRAG_SITE) {
 #if MS_SIM_EMULATION
   ::ms::sim::LdmatrixRows(::ms::sim::CallerSite(loc), p, static_cast<unsigned>(ld));
   wmma::load_matrix_sync(f, p, static_cast<unsigned>(ld), loc);
@@ -163,13 +143,12 @@ __device__ __forceinline__ void LoadFrag(FragBRow& f, const __nv_bfloat16* p, in
   MS_FRAG_LOAD(kBRow);
 }
 #undef MS_FRAG_LOAD
-#undef MS_FRAG_SITE
 // LoadFrag, or (kLdsm false) wmma::load_matrix_sync on the device: the split dK/dV kernel's choice on sm_80, where its
 // fragments loaded by ldmatrix made ptxas spill at the kernel's 128-register bound (8 warps, 2 blocks per SM).
 template <bool kLdsm, typename Frag>
-__device__ __forceinline__ void LoadFragIf(Frag& f, const __nv_bfloat16* p, int ld) {
+__device__ __forceinline__ void LoadFragIf(Frag& f, const __nv_bfloat16* p, int ld MS_FRAG_SITE) {
 #if MS_SIM_EMULATION
-  LoadFrag(f, p, ld);
+  LoadFrag(f, p, ld, loc);
 #else
   if constexpr (kLdsm) {
     LoadFrag(f, p, ld);
@@ -178,6 +157,7 @@ __device__ __forceinline__ void LoadFragIf(Frag& f, const __nv_bfloat16* p, int 
   }
 #endif
 }
+#undef MS_FRAG_SITE
 
 // Where the elements of an fp32 accumulator fragment lie, for the register-resident softmax (kRegs). CUDA leaves the
 // lane -> element mapping of a wmma fragment unspecified. On sm_80 and sm_90 an m16n16k16 fp32 accumulator is the C

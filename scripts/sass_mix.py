@@ -9,10 +9,16 @@ which for shared memory costs an address-space check and gives no 16-byte matrix
 
     nvcc -std=c++17 -O3 -cubin -arch=sm_90 -I kernels -I . -o /tmp/att.cubin kernels/attention_tc.cu
     python3 scripts/sass_mix.py /tmp/att.cubin [--filter attention_forward_tc] [--cuobjdump PATH]
+    python3 scripts/sass_mix.py --check build/.../attention_tc.cu.o   # ctest kernels_sass: exit 1 on a violation
+
+--check: every tensor-core attention kernel (a name ending in _tc_kernel, with HMMA) loads its operand fragments
+by ldmatrix — at least one LDSM and no MOVM (the transpose wmma::load_matrix_sync adds to a row-major B operand read
+from shared memory, with its generic 32-bit loads) — except the one documented exception: the split dK/dV kernel at
+D <= 64 on sm_80 (kernels/attention_tc.cu: there ldmatrix's loads made ptxas spill).
 
 cuobjdump is not in the CUDA toolkit this project installs; NVIDIA ships it on PyPI
-(`python3 -m venv /tmp/cuobj && /tmp/cuobj/bin/pip install nvidia-cuda-cuobjdump`); the script looks on PATH, in
-/usr/local/cuda/bin and in /tmp/cuobj.
+(`python3 -m venv /tmp/cuobj && /tmp/cuobj/bin/pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`; scripts/setup.sh installs both into
+/opt/megascale/cuobjdump); the script looks on PATH, in /usr/local/cuda/bin, /opt/megascale/cuobjdump and /tmp/cuobj.
 """
 import argparse
 import collections
@@ -23,16 +29,19 @@ import subprocess
 import sys
 
 KEYS = ("HMMA", "LDSM", "LD", "LDS", "MOVM")
+# (kernel name prefix, arch) pairs that keep wmma's own loads on purpose.
+WMMA_LOADS_KEPT = (("ms::kernels::attention_dkdv_split_tc_kernel<64>", "sm_80"),)
 
 
 def find_cuobjdump(given):
     if given:
         return given
     for cand in (shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump",
+                 "/opt/megascale/cuobjdump/nvidia/cu13/bin/cuobjdump",
                  *glob.glob("/tmp/cuobj/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump")):
         if cand and shutil.which(cand):
             return cand
-    sys.exit("sass_mix: no cuobjdump (pip install nvidia-cuda-cuobjdump into a venv, or pass --cuobjdump)")
+    sys.exit("sass_mix: no cuobjdump (scripts/setup.sh installs it, or pass --cuobjdump)")
 
 
 def demangle(names):
@@ -46,6 +55,8 @@ def demangle(names):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("binary", help="a cubin, an object with device code, or a static library")
+    ap.add_argument("--check", action="store_true",
+                    help="fail unless every tensor-core attention kernel loads its fragments by ldmatrix")
     ap.add_argument("--filter", default="", help="only kernels whose demangled name contains this")
     ap.add_argument("--cuobjdump", help="the cuobjdump to run")
     args = ap.parse_args()
@@ -69,11 +80,34 @@ def main():
                 counts[op.group(1)] += 1
         rows.append((m.group(1), arch, counts, total))
     names = demangle([r[0] for r in rows])
+    if args.check:
+        return check(names, rows)
     print(f"{'kernel':70} {'arch':6} " + " ".join(f"{k:>5}" for k in KEYS) + "  total")
     for name, (_, arch, counts, total) in zip(names, rows):
         if args.filter in name:
             print(f"{name[:70]:70} {arch:6} " + " ".join(f"{counts[k]:5d}" for k in KEYS) + f"  {total:5d}")
 
 
+def check(names, rows):
+    problems, checked = [], 0
+    for name, (_, arch, counts, _) in zip(names, rows):
+        short = name.split("(")[0].removeprefix("void ")
+        if not re.search(r"_tc_kernel(<|$)", short) or counts["HMMA"] == 0:
+            continue
+        if any(short.startswith(prefix) and arch == a for prefix, a in WMMA_LOADS_KEPT):
+            continue
+        checked += 1
+        if counts["MOVM"] or not counts["LDSM"]:
+            problems.append(f"{short} ({arch}): {counts['MOVM']} MOVM, {counts['LDSM']} LDSM for {counts['HMMA']} HMMA: "
+                            "an operand fragment loaded without ldmatrix (use LoadFrag, kernels/attention_tc.cu)")
+    for p in problems:
+        print(p)
+    if not checked:
+        print("sass_mix: no tensor-core kernel found to check")
+        return 1
+    print(f"sass_mix: {checked} tensor-core kernel(s) checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
