@@ -22,9 +22,10 @@ if [[ "${1:-}" == "--with-torch" ]]; then
   pkgs+=(python3-torch python3-numpy python3-yaml)
 fi
 
-# NVIDIA's cuobjdump (with the nvdisasm it runs), from PyPI (the CUDA toolkit here has none), where nvcc is present: ctest kernels_sass reads the
-# tensor-core attention's SASS with it (scripts/sass_mix.py). Installed once into /opt/megascale/cuobjdump (root) or
-# ~/.cache/megascale/cuobjdump (python3-pip, below, brings pip where python3 has none); a machine without nvcc skips it.
+# NVIDIA's cuobjdump (with the nvdisasm it runs), from PyPI (the CUDA toolkit here has none), where nvcc is present:
+# ctest kernels_sass reads the tensor-core attention's SASS with it (scripts/sass_mix.py). Installed once into
+# /opt/megascale/cuobjdump (root) or ~/.cache/megascale/cuobjdump (python3-pip, below, brings pip where python3 has
+# none); a machine without nvcc skips it.
 have_nvcc=0
 if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then have_nvcc=1; fi
 install_cuobjdump() {
@@ -34,9 +35,9 @@ install_cuobjdump() {
      [[ -x $dir/nvidia/cu13/bin/cuobjdump && -x $dir/nvidia/cu13/bin/nvdisasm ]]; then
     return 0
   fi
-  echo "setup: installing cuobjdump and the nvdisasm it runs (PyPI nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm) into $dir"
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --break-system-packages --upgrade --target "$dir" \
-    nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
+  echo "setup: installing cuobjdump and nvdisasm (PyPI nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm) into $dir"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --break-system-packages \
+    --upgrade --target "$dir" nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
 }
 if ((have_nvcc == 1)) && ! python3 -m pip --version >/dev/null 2>&1; then pkgs+=(python3-pip); fi
 

@@ -235,12 +235,15 @@ T Shuffle(Site site, Op op, unsigned mask, T var, int arg, int width = 32) {
 // ---- asynchronous copies (cp.async: __pipeline_memcpy_async / _commit / _wait_prior) ----
 
 void AsyncCopy(Site site, void* dst, const void* src, size_t size_and_align, size_t zfill = 0);
+void AsyncCommit(Site site);
+void AsyncWaitPrior(Site site, size_t prior);
+
+// ---- ldmatrix's demands on a fragment's rows ----
+
 // What ldmatrix.x4 asks of the 16 x 16 bf16 block it loads (the tensor-core attention's LoadFrag: ldmatrix on the
 // GPU, wmma::load_matrix_sync here): each of its 16 rows of 32 bytes, ld elements apart, lies in the block's shared
 // memory and starts 16-byte aligned. A fault names the row otherwise.
 void LdmatrixRows(Site site, const void* p, unsigned ld);
-void AsyncCommit(Site site);
-void AsyncWaitPrior(Site site, size_t prior);
 
 // ---- introspection for tests ----
 

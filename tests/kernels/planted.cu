@@ -140,6 +140,7 @@ cudaError_t PlantedLdmatrix(const __nv_bfloat16* in, int kind) {
   MS_LAUNCH(planted_ldmatrix_kernel, 1, 32, 0, 0, in, kind);
   return cudaGetLastError();
 }
+
 cudaError_t PlantedAsyncCopy(float* out, const float* in, int kind) {
   MS_LAUNCH(planted_async_copy_kernel, 1, 64, 0, 0, out, in, kind);
   return cudaGetLastError();
