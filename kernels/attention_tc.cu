@@ -235,7 +235,7 @@ __device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, bool
 // The same with the bias quad loaded here: bias[d..d + 3] (16-byte aligned), or nothing added where bias is null.
 __device__ __forceinline__ void StoreQuadBf16(__nv_bfloat16* dst, float4 v, const float* bias, int d) {
   if (bias) {
-    StoreQuadBf16(dst, v, true, *reinterpret_cast<const float4*>(bias + d));
+    StoreQuadBf16(dst, v, true, __ldca(reinterpret_cast<const float4*>(bias + d)));
   } else {
     StoreQuadBf16(dst, v, false, v);
   }
@@ -267,9 +267,9 @@ struct GroupDiv {
   }
 };
 
-// bias[d..d + 3] (16-byte aligned), or zeros where bias is null.
+// bias[d..d + 3] (16-byte aligned; a global load by name, __ldca: see StageBias), or zeros where bias is null.
 __device__ __forceinline__ float4 BiasQuad(const float* bias, int d) {
-  return bias ? *reinterpret_cast<const float4*>(bias + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  return bias ? __ldca(reinterpret_cast<const float4*>(bias + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 // dst[r][d] = bf16(src[(t0 + r) * stride + d] + bias[d]) for r < 64, d < D (bias null: + 0 left out); rows
@@ -302,7 +302,7 @@ __device__ __forceinline__ void LoadTileBf16(__nv_bfloat16* dst, int ld, const S
     float v = 0.0f;
     if (t < T) {
       v = Widen(src[static_cast<long>(t) * stride + d]);
-      if (bias) v += bias[d];
+      if (bias) v += __ldca(bias + d);
     }
     dst[r * ld + d] = __float2bfloat16(v);
   }
@@ -420,11 +420,14 @@ __device__ __forceinline__ void AddBiasOwnChunks(__nv_bfloat16* dst, int ld, con
 }
 
 // bias[0 .. D) into dst (shared memory), or nothing where bias is null. All threads take part; a later barrier
-// publishes it. kT: the block's threads.
+// publishes it. kT: the block's threads. The loads are global ones by name (__ldca, ld.global.ca): as plain reads of
+// bias they compiled to generic loads (LD.E; ctest kernels_sass), and by __ldg (the read-only path) ptxas settled the
+// stored-dS dQ kernel at D = 64 on sm_90 at 64 registers with 40 bytes of spill; by __ldca 72 and none (its shared
+// memory holds it to 6 blocks per SM on an H100 either way).
 template <int kT = kThreads>
 __device__ __forceinline__ void StageBias(float* dst, const float* bias, int D) {
   if (bias == nullptr) return;
-  for (int i = threadIdx.x; i < D; i += kT) dst[i] = bias[i];
+  for (int i = threadIdx.x; i < D; i += kT) dst[i] = __ldca(bias + i);
 }
 
 // The dK/dV kernels' query tile at row i0: this thread's asynchronous copies of its Q and dout rows (IssueTileAsync,
@@ -1267,6 +1270,19 @@ __global__ void __launch_bounds__(kThreads)
                        BiasPart(dbias_part, b, ra, T, 0, h, H, D), row, Fw, kLdSdP, dq, ra, T, D);
 }
 
+// The dK/dV kernel's blocks per SM, as its launch bounds ask ptxas to allow: 3 for the training path's instance
+// (register softmax, asynchronous copies) at D <= 64 on sm_80, whose 52 KiB of shared memory let an A100 hold 3
+// (ptxas, left at 2, chose 166 registers and later 172, which allow 2), else 2 (on sm_90 3 made that instance spill:
+// 52 bytes, 2026-11-28).
+template <int kMaxD, bool kRegs, bool kAsync>
+__host__ __device__ constexpr int DkDvMinBlocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 800
+  return kMaxD <= 64 && kRegs && kAsync ? 3 : 2;
+#else
+  return 2;
+#endif
+}
+
 // One block per (b, h, key tile of 64); blockIdx.x = bh * ntiles + tile. Loops over the query tiles that can
 // see the key tile; a warp owns 16 keys and forms the transposed scores S^T = K_w Q^T and dP^T = V_w dout^T.
 // dV_s = sum_t P_ts dout_t, dK_s = sum_t dS_ts q_t.
@@ -1276,7 +1292,7 @@ __global__ void __launch_bounds__(kThreads)
 // copies, as ForKeyTiles does for the key tiles; the second buffers lie in the fp32 area where they fit (kRegs,
 // D <= 64: SecondInSdP), and the key and value rows are staged in them while the first query tile's copies fly.
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, DkDvMinBlocks<kMaxD, kRegs, kAsync>())
     attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
                              int window, int ntiles, float scale, __nv_bfloat16* ds_tiles, int ds_w) {

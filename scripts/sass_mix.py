@@ -2,9 +2,9 @@
 """The instruction mix of compiled kernels, from their SASS (no GPU needed).
 
 Counts, per kernel of a cubin, object or static library, the instructions that say how a kernel feeds its tensor
-cores: HMMA (tensor-core products), LDSM (ldmatrix fragment loads), LD (generic loads: through a generic pointer,
-which for shared memory costs an address-space check and gives no 16-byte matrix loads), LDS (shared loads), MOVM
-(register transposes) and the total. Static counts over the whole kernel, not a profile: docs/PERFORMANCE.md,
+cores: HMMA (tensor-core products), LDSM (ldmatrix fragment loads), LD and ST (generic loads and stores: through a
+generic pointer, which costs an address-space check and, for shared memory, gives no 16-byte matrix loads; global
+memory's own are LDG / STG), LDS (shared loads), MOVM (register transposes) and the total. Static counts over the whole kernel, not a profile: docs/PERFORMANCE.md,
 "Fragment loads by ldmatrix".
 
     nvcc -std=c++17 -O3 -cubin -arch=sm_90 -I kernels -I . -o /tmp/att.cubin kernels/attention_tc.cu
@@ -13,8 +13,10 @@ which for shared memory costs an address-space check and gives no 16-byte matrix
 
 --check: every tensor-core attention kernel (a name ending in _tc_kernel, with HMMA) loads its operand fragments
 by ldmatrix — at least one LDSM and no MOVM (the transpose wmma::load_matrix_sync adds to a row-major B operand read
-from shared memory, with its generic 32-bit loads) — except the one documented exception: the split dK/dV kernel at
-D <= 64 on sm_80 (kernels/attention_tc.cu: there ldmatrix's loads made ptxas spill).
+from shared memory, with its generic 32-bit loads) — and makes no generic load or store at all (LD, ST: shared memory
+by LDS / STS / LDSM, global by LDG / STG, e.g. __ldg for a pointer the compiler cannot place) — except the one
+documented exception: the split dK/dV kernel at D <= 64 on sm_80 (kernels/attention_tc.cu: there ldmatrix's loads
+made ptxas spill, so it keeps wmma's).
 
 cuobjdump is not in the CUDA toolkit this project installs; NVIDIA ships it on PyPI
 (`python3 -m venv /tmp/cuobj && /tmp/cuobj/bin/pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`; scripts/setup.sh installs both into
@@ -28,7 +30,7 @@ import shutil
 import subprocess
 import sys
 
-KEYS = ("HMMA", "LDSM", "LD", "LDS", "MOVM")
+KEYS = ("HMMA", "LDSM", "LD", "ST", "LDS", "MOVM")
 # (kernel name prefix, arch) pairs that keep wmma's own loads on purpose.
 WMMA_LOADS_KEPT = (("ms::kernels::attention_dkdv_split_tc_kernel<64>", "sm_80"),)
 
@@ -100,7 +102,11 @@ def check(names, rows):
         if counts["MOVM"] or not counts["LDSM"]:
             problems.append(f"{short} ({arch}): {counts['MOVM']} MOVM, {counts['LDSM']} LDSM for {counts['HMMA']} HMMA: "
                             "an operand fragment loaded without ldmatrix (use LoadFrag, kernels/attention_tc.cu)")
-    for p in problems:
+        elif counts["LD"] or counts["ST"]:
+            problems.append(f"{short} ({arch}): {counts['LD']} generic LD, {counts['ST']} generic ST: an access through "
+                            "a pointer the compiler could not place in shared or global memory (read global memory "
+                            "by __ldg, shared by LoadFrag or a pointer into the block's shared memory)")
+    for p in sorted(problems):
         print(p)
     if not checked:
         print("sass_mix: no tensor-core kernel found to check")

@@ -658,6 +658,10 @@ template <typename T>
 inline T __ldg(const T* p) {
   return *p;
 }
+template <typename T>
+inline T __ldca(const T* p) {  // ld.global.ca: a global load cached in L1 as usual (not the read-only path)
+  return *p;
+}
 #define MS_SIM_MINMAX(T)   \
   inline T min(T a, T b) { \
     return b < a ? b : a;  \
