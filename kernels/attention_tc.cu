@@ -853,8 +853,9 @@ __device__ __forceinline__ void StoreForwardRowsRegs(float* out, __nv_bfloat16* 
 
 // The forward's loop over the key tiles and its epilogue with the register-resident softmax
 // (attention_forward_tc_kernel, kRegs): all threads of the block run it (it has the block's barriers); qf are the
-// warp's query fragments.
-template <int kMaxD, typename S, bool kAsync>
+// warp's query fragments. kFullD: D == kMaxD, so the products' loops over D's fragments have compile-time bounds
+// (attention_forward_tc_kernel).
+template <int kMaxD, typename S, bool kAsync, bool kFullD>
 __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, float* lse, const S* k, const S* v,
                                             const HeadBias& hb, long row, int T, int H, int D, int window, float scale2,
                                             int b, int h, int bh, int q0, int q1, int ra, int rb,
@@ -866,16 +867,17 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
   FragC of[kMaxD / kF];
   MS_UNROLL
   for (int n = 0; n < kMaxD / kF; ++n) wmma::fill_fragment(of[n], 0.0f);
+  const int dp = kFullD ? kMaxD : D;  // the products' D
 
   ForKeyTiles<kMaxD, S, kAsync>(k, v, hb, row, T, D, window, q0, q1, ra, rb, kv, ld,
                                 [&](int k0, const __nv_bfloat16* Ks, const __nv_bfloat16* Vs) {
                                   FragC sc[kTileFrags];
-                                  RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, D);
+                                  RowsTimesTileTFrags<kMaxD, false>(sc, 0, qf, nullptr, Ks, ld, dp);
                                   FragA pa[kTileFrags];
                                   SoftmaxTileRegs<kMaxD>(sc, pa, of, m, l, ra, rb, k0, window, scale2);
                                   MS_UNROLL
                                   for (int n = 0; n < kTileFrags; ++n)
-                                    AddATimesTileRows<kMaxD>(of, pa[n], Vs, n, ld, D);
+                                    AddATimesTileRows<kMaxD>(of, pa[n], Vs, n, ld, dp);
                                 });
 
   if (rb < ra) return;  // after the last barrier
@@ -898,7 +900,14 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
 // the scores go through the fp32 area and two lanes per row run the softmax over it (and the P V product too).
 // kAsync (bf16 qkv, 16-byte aligned): the key tiles double-buffered with asynchronous copies (ForKeyTiles); the
 // query rows are then staged in the second buffer while the first key tile's copies are in flight.
-template <int kMaxD, typename S, bool kRegs, bool kAsync>
+// kFullD (kRegs only; the launcher's choice where D == kMaxD, the training path's case): the loop's two products run
+// over kMaxD / 16 fragments known at compile time, with no test of D between their k-steps, so that ptxas can issue
+// the next fragments' ldmatrix ahead of the current MMAs — with D a run-time bound each k-step's loads waited for
+// the branch, its MMAs for those loads (sm_90 SASS at D = 64: Q K^T as 4 LDSM then 8 HMMA, 4 times over, behind a
+// branch each, and P V behind 12 branches; with kFullD 9 of Q K^T's 16 LDSM ahead of its first HMMA, the rest
+// interleaved, and no branch in either product; 160 registers instead of 156, still 3 blocks per SM). The same
+// products in the same order: the same bits. (Bounds fixed in the backward kernels too made ptxas spill there.)
+template <int kMaxD, typename S, bool kRegs, bool kAsync, bool kFullD = false>
 __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
     attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                                 int T, int H, int D, int window, int ntiles, float scale) {
@@ -938,8 +947,8 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
   }
 
   if constexpr (kRegs) {
-    ForwardRegs<kMaxD, S, kAsync>(out, out16, lse, k, v, hb, row, T, H, D, window, scale2, b, h, bh, q0, q1, ra, rb, qf,
-                                  kv, Fw, kLdF, ld);
+    ForwardRegs<kMaxD, S, kAsync, kFullD>(out, out16, lse, k, v, hb, row, T, H, D, window, scale2, b, h, bh, q0, q1, ra,
+                                          rb, qf, kv, Fw, kLdF, ld);
     return;
   }
   float m = -INFINITY, l = 0.0f, o[kMaxD / 2];
@@ -1925,15 +1934,26 @@ cudaError_t UseRegisters(cudaStream_t stream, bool backward_wide, bool* regs) {
   return cudaSuccess;
 }
 
+template <int kMaxD, typename S, bool kRegs, bool kAsync, bool kFullD>
+cudaError_t LaunchForwardKernel(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
+                                const attention_detail::AttentionShape& s, cudaStream_t stream) {
+  const size_t smem = ForwardTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
+  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync, kFullD>, smem);
+  if (err != cudaSuccess) return err;
+  MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync, kFullD>), s.blocks, kThreads, smem, stream, out,
+            out16, lse, qkv, qkv_bias, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
+  return cudaGetLastError();
+}
+
+// The kFullD instance for the training path's kernel (register softmax, asynchronous copies) where D == kMaxD.
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
-  const size_t smem = ForwardTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
-  cudaError_t err = AllowSharedBytes(attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync>, smem);
-  if (err != cudaSuccess) return err;
-  MS_LAUNCH((attention_forward_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, smem, stream, out, out16, lse,
-            qkv, qkv_bias, s.T, s.H, s.D, s.window, s.ntiles, s.scale);
-  return cudaGetLastError();
+  if constexpr (kRegs && kAsync) {
+    if (s.D == kMaxD)
+      return LaunchForwardKernel<kMaxD, S, kRegs, kAsync, true>(out, out16, lse, qkv, qkv_bias, s, stream);
+  }
+  return LaunchForwardKernel<kMaxD, S, kRegs, kAsync, false>(out, out16, lse, qkv, qkv_bias, s, stream);
 }
 
 // split: the dK/dV kernel is attention_dkdv_split_tc_kernel (bf16 operands, kAsync; the caller checks the rest).
