@@ -1500,6 +1500,15 @@ void BenchAttention(Bench& b, const Shape& s) {
                                      qkv_bias.get());
     });
     k::SetAttentionTcWideForward(false);
+    // Training's forward (no bias: the qkv GEMM's epilogue adds it) with the products' loops bounded by D at run time
+    // (k::SetAttentionTcFixedBounds(false)), beside `... out16, no bias`: what the compile-time bounds at D == kMaxD
+    // gain.
+    k::SetAttentionTcFixedBounds(false);
+    Row vf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv, out16, no bias varD", q16_fwd_bytes, fwd_flops, [&] {
+      return k::AttentionForwardBf16(nullptr, lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), out16.get(),
+                                     nullptr);
+    });
+    k::SetAttentionTcFixedBounds(true);
     // Training's backward (stored dS) and the 7-product one with the split dK/dV kernel (k::SetAttentionTcSplitDkDv:
     // 8 warps of 16 keys x half of D): beside `... no bias, stored dS` and `... no bias`.
     k::SetAttentionTcSplitDkDv(true);
@@ -1516,7 +1525,7 @@ void BenchAttention(Bench& b, const Shape& s) {
                                                          b.stream(), dqkv16.get(), nullptr, dbias.get());
                        });
     k::SetAttentionTcSplitDkDv(false);
-    for (Row* r : {&sf, &sb, &yf, &yb, &wf, &ps, &pn}) {
+    for (Row* r : {&sf, &sb, &yf, &yb, &wf, &vf, &ps, &pn}) {
       r->ref = ref;
       r->ref_flops = ref_flops;
       r->ref_what = f.ref_what;

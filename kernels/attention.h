@@ -89,6 +89,14 @@ void SetAttentionTcAsyncLoads(bool on);
 // until a GPU measurement (kernels_bench's `... wide` row) shows it faster. Process-wide.
 void SetAttentionTcWideForward(bool on);
 //
+// Where D equals the instance's head-dimension bound (64 or 128: the GPT configs) the register forward with
+// asynchronous copies runs an instance whose two products loop over D's fragments with compile-time bounds, so that
+// the next fragments' ldmatrix can be issued ahead of the current MMAs (no branch on D between them). The same bits
+// as the run-time-bound instance, which SetAttentionTcFixedBounds(false) selects (tests, kernels_bench's `... varD`
+// row). Process-wide; on by default. AttentionTcFixedBoundsLaunches: the forwards launched so, in this process.
+void SetAttentionTcFixedBounds(bool on);
+int64_t AttentionTcFixedBoundsLaunches();
+//
 // The backward's dK/dV kernel with FlashAttention-2's split: blocks of 64 keys with 8 warps, each warp 16 keys and
 // half of the head's columns of dK and dV (half the accumulator registers of the default's 4 warps, which hold whole
 // 16 x D rows), P^T and dS^T exchanged through shared memory between the two warps of a row group. Where the

@@ -1,7 +1,7 @@
 // defines: attention_forward_tc_kernel, attention_forward_wide_tc_kernel, attention_dkdv_tc_kernel,
 // attention_dkdv_split_tc_kernel, attention_dq_tc_kernel, attention_dq_ds_tc_kernel, the fragment layout probe and
 // their launchers (AttentionForwardBf16, AttentionBackwardBf16, AttentionDsTileBytes, SetAttentionTcSoftmax,
-// SetAttentionTcAsyncLoads, SetAttentionTcWideForward, SetAttentionTcSplitDkDv).
+// SetAttentionTcAsyncLoads, SetAttentionTcWideForward, SetAttentionTcFixedBounds, SetAttentionTcSplitDkDv).
 // Causal sliding-window attention on tensor cores (nvcuda::wmma m16n16k16, bf16 operands, fp32
 // accumulation), FlashAttention-2 style; contract in kernels/attention.h, oracle: the fp32 kernels of
 // attention.cu and ms::ops::ref::AttentionForward/Backward.
@@ -1945,13 +1945,19 @@ cudaError_t LaunchForwardKernel(float* out, __nv_bfloat16* out16, float* lse, co
   return cudaGetLastError();
 }
 
-// The kFullD instance for the training path's kernel (register softmax, asynchronous copies) where D == kMaxD.
+std::atomic<bool> g_fixed_bounds{true};    // SetAttentionTcFixedBounds
+std::atomic<int64_t> g_fixed_launches{0};  // AttentionTcFixedBoundsLaunches
+
+// The kFullD instance for the training path's kernel (register softmax, asynchronous copies) where D == kMaxD
+// (unless SetAttentionTcFixedBounds(false)).
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
                           const attention_detail::AttentionShape& s, cudaStream_t stream) {
   if constexpr (kRegs && kAsync) {
-    if (s.D == kMaxD)
+    if (s.D == kMaxD && g_fixed_bounds.load()) {
+      g_fixed_launches.fetch_add(1);
       return LaunchForwardKernel<kMaxD, S, kRegs, kAsync, true>(out, out16, lse, qkv, qkv_bias, s, stream);
+    }
   }
   return LaunchForwardKernel<kMaxD, S, kRegs, kAsync, false>(out, out16, lse, qkv, qkv_bias, s, stream);
 }
@@ -2051,6 +2057,12 @@ void SetAttentionTcAsyncLoads(bool on) {
 }
 void SetAttentionTcWideForward(bool on) {
   g_wide_forward.store(on);
+}
+void SetAttentionTcFixedBounds(bool on) {
+  g_fixed_bounds.store(on);
+}
+int64_t AttentionTcFixedBoundsLaunches() {
+  return g_fixed_launches.load();
 }
 void SetAttentionTcSplitDkDv(bool on) {
   g_split_dkdv.store(on);

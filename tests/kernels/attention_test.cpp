@@ -737,6 +737,59 @@ TEST_CASE("attention bf16 (tensor cores): the stored-dS backward (5 products) ag
   ExpectNoPoisonedReads();
 }
 
+// The forward with compile-time product bounds (SetAttentionTcFixedBounds, on by default: the kFullD instance where
+// D equals the instance's bound, 64 or 128) gives the run-time-bound instance's bits — out, lse, out16 — over T that
+// leaves warps or a block's last tile past T, several tiles, windows, with and without the qkv bias; the launch
+// counter shows the fixed-bound instance ran where D == 64 or 128 and not at D = 48 or 80, nor when turned off.
+TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the run-time bounds' bits") {
+  struct FixedMode {
+    explicit FixedMode(bool on) { SetAttentionTcFixedBounds(on); }
+    ~FixedMode() { SetAttentionTcFixedBounds(true); }
+    FixedMode(const FixedMode&) = delete;
+    FixedMode& operator=(const FixedMode&) = delete;
+  };
+#if defined(__SANITIZE_THREAD__)
+  const std::vector<Case> cases = {Case{1, 130, 1, 64, 70}};
+#else
+  const std::vector<Case> cases = {Case{2, 37, 2, 64, 0},   Case{1, 130, 1, 64, 70}, Case{1, 100, 1, 128, 0},
+                                   Case{1, 65, 1, 128, 40}, Case{1, 70, 1, 48, 5},   Case{1, 70, 1, 80, 0}};
+#endif
+  for (const Case c : cases) {
+    const std::string shape = Describe(c);
+    INFO(shape);
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
+    std::vector<__nv_bfloat16> qkv16(n_qkv);
+    const auto qkv = Random(n_qkv, 381, -2.0f, 2.0f);
+    for (int64_t i = 0; i < n_qkv; ++i) qkv16[i] = __float2bfloat16(qkv[i]);
+    Dev<__nv_bfloat16> d_qkv(qkv16);
+    Dev<float> d_bias(Random(3 * c.H * c.D, 382));
+    for (const bool with_bias : {false, true}) {
+      CAPTURE(with_bias);
+      struct Result {
+        std::vector<float> out, lse;
+        std::vector<__nv_bfloat16> out16;
+        int64_t fixed = 0;
+      };
+      auto run = [&](bool fixed) {
+        const FixedMode fm(fixed);
+        Dev<float> out(n_out), lse(c.B * c.H * c.T);
+        Dev<__nv_bfloat16> out16(n_out);
+        const int64_t launches0 = AttentionTcFixedBoundsLaunches();
+        REQUIRE(AttentionForwardBf16(out.get(), lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
+                                     out16.get(), with_bias ? d_bias.get() : nullptr) == cudaSuccess);
+        return Result{out.Get(), lse.Get(), out16.Get(), AttentionTcFixedBoundsLaunches() - launches0};
+      };
+      const Result var = run(false), fixed = run(true);
+      CHECK(var.fixed == 0);
+      CHECK(fixed.fixed == ((c.D == 64 || c.D == 128) ? 1 : 0));
+      CHECK(SameBits(fixed.out, var.out));
+      CHECK(SameBits(fixed.lse, var.lse));
+      CHECK(SameBits(fixed.out16, var.out16));
+    }
+  }
+  ExpectNoPoisonedReads();
+}
+
 // The wide forward (SetAttentionTcWideForward: blocks of 128 query rows, two 16-row fragment rows per warp sharing
 // each K and V fragment load) gives the default forward's bits — out, lse, out16 — over T that leaves a block's last
 // warps, or a warp's second fragment row, past T (1, 37, 100, 129), several 128-row blocks (300), windows that mask
