@@ -1500,14 +1500,20 @@ void BenchAttention(Bench& b, const Shape& s) {
                                      qkv_bias.get());
     });
     k::SetAttentionTcWideForward(false);
-    // Training's forward (no bias: the qkv GEMM's epilogue adds it) with the products' loops bounded by D at run time
-    // (k::SetAttentionTcFixedBounds(false)), beside `... out16, no bias`: what the compile-time bounds at D == kMaxD
-    // gain.
+    // Training's forward (no bias: the qkv GEMM's epilogue adds it) and backward with the products' loops bounded by D
+    // at run time (k::SetAttentionTcFixedBounds(false)), beside `... out16, no bias` and `... no bias, stored dS`:
+    // what the compile-time bounds at D == kMaxD gain (the backward's dK/dV kernel has them at D = 64 only).
     k::SetAttentionTcFixedBounds(false);
     Row vf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv, out16, no bias varD", q16_fwd_bytes, fwd_flops, [&] {
       return k::AttentionForwardBf16(nullptr, lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), out16.get(),
                                      nullptr);
     });
+    Row vb = b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16+dbias, no bias, stored dS varD",
+                       q16_bwd_bytes + 2 * ds_bytes, bwd_flops * 5.0 / 7.0, [&] {
+                         return k::AttentionBackwardBf16(
+                             nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(), lse.get(), B,
+                             T, H, D, window, b.stream(), dqkv16.get(), nullptr, dbias.get(), ds_tiles.get());
+                       });
     k::SetAttentionTcFixedBounds(true);
     // Training's backward (stored dS) and the 7-product one with the split dK/dV kernel (k::SetAttentionTcSplitDkDv:
     // 8 warps of 16 keys x half of D): beside `... no bias, stored dS` and `... no bias`.
@@ -1525,7 +1531,7 @@ void BenchAttention(Bench& b, const Shape& s) {
                                                          b.stream(), dqkv16.get(), nullptr, dbias.get());
                        });
     k::SetAttentionTcSplitDkDv(false);
-    for (Row* r : {&sf, &sb, &yf, &yb, &wf, &vf, &ps, &pn}) {
+    for (Row* r : {&sf, &sb, &yf, &yb, &wf, &vf, &vb, &ps, &pn}) {
       r->ref = ref;
       r->ref_flops = ref_flops;
       r->ref_what = f.ref_what;

@@ -1300,11 +1300,23 @@ __host__ __device__ constexpr int DkDvMinBlocks() {
 // kAsync (bf16 qkv and dout, 16-byte aligned): the query tiles (Q, dout, lse, drow) double-buffered with asynchronous
 // copies, as ForKeyTiles does for the key tiles; the second buffers lie in the fp32 area where they fit (kRegs,
 // D <= 64: SecondInSdP), and the key and value rows are staged in them while the first query tile's copies fly.
-template <int kMaxD, typename S, bool kRegs, bool kAsync>
+// kFullD (the launcher's choice for the training path's instance at D == kMaxD <= 64, as the forward's): the
+// products' loops over D's fragments with compile-time bounds — on sm_90 (and the emulator) only: sm_90's SASS then
+// has no branch between the k-steps of S^T, dP^T, P^T dout and dS^T Q, where the run-time bounds made every 4 HMMA
+// wait behind a branch for the 2 LDSM before them; 212 -> 246 registers, still 2 blocks per SM. On sm_80 the
+// instance keeps the run-time bounds: its 3-block launch bound (DkDvMinBlocks) leaves no registers for the loads
+// ptxas would hoist. At D = 128 and in the dQ kernel fixed bounds made ptxas spill.
+template <int kMaxD, typename S, bool kRegs, bool kAsync, bool kFullD = false>
 __global__ void __launch_bounds__(kThreads, DkDvMinBlocks<kMaxD, kRegs, kAsync>())
     attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
                              const float* qkv_bias, const float* lse, const float* drow, int T, int H, int D,
                              int window, int ntiles, float scale, __nv_bfloat16* ds_tiles, int ds_w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kFixed = false;
+#else
+  constexpr bool kFixed = kFullD;
+#endif
+  const int dp = kFixed ? kMaxD : D;  // the products' D
   constexpr bool kOperandsShared = DkDvOperandsShared(kMaxD);
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
@@ -1435,8 +1447,8 @@ __global__ void __launch_bounds__(kThreads, DkDvMinBlocks<kMaxD, kRegs, kAsync>(
         MS_UNROLL
         for (int n0 = 0; n0 < kTileFrags; n0 += kN) {
           FragC sc[kN], dpc[kN];
-          RowsTimesTileTFrags<kMaxD, kOperandsShared>(sc, n0, kf, Kw, Qc, ld, D);   // S^T
-          RowsTimesTileTFrags<kMaxD, kOperandsShared>(dpc, n0, vf, Vw, Gc, ld, D);  // dP^T
+          RowsTimesTileTFrags<kMaxD, kOperandsShared>(sc, n0, kf, Kw, Qc, ld, dp);   // S^T
+          RowsTimesTileTFrags<kMaxD, kOperandsShared>(dpc, n0, vf, Vw, Gc, ld, dp);  // dP^T
           // P^T and dS^T rounded to bf16 in matrix_a fragments (FragLayoutsHold): the left operands of dV and dK.
           FragA pt[kN], dst[kN];
           MS_UNROLL
@@ -1462,8 +1474,8 @@ __global__ void __launch_bounds__(kThreads, DkDvMinBlocks<kMaxD, kRegs, kAsync>(
           }
           MS_UNROLL
           for (int j = 0; j < kN; ++j) {
-            AddATimesTileRows<kMaxD>(dv, pt[j], Gc, n0 + j, ld, D);
-            AddATimesTileRows<kMaxD>(dk, dst[j], Qc, n0 + j, ld, D);
+            AddATimesTileRows<kMaxD>(dv, pt[j], Gc, n0 + j, ld, dp);
+            AddATimesTileRows<kMaxD>(dk, dst[j], Qc, n0 + j, ld, dp);
           }
         }
       };
@@ -1962,6 +1974,35 @@ cudaError_t LaunchForward(float* out, __nv_bfloat16* out16, float* lse, const S*
   return LaunchForwardKernel<kMaxD, S, kRegs, kAsync, false>(out, out16, lse, qkv, qkv_bias, s, stream);
 }
 
+template <int kMaxD, typename S, bool kRegs, bool kAsync, bool kFullD>
+cudaError_t LaunchDkDvKernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
+                             const S* qkv, const float* qkv_bias, const float* lse, __nv_bfloat16* ds_tiles, int ds_w,
+                             const attention_detail::AttentionShape& s, cudaStream_t stream) {
+  const size_t smem = DkDvTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
+  cudaError_t err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync, kFullD>, smem);
+  if (err != cudaSuccess) return err;
+  MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync, kFullD>), s.blocks, kThreads, smem, stream, dqkv, dqkv16,
+            dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale, ds_tiles, ds_w);
+  return cudaGetLastError();
+}
+
+// The 4-warp dK/dV kernel, its kFullD instance for the training path's kernel at D == kMaxD <= 64 (unless
+// SetAttentionTcFixedBounds(false)).
+template <int kMaxD, typename S, bool kRegs, bool kAsync>
+cudaError_t LaunchDkDv(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
+                       const S* qkv, const float* qkv_bias, const float* lse, __nv_bfloat16* ds_tiles, int ds_w,
+                       const attention_detail::AttentionShape& s, cudaStream_t stream) {
+  if constexpr (kRegs && kAsync && kMaxD <= 64) {
+    if (s.D == kMaxD && g_fixed_bounds.load()) {
+      g_fixed_launches.fetch_add(1);
+      return LaunchDkDvKernel<kMaxD, S, kRegs, kAsync, true>(dqkv, dqkv16, dbias_part, drow, dout, qkv, qkv_bias, lse,
+                                                             ds_tiles, ds_w, s, stream);
+    }
+  }
+  return LaunchDkDvKernel<kMaxD, S, kRegs, kAsync, false>(dqkv, dqkv16, dbias_part, drow, dout, qkv, qkv_bias, lse,
+                                                          ds_tiles, ds_w, s, stream);
+}
+
 // split: the dK/dV kernel is attention_dkdv_split_tc_kernel (bf16 operands, kAsync; the caller checks the rest).
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
@@ -1977,13 +2018,9 @@ cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part
                 dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale, ds_tiles, ds_w);
     }
   }
-  if (!split) {
-    const size_t dkdv_smem = DkDvTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
-    if ((err = AllowSharedBytes(attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>, dkdv_smem)) != cudaSuccess) {
-      return err;
-    }
-    MS_LAUNCH((attention_dkdv_tc_kernel<kMaxD, S, kRegs, kAsync>), s.blocks, kThreads, dkdv_smem, stream, dqkv, dqkv16,
-              dbias_part, dout, qkv, qkv_bias, lse, drow, s.T, s.H, s.D, s.window, s.ntiles, s.scale, ds_tiles, ds_w);
+  if (!split && (err = LaunchDkDv<kMaxD, S, kRegs, kAsync>(dqkv, dqkv16, dbias_part, drow, dout, qkv, qkv_bias, lse,
+                                                           ds_tiles, ds_w, s, stream)) != cudaSuccess) {
+    return err;
   }
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   if (ds_tiles) {  // the stored-dS dQ kernel (5 products)

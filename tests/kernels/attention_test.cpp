@@ -737,10 +737,12 @@ TEST_CASE("attention bf16 (tensor cores): the stored-dS backward (5 products) ag
   ExpectNoPoisonedReads();
 }
 
-// The forward with compile-time product bounds (SetAttentionTcFixedBounds, on by default: the kFullD instance where
-// D equals the instance's bound, 64 or 128) gives the run-time-bound instance's bits — out, lse, out16 — over T that
-// leaves warps or a block's last tile past T, several tiles, windows, with and without the qkv bias; the launch
-// counter shows the fixed-bound instance ran where D == 64 or 128 and not at D = 48 or 80, nor when turned off.
+// Compile-time product bounds (SetAttentionTcFixedBounds, on by default: the forward's kFullD instance where D equals
+// the instance's bound, 64 or 128, and the 4-warp dK/dV kernel's at D = 64) give the run-time-bound instances' bits —
+// out, lse, out16, and the stored-dS backward's dqkv, dqkv16 and bias gradient — over T that leaves warps or a
+// block's last tile past T, several tiles, windows, with and without the qkv bias; the launch counter shows the
+// fixed-bound instances ran exactly there (forward at D = 64 and 128, dK/dV at 64; none at D = 48 or 80, nor when
+// turned off).
 TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the run-time bounds' bits") {
   struct FixedMode {
     explicit FixedMode(bool on) { SetAttentionTcFixedBounds(on); }
@@ -757,34 +759,50 @@ TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the r
   for (const Case c : cases) {
     const std::string shape = Describe(c);
     INFO(shape);
-    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D;
-    std::vector<__nv_bfloat16> qkv16(n_qkv);
-    const auto qkv = Random(n_qkv, 381, -2.0f, 2.0f);
-    for (int64_t i = 0; i < n_qkv; ++i) qkv16[i] = __float2bfloat16(qkv[i]);
-    Dev<__nv_bfloat16> d_qkv(qkv16);
-    Dev<float> d_bias(Random(3 * c.H * c.D, 382));
+    const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
+    auto to16 = [](const std::vector<float>& v) {
+      std::vector<__nv_bfloat16> b(v.size());
+      for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(v[i]);
+      return b;
+    };
+    Dev<__nv_bfloat16> d_qkv(to16(Random(n_qkv, 381, -2.0f, 2.0f))), d_dout(to16(Random(n_out, 382)));
+    Dev<float> d_bias(Random(hd3, 383));
+    Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
+                       AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
+    const size_t ds_elems = AttentionDsTileBytes(c.B, c.T, c.H, c.window) / sizeof(__nv_bfloat16);
     for (const bool with_bias : {false, true}) {
       CAPTURE(with_bias);
+      const float* const b = with_bias ? d_bias.get() : nullptr;
       struct Result {
-        std::vector<float> out, lse;
-        std::vector<__nv_bfloat16> out16;
+        std::vector<float> out, lse, dbias;
+        std::vector<__nv_bfloat16> out16, dqkv16;
         int64_t fixed = 0;
       };
       auto run = [&](bool fixed) {
         const FixedMode fm(fixed);
-        Dev<float> out(n_out), lse(c.B * c.H * c.T);
-        Dev<__nv_bfloat16> out16(n_out);
+        Dev<float> out(n_out), lse(c.B * c.H * c.T), dbias(std::vector<float>(hd3, 0.0f));
+        Dev<__nv_bfloat16> out16(n_out), dqkv16(n_qkv), ds(ds_elems);
         const int64_t launches0 = AttentionTcFixedBoundsLaunches();
-        REQUIRE(AttentionForwardBf16(out.get(), lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
-                                     out16.get(), with_bias ? d_bias.get() : nullptr) == cudaSuccess);
-        return Result{out.Get(), lse.Get(), out16.Get(), AttentionTcFixedBoundsLaunches() - launches0};
+        REQUIRE(AttentionForwardBf16(nullptr, lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr,
+                                     out16.get(), b) == cudaSuccess);
+        REQUIRE(AttentionForwardBf16(out.get(), lse.get(), d_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr, nullptr,
+                                     b) == cudaSuccess);
+        REQUIRE(AttentionBackwardBf16(nullptr, scratch.get(), d_dout.get(), d_qkv.get(), nullptr, out16.get(),
+                                      lse.get(), c.B, c.T, c.H, c.D, c.window, nullptr, dqkv16.get(), b, dbias.get(),
+                                      ds.get()) == cudaSuccess);
+        return Result{out.Get(),   lse.Get(),    dbias.Get(),
+                      out16.Get(), dqkv16.Get(), AttentionTcFixedBoundsLaunches() - launches0};
       };
       const Result var = run(false), fixed = run(true);
       CHECK(var.fixed == 0);
-      CHECK(fixed.fixed == ((c.D == 64 || c.D == 128) ? 1 : 0));
+      CHECK(fixed.fixed == (c.D == 64 ? 3 : c.D == 128 ? 2 : 0));  // two forwards, one dK/dV
       CHECK(SameBits(fixed.out, var.out));
       CHECK(SameBits(fixed.lse, var.lse));
       CHECK(SameBits(fixed.out16, var.out16));
+      CHECK(SameBits(fixed.dqkv16, var.dqkv16));
+      CHECK(SameBits(fixed.dbias, var.dbias));
+      CHECK(std::all_of(fixed.dqkv16.begin(), fixed.dqkv16.end(),
+                        [](__nv_bfloat16 v) { return std::isfinite(__bfloat162float(v)); }));
     }
   }
   ExpectNoPoisonedReads();
