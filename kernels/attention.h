@@ -91,10 +91,11 @@ void SetAttentionTcWideForward(bool on);
 //
 // Where D equals the instance's head-dimension bound (64 or 128: the GPT configs) the register forward with
 // asynchronous copies runs an instance whose two products loop over D's fragments with compile-time bounds, so that
-// the next fragments' ldmatrix can be issued ahead of the current MMAs (no branch on D between them); so does the
-// backward's 4-warp dK/dV kernel at D = 64 (on sm_90 and later). The same bits as the run-time-bound instances,
-// which SetAttentionTcFixedBounds(false) selects (tests, kernels_bench's `... varD` rows). Process-wide; on by default.
-// AttentionTcFixedBoundsLaunches: the forward and dK/dV kernels launched so, in this process.
+// the next fragments' ldmatrix can be issued ahead of the current MMAs (no branch on D between them); so do the
+// backward's 4-warp dK/dV kernel and stored-dS dQ kernel at D = 64 (on sm_90 and later). The same bits as the
+// run-time-bound instances, which SetAttentionTcFixedBounds(false) selects (tests, kernels_bench's `... varD` rows).
+// Process-wide; on by default. AttentionTcFixedBoundsLaunches: the forward and dK/dV kernels launched so, in this
+// process.
 void SetAttentionTcFixedBounds(bool on);
 int64_t AttentionTcFixedBoundsLaunches();
 //

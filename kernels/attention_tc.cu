@@ -1536,11 +1536,20 @@ size_t DqDsTcSharedBytes(int D) {
   return tiles > rows ? tiles : rows;
 }
 
-template <int kMaxD, typename S, bool kAsync>
+// kFullD (the launcher's choice at D == kMaxD <= 64 with asynchronous copies, as the dK/dV kernel's): dS K's loop
+// over D's fragments with compile-time bounds, on sm_90 (and the emulator) only (sm_90 SASS: no branch between the
+// column fragments, which made every 2 HMMA wait for the LDSM before them; 72 -> 64 registers). On sm_80 it spilled
+// 8 bytes, and at D = 128 it took 130 registers on sm_90 (122: 4 -> 3 blocks per SM), so those keep run-time bounds.
+template <int kMaxD, typename S, bool kAsync, bool kFullD = false>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_ds_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* qkv,
                               const float* qkv_bias, const __nv_bfloat16* ds_tiles, int ds_w, int T, int H, int D,
                               int window, int ntiles) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kFixed = false;
+#else
+  constexpr bool kFixed = kFullD;
+#endif
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
   const int ld = LdH(D);
   __nv_bfloat16* const K0 = smem;
@@ -1608,7 +1617,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kTileFrags; ++n) {
       FragACol a;  // dS[ra .. ra + 15][k0 + 16 n ..] = dS^T[16 n ..][the warp's columns]
       LoadFrag(a, St + n * kF * kLdP, kLdP);
-      AddATimesTileRows<kMaxD>(dq, a, Ks, n, ld, D);
+      AddATimesTileRows<kMaxD>(dq, a, Ks, n, ld, kFixed ? kMaxD : D);
     }
   }
   __syncthreads();  // the output rows overlay the tiles
@@ -2003,7 +2012,21 @@ cudaError_t LaunchDkDv(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, co
                                                           ds_tiles, ds_w, s, stream);
 }
 
+template <int kMaxD, typename S, bool kAsync, bool kFullD>
+cudaError_t LaunchDqDsKernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* qkv, const float* qkv_bias,
+                             const __nv_bfloat16* ds_tiles, int ds_w, const attention_detail::AttentionShape& s,
+                             cudaStream_t stream) {
+  const size_t smem = DqDsTcSharedBytes<kMaxD, kAsync>(s.D);
+  cudaError_t err = AllowSharedBytes(attention_dq_ds_tc_kernel<kMaxD, S, kAsync, kFullD>, smem);
+  if (err != cudaSuccess) return err;
+  MS_LAUNCH((attention_dq_ds_tc_kernel<kMaxD, S, kAsync, kFullD>), s.blocks, kThreads, smem, stream, dqkv, dqkv16,
+            dbias_part, qkv, qkv_bias, ds_tiles, ds_w, s.T, s.H, s.D, s.window, s.ntiles);
+  return cudaGetLastError();
+}
+
 // split: the dK/dV kernel is attention_dkdv_split_tc_kernel (bf16 operands, kAsync; the caller checks the rest).
+// The stored-dS dQ kernel: its kFullD instance at D == kMaxD <= 64 with asynchronous copies (unless
+// SetAttentionTcFixedBounds(false)).
 template <int kMaxD, typename S, bool kRegs, bool kAsync>
 cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const float* drow, const S* dout,
                            const S* qkv, const float* qkv_bias, const float* lse, __nv_bfloat16* ds_tiles, bool split,
@@ -2024,11 +2047,15 @@ cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part
   }
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   if (ds_tiles) {  // the stored-dS dQ kernel (5 products)
-    const size_t smem = DqDsTcSharedBytes<kMaxD, kAsync>(s.D);
-    if ((err = AllowSharedBytes(attention_dq_ds_tc_kernel<kMaxD, S, kAsync>, smem)) != cudaSuccess) return err;
-    MS_LAUNCH((attention_dq_ds_tc_kernel<kMaxD, S, kAsync>), s.blocks, kThreads, smem, stream, dqkv, dqkv16, dbias_part,
-              qkv, qkv_bias, ds_tiles, ds_w, s.T, s.H, s.D, s.window, s.ntiles);
-    return cudaGetLastError();
+    if constexpr (kAsync && kMaxD <= 64) {
+      if (s.D == kMaxD && g_fixed_bounds.load()) {
+        g_fixed_launches.fetch_add(1);
+        return LaunchDqDsKernel<kMaxD, S, kAsync, true>(dqkv, dqkv16, dbias_part, qkv, qkv_bias, ds_tiles, ds_w, s,
+                                                        stream);
+      }
+    }
+    return LaunchDqDsKernel<kMaxD, S, kAsync, false>(dqkv, dqkv16, dbias_part, qkv, qkv_bias, ds_tiles, ds_w, s,
+                                                     stream);
   }
   const size_t dq_smem = DqTcSharedBytes<kMaxD, kRegs, kAsync>(s.D);
   if ((err = AllowSharedBytes(attention_dq_tc_kernel<kMaxD, S, kRegs, kAsync>, dq_smem)) != cudaSuccess) return err;

@@ -738,11 +738,11 @@ TEST_CASE("attention bf16 (tensor cores): the stored-dS backward (5 products) ag
 }
 
 // Compile-time product bounds (SetAttentionTcFixedBounds, on by default: the forward's kFullD instance where D equals
-// the instance's bound, 64 or 128, and the 4-warp dK/dV kernel's at D = 64) give the run-time-bound instances' bits —
-// out, lse, out16, and the stored-dS backward's dqkv, dqkv16 and bias gradient — over T that leaves warps or a
-// block's last tile past T, several tiles, windows, with and without the qkv bias; the launch counter shows the
-// fixed-bound instances ran exactly there (forward at D = 64 and 128, dK/dV at 64; none at D = 48 or 80, nor when
-// turned off).
+// the instance's bound, 64 or 128, and the 4-warp dK/dV and the stored-dS dQ kernels' at D = 64) give the
+// run-time-bound instances' bits — out, lse, out16, and the stored-dS backward's dqkv16 and bias gradient — over T
+// that leaves warps or a block's last tile past T, several tiles, windows, with and without the qkv bias; the launch
+// counter shows the fixed-bound instances ran exactly there (the forward at D = 64 and 128, dK/dV and dQ at 64; none
+// at D = 48 or 80, nor when turned off).
 TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the run-time bounds' bits") {
   struct FixedMode {
     explicit FixedMode(bool on) { SetAttentionTcFixedBounds(on); }
@@ -795,7 +795,7 @@ TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the r
       };
       const Result var = run(false), fixed = run(true);
       CHECK(var.fixed == 0);
-      CHECK(fixed.fixed == (c.D == 64 ? 3 : c.D == 128 ? 2 : 0));  // two forwards, one dK/dV
+      CHECK(fixed.fixed == (c.D == 64 ? 4 : c.D == 128 ? 2 : 0));  // two forwards; at 64 also dK/dV and dQ
       CHECK(SameBits(fixed.out, var.out));
       CHECK(SameBits(fixed.lse, var.lse));
       CHECK(SameBits(fixed.out16, var.out16));
