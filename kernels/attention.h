@@ -94,8 +94,8 @@ void SetAttentionTcWideForward(bool on);
 // the next fragments' ldmatrix can be issued ahead of the current MMAs (no branch on D between them); so do the
 // backward's 4-warp dK/dV kernel and stored-dS dQ kernel at D = 64 (on sm_90 and later). The same bits as the
 // run-time-bound instances, which SetAttentionTcFixedBounds(false) selects (tests, kernels_bench's `... varD` rows).
-// Process-wide; on by default. AttentionTcFixedBoundsLaunches: the forward and dK/dV kernels launched so, in this
-// process.
+// Process-wide; on by default. AttentionTcFixedBoundsLaunches: the forward, dK/dV and dQ kernels launched so, in
+// this process.
 void SetAttentionTcFixedBounds(bool on);
 int64_t AttentionTcFixedBoundsLaunches();
 //

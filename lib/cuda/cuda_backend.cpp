@@ -147,11 +147,21 @@ class CudaBackend final : public ops::Backend {
     for (void* p : cudnn_kept_) device_->Free(p);
   }
 
-  const char* name() const override { return LinkedFlavor() == Flavor::kEmulated ? "cuda (emulated)" : "cuda"; }
-  device::Device* device() override { return device_; }
-  bool bf16_gemm() const override { return bf16_; }
-  bool keeps_bf16_copies() const override { return keep_; }
-  cudaStream_t stream() const { return s_; }
+  const char* name() const override {
+    return LinkedFlavor() == Flavor::kEmulated ? "cuda (emulated)" : "cuda";
+  }
+  device::Device* device() override {
+    return device_;
+  }
+  bool bf16_gemm() const override {
+    return bf16_;
+  }
+  bool keeps_bf16_copies() const override {
+    return keep_;
+  }
+  cudaStream_t stream() const {
+    return s_;
+  }
 
   Status Zero(void* dst, size_t bytes) override {
     if (!bytes) return Status::Ok();
@@ -203,8 +213,12 @@ class CudaBackend final : public ops::Backend {
   }
 
   // ---- graphs: stream capture of the backend's stream (ops::Backend::BeginCapture) ----
-  bool supports_graphs() const override { return true; }
-  bool capturing() const override { return capture_; }
+  bool supports_graphs() const override {
+    return true;
+  }
+  bool capturing() const override {
+    return capture_;
+  }
   Status BeginCapture() override {
     if (capture_) return FailedPrecondition("BeginCapture: the backend is already capturing");
     // Thread-local: other threads' CUDA calls (a communicator's watchdog) are not the capture's business.
@@ -388,8 +402,12 @@ class CudaBackend final : public ops::Backend {
   // out16 / dqkv16 (kept roundings): written by the tensor-core kernels as they store; after the fp32 kernels, by a
   // cast (the same bits). The qkv bias: added by the tensor-core kernels as they load q, k, v; its gradient summed by
   // them as they store dqkv.
-  bool TensorCoreAttention(int64_t D) const { return bf16_ && D % 16 == 0; }
-  bool attention_adds_qkv_bias(int64_t D) const override { return TensorCoreAttention(D); }
+  bool TensorCoreAttention(int64_t D) const {
+    return bf16_ && D % 16 == 0;
+  }
+  bool attention_adds_qkv_bias(int64_t D) const override {
+    return TensorCoreAttention(D);
+  }
   Status QkvBiasTaken(const float* qkv_bias, int64_t D, const char* op) const {
     if (qkv_bias && !TensorCoreAttention(D)) {
       return FailedPrecondition(
@@ -463,7 +481,9 @@ class CudaBackend final : public ops::Backend {
     return static_cast<__nv_bfloat16*>(tiles);
   }
   // The attention's inputs read in bf16 (runtime.activations: bf16): the tensor-core kernels' bf16 instantiations.
-  bool Bf16AttentionInputs(int64_t D) const { return bf16_activations() && TensorCoreAttention(D); }
+  bool Bf16AttentionInputs(int64_t D) const {
+    return bf16_activations() && TensorCoreAttention(D);
+  }
   Status AttentionForward16(float* out, float* lse, const void* qkv16, const float* qkv_bias, int64_t B, int64_t T,
                             int64_t H, int64_t D, int64_t window, void* out16) override {
     if (!Bf16AttentionInputs(D))
