@@ -906,7 +906,8 @@ __device__ __forceinline__ void ForwardRegs(float* out, __nv_bfloat16* out16, fl
 // the branch, its MMAs for those loads (sm_90 SASS at D = 64: Q K^T as 4 LDSM then 8 HMMA, 4 times over, behind a
 // branch each, and P V behind 12 branches; with kFullD 9 of Q K^T's 16 LDSM ahead of its first HMMA, the rest
 // interleaved, and no branch in either product; 160 registers instead of 156, still 3 blocks per SM). The same
-// products in the same order: the same bits. (Bounds fixed in the backward kernels too made ptxas spill there.)
+// products in the same order: the same bits. (The backward's dK/dV and stored-dS dQ kernels have such instances at
+// D = 64 on sm_90 only: elsewhere fixed bounds made ptxas spill or lose a block per SM.)
 template <int kMaxD, typename S, bool kRegs, bool kAsync, bool kFullD = false>
 __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
     attention_forward_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const S* qkv, const float* qkv_bias,
@@ -1305,7 +1306,7 @@ __host__ __device__ constexpr int DkDvMinBlocks() {
 // has no branch between the k-steps of S^T, dP^T, P^T dout and dS^T Q, where the run-time bounds made every 4 HMMA
 // wait behind a branch for the 2 LDSM before them; 212 -> 246 registers, still 2 blocks per SM. On sm_80 the
 // instance keeps the run-time bounds: its 3-block launch bound (DkDvMinBlocks) leaves no registers for the loads
-// ptxas would hoist. At D = 128 and in the dQ kernel fixed bounds made ptxas spill.
+// ptxas would hoist. At D = 128, and in the 7-product backward's dQ kernel, fixed bounds made ptxas spill.
 template <int kMaxD, typename S, bool kRegs, bool kAsync, bool kFullD = false>
 __global__ void __launch_bounds__(kThreads, DkDvMinBlocks<kMaxD, kRegs, kAsync>())
     attention_dkdv_tc_kernel(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part, const S* dout, const S* qkv,
