@@ -40,6 +40,24 @@ std::string Describe(const Case& c) {
          std::to_string(c.D) + " window " + std::to_string(c.window);
 }
 
+// The bf16 inputs of a tensor-core backward test on device: qkv (uniform in [-2, 2)), dout and the qkv bias drawn
+// from seeds seed, seed + 1, seed + 2, and the backward's scratch (the row terms and the bias gradient's chunks).
+struct Bf16BackwardInputs {
+  Dev<__nv_bfloat16> qkv, dout;
+  Dev<float> bias, scratch;
+  static std::vector<__nv_bfloat16> ToBf16(const std::vector<float>& v) {
+    std::vector<__nv_bfloat16> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(v[i]);
+    return b;
+  }
+  Bf16BackwardInputs(const Case& c, uint32_t seed)
+      : qkv(ToBf16(Random(c.B * c.T * 3 * c.H * c.D, seed, -2.0f, 2.0f))),
+        dout(ToBf16(Random(c.B * c.T * c.H * c.D, seed + 1))),
+        bias(Random(3 * c.H * c.D, seed + 2)),
+        scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
+                AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D)) {}
+};
+
 struct Outputs {
   std::vector<float> out, lse, dqkv;
 };
@@ -228,12 +246,23 @@ struct SoftmaxMode {
   SoftmaxMode& operator=(const SoftmaxMode&) = delete;
 };
 
+// One of the tensor-core attention's process-wide switches (SetAttentionTcAsyncLoads, ...WideForward, ...FixedBounds,
+// ...SplitDkDv) set for a scope, then back to its default.
+class ScopedSwitch {
+ public:
+  ScopedSwitch(void (*set)(bool), bool on, bool default_on) : set_(set), default_on_(default_on) { set_(on); }
+  ~ScopedSwitch() { set_(default_on_); }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
+
+ private:
+  void (*set_)(bool);
+  bool default_on_;
+};
+
 // The tensor-core kernels' tile copies (SetAttentionTcAsyncLoads) for a scope: asynchronous (the default) or not.
-struct AsyncMode {
-  explicit AsyncMode(bool on) { SetAttentionTcAsyncLoads(on); }
-  ~AsyncMode() { SetAttentionTcAsyncLoads(true); }
-  AsyncMode(const AsyncMode&) = delete;
-  AsyncMode& operator=(const AsyncMode&) = delete;
+struct AsyncMode : ScopedSwitch {
+  explicit AsyncMode(bool on) : ScopedSwitch(SetAttentionTcAsyncLoads, on, true) {}
 };
 
 #if defined(__SANITIZE_THREAD__)
@@ -579,15 +608,9 @@ TEST_CASE("attention bf16 (tensor cores): asynchronous tile copies give the bits
       CAPTURE(c.T);
       CAPTURE(c.D);
       const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
-      auto to16 = [](const std::vector<float>& v) {
-        std::vector<__nv_bfloat16> b(v.size());
-        for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(v[i]);
-        return b;
-      };
-      Dev<__nv_bfloat16> d_qkv(to16(Random(n_qkv, 361, -2.0f, 2.0f))), d_dout(to16(Random(n_out, 362)));
-      Dev<float> d_bias(Random(hd3, 363));
-      Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
-                         AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
+      Bf16BackwardInputs in(c, 361);
+      auto &d_qkv = in.qkv, &d_dout = in.dout;
+      auto &d_bias = in.bias, &scratch = in.scratch;
       for (const bool with_bias : biases) {
         CAPTURE(with_bias);
         const float* const b = with_bias ? d_bias.get() : nullptr;
@@ -744,12 +767,6 @@ TEST_CASE("attention bf16 (tensor cores): the stored-dS backward (5 products) ag
 // counter shows the fixed-bound instances ran exactly there (the forward at D = 64 and 128, dK/dV and dQ at 64; none
 // at D = 48 or 80, nor when turned off).
 TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the run-time bounds' bits") {
-  struct FixedMode {
-    explicit FixedMode(bool on) { SetAttentionTcFixedBounds(on); }
-    ~FixedMode() { SetAttentionTcFixedBounds(true); }
-    FixedMode(const FixedMode&) = delete;
-    FixedMode& operator=(const FixedMode&) = delete;
-  };
 #if defined(__SANITIZE_THREAD__)
   const std::vector<Case> cases = {Case{1, 130, 1, 64, 70}};
 #else
@@ -760,15 +777,9 @@ TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the r
     const std::string shape = Describe(c);
     INFO(shape);
     const int64_t n_qkv = c.B * c.T * 3 * c.H * c.D, n_out = c.B * c.T * c.H * c.D, hd3 = 3 * c.H * c.D;
-    auto to16 = [](const std::vector<float>& v) {
-      std::vector<__nv_bfloat16> b(v.size());
-      for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(v[i]);
-      return b;
-    };
-    Dev<__nv_bfloat16> d_qkv(to16(Random(n_qkv, 381, -2.0f, 2.0f))), d_dout(to16(Random(n_out, 382)));
-    Dev<float> d_bias(Random(hd3, 383));
-    Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
-                       AttentionBiasGradScratchFloats(c.B, c.T, c.H, c.D));
+    Bf16BackwardInputs in(c, 381);
+    auto &d_qkv = in.qkv, &d_dout = in.dout;
+    auto &d_bias = in.bias, &scratch = in.scratch;
     const size_t ds_elems = AttentionDsTileBytes(c.B, c.T, c.H, c.window) / sizeof(__nv_bfloat16);
     for (const bool with_bias : {false, true}) {
       CAPTURE(with_bias);
@@ -779,7 +790,7 @@ TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the r
         int64_t fixed = 0;
       };
       auto run = [&](bool fixed) {
-        const FixedMode fm(fixed);
+        const ScopedSwitch fm(SetAttentionTcFixedBounds, fixed, true);
         Dev<float> out(n_out), lse(c.B * c.H * c.T), dbias(std::vector<float>(hd3, 0.0f));
         Dev<__nv_bfloat16> out16(n_out), dqkv16(n_qkv), ds(ds_elems);
         const int64_t launches0 = AttentionTcFixedBoundsLaunches();
@@ -815,12 +826,6 @@ TEST_CASE("attention bf16 (tensor cores): compile-time product bounds give the r
 // without the qkv bias. Under the emulator the launched blocks show which kernel ran: B H ceil(T / 128) blocks for
 // the wide one at D <= 64, the default's B H ceil(T / 64) at D = 80 (where the wide one does not apply).
 TEST_CASE("attention bf16 (tensor cores): the wide forward gives the default forward's bits") {
-  struct WideMode {
-    explicit WideMode(bool on) { SetAttentionTcWideForward(on); }
-    ~WideMode() { SetAttentionTcWideForward(false); }
-    WideMode(const WideMode&) = delete;
-    WideMode& operator=(const WideMode&) = delete;
-  };
 #if defined(__SANITIZE_THREAD__)
   const std::vector<Case> cases = {Case{1, 300, 1, 64, 150}};  // its barriers and warp collectives, with the bias
   const std::vector<bool> biases = {true};
@@ -852,7 +857,7 @@ TEST_CASE("attention bf16 (tensor cores): the wide forward gives the default for
         uint64_t blocks = 0;
       };
       auto run = [&](bool wide) {
-        const WideMode wm(wide);
+        const ScopedSwitch wm(SetAttentionTcWideForward, wide, false);
         Dev<float> out(n_out), lse(c.B * c.H * c.T);
         Dev<__nv_bfloat16> out16(n_out);
 #if MS_KERNELS_SIM
@@ -889,12 +894,6 @@ TEST_CASE("attention bf16 (tensor cores): the wide forward gives the default for
 // kernel ran: 128 more per dK/dV block for the split one; none more at D = 48 (not a multiple of 32), with fp32
 // operands, or with the softmax forced through shared memory, where the default runs.
 TEST_CASE("attention bf16 (tensor cores): the split dK/dV kernel gives the 4-warp kernel's bits") {
-  struct SplitMode {
-    explicit SplitMode(bool on) { SetAttentionTcSplitDkDv(on); }
-    ~SplitMode() { SetAttentionTcSplitDkDv(false); }
-    SplitMode(const SplitMode&) = delete;
-    SplitMode& operator=(const SplitMode&) = delete;
-  };
   struct Run {
     Case c;
     bool bias, stored;
@@ -932,7 +931,7 @@ TEST_CASE("attention bf16 (tensor cores): the split dK/dV kernel gives the 4-war
       uint64_t threads = 0;
     };
     auto backward = [&](bool split) {
-      const SplitMode sm(split);
+      const ScopedSwitch sm(SetAttentionTcSplitDkDv, split, false);
       Dev<float> dqkv(n_qkv), dbias(std::vector<float>(hd3, 0.0f));
       Dev<__nv_bfloat16> dqkv16(n_qkv), ds(ds_bytes / 2 + 8);
       Dev<float> scratch(AttentionBackwardScratchFloats(c.B, c.T, c.H, c.D) +
@@ -980,7 +979,7 @@ TEST_CASE("attention bf16 (tensor cores): the split dK/dV kernel gives the 4-war
     REQUIRE(AttentionForwardBf16(out.get(), lse.get(), f_qkv.get(), c.B, c.T, c.H, c.D, c.window, nullptr) ==
             cudaSuccess);
     auto threads = [&](bool split, bool fp32, AttentionTcSoftmax mode) {
-      const SplitMode sm(split);
+      const ScopedSwitch sm(SetAttentionTcSplitDkDv, split, false);
       const SoftmaxMode use(mode);
       const uint64_t threads0 = ms::sim::GetStats().threads;
       if (fp32) {
