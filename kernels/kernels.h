@@ -179,6 +179,14 @@ cudaError_t CastFloatToBf16(__nv_bfloat16* out, const float* in, int64_t n, cuda
 // out (n) = in widened to fp32 (exact).
 cudaError_t CastBf16ToFloat(float* out, const __nv_bfloat16* in, int64_t n, cudaStream_t stream);
 
+// ---- The device's clock ---- (kernels/clock.cu)
+
+// *acc (one 64-bit word of device memory) += the device's nanosecond clock (%globaltimer) when the kernel runs
+// (add), or -= it, modulo 2^64; one thread. A subtraction enqueued before a stream's wait and an addition after it
+// leave how long the stream was blocked there (plus the two launches' own time) — inside a CUDA graph too, where
+// events carry no timestamp. The one kernel here whose result is not the same from run to run: it reads a clock.
+cudaError_t AddDeviceClock(uint64_t* acc, bool add, cudaStream_t stream);
+
 }  // namespace ms::kernels
 
 // Launchers of the newer kernel families, one header each.

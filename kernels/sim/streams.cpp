@@ -41,11 +41,16 @@ struct StreamState;
 // stream that waits for an event recorded in the capture joins it (a fork), and its operations are captured too;
 // every such stream must be joined back — an event recorded on it after its last captured operation waited for by
 // the origin stream, directly or through other streams of the capture — before the origin ends the capture
-// (cudaErrorStreamCaptureUnjoined otherwise). A launch runs the operations in the order they were issued, one after
-// the other on the launching stream: a valid order of the graph's dependencies (each was issued after the ones it
-// depends on), with less concurrency than a GPU's.
+// (cudaErrorStreamCaptureUnjoined otherwise). Each operation keeps its lane: 0 for the origin stream's, k for the
+// k-th forked stream's. A launch (async and deferred modes) runs lane 0 on the launching stream and every other lane
+// on a stream of the executable graph's own, each lane's operations in their order and each fork and join as a
+// dependency between lanes — concurrently, as a GPU runs a graph's branches (a wait captured in one lane blocks that
+// lane only, not another lane's operations issued after it); the launching stream's next operation waits for every
+// lane. In sync mode, and when a graph is launched into a capture, the operations run one after the other in the
+// order they were issued: a valid order of the graph's dependencies (each was issued after the ones it depends on).
 struct GraphState {
   std::vector<std::pair<std::string, StreamOp>> ops;
+  std::vector<uint32_t> op_lane;     // per operation: its lane
   bool invalid = false;              // while capturing: something CUDA refuses happened
   std::string why;                   // the first reason it was invalidated
   std::thread::id thread;            // the thread that began the capture
@@ -59,7 +64,18 @@ struct GraphState {
     StreamState* into;
     uint64_t at;
   };
-  std::vector<Join> joins;
+  std::vector<Join> joins;  // forks too: a forked stream's first operation after the event it waited for
+  // Made at the end of the capture: the joins between lanes, and whether each lane's stream was eager (NCCL's).
+  struct LaneJoin {
+    uint32_t from;
+    uint64_t upto;
+    uint32_t into;
+    uint64_t at;
+  };
+  std::vector<LaneJoin> lane_joins;
+  std::vector<bool> lane_eager;  // one per lane; lane 0's unused
+  // An executable graph's streams for lanes 1.. (made at its first launch, destroyed with it); [0] unused.
+  std::vector<StreamState*> lane_streams;
 };
 
 struct Item {
@@ -78,6 +94,7 @@ struct StreamState {
   cudaError_t sticky = cudaSuccess;  // the first failure of an operation run on the stream
   GraphState* capture = nullptr;     // between cudaStreamBeginCapture and cudaStreamEndCapture (or forked into one)
   uint64_t captured = 0;             // operations captured on this stream in its current capture
+  uint32_t lane = 0;                 // its lane in that capture (GraphState)
   bool stop = false;
   std::thread worker;
 };
@@ -281,6 +298,7 @@ cudaError_t Enqueue(cudaStream_t stream, const char* what, StreamOp op) {
   if (s->capture) {
     if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
     s->capture->ops.emplace_back(what, std::move(op));
+    s->capture->op_lane.push_back(s->lane);
     ++s->captured;
     return cudaSuccess;
   }
@@ -427,6 +445,8 @@ cudaError_t StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) {
       s->capture = g;
       s->captured = 0;
       g->forked.push_back(s);
+      s->lane = static_cast<uint32_t>(g->forked.size());
+      g->joins.push_back({ev->stream, ev->seq, s, 0});  // its operations come after the event's point
       return cudaSuccess;
     }
     if (e.captures.count(g)) InvalidateLocked(g, "the legacy stream waited for an event recorded in the capture");
@@ -487,6 +507,7 @@ cudaError_t BeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   g->origin = s;
   s->capture = g;
   s->captured = 0;
+  s->lane = 0;
   e.captures.insert(g);
   return cudaSuccess;
 }
@@ -516,6 +537,18 @@ cudaError_t EndCapture(cudaStream_t stream, cudaGraph_t* graph, std::string* why
         from = j.upto;
         changed = true;
       }
+    }
+  }
+  std::map<StreamState*, uint32_t> lane_of{{s, 0}};
+  g->lane_eager.assign(1, false);
+  for (StreamState* f : g->forked) {
+    lane_of[f] = f->lane;
+    g->lane_eager.push_back(f->eager);
+  }
+  for (const GraphState::Join& j : g->joins) {
+    auto from = lane_of.find(j.from), into = lane_of.find(j.into);
+    if (from != lane_of.end() && into != lane_of.end()) {
+      g->lane_joins.push_back({from->second, j.upto, into->second, j.at});
     }
   }
   cudaError_t unjoined = cudaSuccess;
@@ -560,6 +593,9 @@ cudaError_t CopyGraph(cudaGraph_t graph, void** copy) {
   if (!e.graphs.count(g)) return cudaErrorInvalidValue;
   auto* c = new GraphState;
   c->ops = g->ops;  // the operations are copies: each launch runs its own
+  c->op_lane = g->op_lane;
+  c->lane_joins = g->lane_joins;
+  c->lane_eager = g->lane_eager;
   e.graphs.insert(c);
   *copy = c;
   return cudaSuccess;
@@ -576,9 +612,22 @@ cudaError_t GraphOps(cudaGraph_t graph, size_t* n) {
 
 cudaError_t DestroyGraph(void* graph) {
   Engine& e = E();
-  std::lock_guard<std::mutex> lock(e.mu);
+  std::unique_lock<std::mutex> lock(e.mu);
   auto* g = static_cast<GraphState*>(graph);
   if (!e.graphs.erase(g)) return cudaErrorInvalidValue;
+  // Its lanes' streams: CUDA lets a launch in flight finish; the emulator waits for it (no worker outlives them).
+  for (StreamState* ls : g->lane_streams) {
+    if (!ls) continue;
+    WaitLocked(e, lock, ls, ls->enqueued);
+    e.streams.erase(ls);
+    ls->stop = true;
+    e.cv.notify_all();
+    std::thread worker = std::move(ls->worker);
+    lock.unlock();
+    if (worker.joinable()) worker.join();
+    delete ls;
+    lock.lock();
+  }
   delete g;  // operations already issued on a stream hold their own copies
   return cudaSuccess;
 }
@@ -592,7 +641,10 @@ cudaError_t LaunchGraph(void* exec, cudaStream_t stream) {
   if (!s) return cudaErrorInvalidResourceHandle;
   if (s->capture) {  // a graph launched into a capture becomes part of it
     if (s->capture->invalid) return cudaErrorStreamCaptureInvalidated;
-    for (const auto& [what, op] : g->ops) s->capture->ops.emplace_back(what, op);
+    for (const auto& [what, op] : g->ops) {
+      s->capture->ops.emplace_back(what, op);
+      s->capture->op_lane.push_back(s->lane);
+    }
     s->captured += g->ops.size();
     return cudaSuccess;
   }
@@ -605,10 +657,42 @@ cudaError_t LaunchGraph(void* exec, cudaStream_t stream) {
     }
     return cudaSuccess;
   }
-  for (const auto& [what, op] : g->ops) {
-    // The name outlives the graph: the queue keeps its own string.
-    EnqueueLocked(e, s, "cudaGraphLaunch", op, {});
-    s->queue.back().what = what;
+  const size_t lanes = std::max<size_t>(g->lane_eager.size(), 1);
+  if (g->lane_streams.empty()) {  // the executable graph's streams for lanes 1..
+    g->lane_streams.assign(lanes, nullptr);
+    for (size_t l = 1; l < lanes; ++l) {
+      auto* ls = new StreamState;
+      ls->blocking = false;
+      ls->eager = g->lane_eager[l];
+      e.streams.insert(ls);
+      g->lane_streams[l] = ls;
+    }
+  }
+  std::vector<StreamState*> on = g->lane_streams;
+  on[0] = s;
+  const uint64_t start = s->enqueued;  // the launch begins after what the stream had been given
+  std::vector<std::vector<uint64_t>> seqs(lanes);
+  for (size_t i = 0; i < g->ops.size(); ++i) {
+    const uint32_t lane = i < g->op_lane.size() && g->op_lane[i] < lanes ? g->op_lane[i] : 0;
+    const uint64_t k = seqs[lane].size();  // the operations of its lane before it
+    std::vector<std::pair<StreamState*, uint64_t>> deps;
+    if (lane != 0 && k == 0 && start > 0) deps.emplace_back(s, start);
+    for (const GraphState::LaneJoin& j : g->lane_joins) {
+      if (j.into == lane && j.at == k && j.upto > 0 && j.upto <= seqs[j.from].size()) {
+        deps.emplace_back(on[j.from], seqs[j.from][j.upto - 1]);
+      }
+    }
+    uint64_t seq = 0;
+    EnqueueLocked(e, on[lane], "cudaGraphLaunch", g->ops[i].second, std::move(deps), &seq);
+    on[lane]->queue.back().what = g->ops[i].first;  // the name outlives the graph: the queue keeps its own string
+    seqs[lane].push_back(seq);
+  }
+  if (lanes > 1) {  // the launch's end on the launching stream: after every lane
+    std::vector<std::pair<StreamState*, uint64_t>> deps;
+    for (size_t l = 1; l < lanes; ++l) {
+      if (!seqs[l].empty()) deps.emplace_back(on[l], seqs[l].back());
+    }
+    EnqueueLocked(e, s, "cudaGraphLaunch (end)", nullptr, std::move(deps));
   }
   return cudaSuccess;
 }

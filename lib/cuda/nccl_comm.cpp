@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "kernels.h"
+
 namespace ms::cuda {
 namespace {
 
@@ -96,6 +98,20 @@ struct Shared {
   // Timing events around each device wait on the backend's stream (recorded before and after the wait), until
   // TakeDeviceWaitSeconds reads them.
   std::vector<std::pair<SharedEvent, SharedEvent>> timings;
+  // The device waits recorded in CUDA graphs, where an event has no timestamp: a device word of nanoseconds that a
+  // clock kernel before each captured wait decreases by the device's clock and one after it increases
+  // (kernels::AddDeviceClock), so that each launch adds how long the stream was blocked in the graph's waits;
+  // `graph_clock_taken` is its value TakeDeviceWaitSeconds counted already (modulo 2^64: it is never reset, nothing
+  // has to be ordered with the graphs on the host). `captured_timed`: the captured waits timed so. `last_watched`:
+  // the newest launch watched by WatchCompute — once it completed, no graph holding those clock kernels is half run.
+  uint64_t* graph_clock = nullptr;
+  uint64_t graph_clock_taken = 0;
+  int64_t captured_timed = 0;
+  SharedEvent last_watched;
+
+  ~Shared() {
+    if (graph_clock) cudaFree(graph_clock);
+  }
 
   // Aborts the communicator after a failure (the first one wins; later calls fail at once).
   Status Abort(Status why) {
@@ -220,12 +236,26 @@ class NcclWork : public comm::Work {
     if (!status_.ok() || !ev_ || waited_ || on_device_) return status_;
     if (Status f = shared_->Failed(); !f.ok()) return status_ = f;
     // Inside a stream capture (a CUDA graph recording the operation: the NCCL stream forked into it) the wait is the
-    // graph's join back; its events cannot be queried or timed, so nothing is watched or measured here — the graph's
-    // launcher watches each launch (Communicator::WatchCompute).
+    // graph's join back; its events cannot be queried or timed, so nothing is watched here — the graph's launcher
+    // watches each launch (Communicator::WatchCompute) — and the wait is timed by the device's clock: a clock
+    // kernel before the join and one after it (Shared::graph_clock), run at each launch.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(compute_, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+      const bool timed = shared_->graph_clock != nullptr;
+      if (timed) {
+        if (cudaError_t e = kernels::AddDeviceClock(shared_->graph_clock, /*add=*/false, compute_); e != cudaSuccess) {
+          return status_ = Internal("{}: timing the graph's wait for it: {}", what_, cudaGetErrorString(e));
+        }
+      }
       if (cudaError_t e = cudaStreamWaitEvent(compute_, ev_.get(), 0); e != cudaSuccess) {
         return status_ = Internal("{}: joining the graph's compute stream after it: {}", what_, cudaGetErrorString(e));
+      }
+      if (timed) {
+        if (cudaError_t e = kernels::AddDeviceClock(shared_->graph_clock, /*add=*/true, compute_); e != cudaSuccess) {
+          return status_ = Internal("{}: timing the graph's wait for it: {}", what_, cudaGetErrorString(e));
+        }
+        std::lock_guard<std::mutex> l(shared_->mu);
+        ++shared_->captured_timed;
       }
       on_device_ = true;
       return status_;
@@ -322,7 +352,8 @@ class NcclCommunicator : public comm::Communicator {
   bool p2p_in_order() const override { return true; }
   bool orders_after_compute() const override { return true; }
   bool waits_on_device() const override { return true; }
-  // The completed waits' times (the stream reached the wait .. the stream resumed); the others stay for later.
+  // The completed waits' times (the stream reached the wait .. the stream resumed); the others stay for later. Those
+  // recorded in graphs: what the graph clock gained since the last call, once the newest watched launch completed.
   double TakeDeviceWaitSeconds() override {
     std::lock_guard<std::mutex> l(shared_->mu);
     double s = 0;
@@ -334,6 +365,23 @@ class NcclCommunicator : public comm::Communicator {
       return true;
     });
     t.erase(done, t.end());
+    // Not while the backend's stream captures (a synchronous copy from the capturing thread would invalidate it).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (shared_->captured_timed > 0 && shared_->last_watched &&
+        cudaStreamIsCapturing(static_cast<cudaStream_t>(options_.compute_stream), &capture) == cudaSuccess &&
+        capture == cudaStreamCaptureStatusNone && cudaEventQuery(shared_->last_watched.get()) == cudaSuccess) {
+      // 8 bytes on the legacy stream, which the backend's non-blocking streams do not wait for (nor it for them).
+      uint64_t clock = 0;
+      if (cudaMemcpy(&clock, shared_->graph_clock, sizeof clock, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        // Negative: a launch no WatchCompute followed is half run (a clock kernel before a wait ran, the one after it
+        // not yet); left for a later call.
+        const auto gained = static_cast<int64_t>(clock - shared_->graph_clock_taken);
+        if (gained >= 0) {
+          s += static_cast<double>(gained) / 1e9;
+          shared_->graph_clock_taken = clock;
+        }
+      }
+    }
     return s;
   }
   Status WatchCompute(const std::string& what) override {
@@ -348,6 +396,7 @@ class NcclCommunicator : public comm::Communicator {
     std::lock_guard<std::mutex> l(shared_->mu);
     SharedEvent owned = OwnEvent(ev);
     if (shared_->aborted) return Status::Ok();  // Drain returns the failure
+    shared_->last_watched = owned;
     shared_->watched.push_back(
         {std::move(owned), fmt::format("{} on {} (rank {} of {})", what, options_.name, shared_->rank, shared_->size),
          std::chrono::steady_clock::now()});
@@ -549,6 +598,18 @@ Result<std::unique_ptr<comm::Communicator>> MakeNcclCommunicator(const std::stri
     return Internal("{}: creating the communication stream: {}", options.name, cudaGetErrorString(e));
   }
   auto shared = std::make_shared<Shared>();
+  // The graph clock, zeroed before any stream can use it (the memset is the legacy stream's, waited for here).
+  uint64_t* clock = nullptr;
+  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&clock), sizeof(uint64_t));
+  if (e == cudaSuccess) e = cudaMemset(clock, 0, sizeof(uint64_t));
+  if (e == cudaSuccess) e = cudaStreamSynchronize(nullptr);
+  if (e != cudaSuccess) {
+    if (clock) cudaFree(clock);
+    cudaStreamDestroy(stream);
+    ncclCommDestroy(c);
+    return Internal("{}: allocating the graph clock (8 bytes): {}", options.name, cudaGetErrorString(e));
+  }
+  shared->graph_clock = clock;
   shared->comm = c;
   shared->name = options.name;
   shared->rank = rank;

@@ -175,8 +175,9 @@ TEST_CASE("a collective waited on the device that never completes: the watchdog 
 // The communicator inside a CUDA graph: an operation issued while the compute stream captures forks the NCCL stream
 // into the capture, WaitOnDevice joins it back (nothing watched: a captured event cannot be queried), and each
 // launch is watched by WatchCompute — the drain waits for it, and a peer that never launches its graph is a timeout
-// naming the launch.
-TEST_CASE("the communicator in a CUDA graph: captured device waits, launches watched by WatchCompute") {
+// naming the launch. The captured wait is timed by the device's clock: rank 1 launching 100 ms late, rank 0's
+// stream spends them blocked in its graph, which TakeDeviceWaitSeconds reports once the launch completed.
+TEST_CASE("the communicator in a CUDA graph: captured device waits, timed, launches watched by WatchCompute") {
   Mode mode(sim::StreamMode::kDeferred);
   auto ranks = MakeGroup(std::chrono::milliseconds(300));
   auto record = [](Rank& k) {
@@ -192,14 +193,18 @@ TEST_CASE("the communicator in a CUDA graph: captured device waits, launches wat
   };
   std::vector<cudaGraphExec_t> execs(2);
   std::vector<std::vector<float>> got(2);
+  std::vector<double> blocked(2, -1.0);
   auto run = [&](int r) {
     Rank& k = ranks[static_cast<size_t>(r)];
     k.Fill(static_cast<float>(r + 1));
     execs[static_cast<size_t>(r)] = record(k);
-    CHECK(k.comm->TakeDeviceWaitSeconds() == 0);  // nothing timed inside the capture
+    CHECK(k.comm->TakeDeviceWaitSeconds() == 0);  // recorded, not yet run
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     REQUIRE(cudaGraphLaunch(execs[static_cast<size_t>(r)], k.compute) == cudaSuccess);
     REQUIRE(k.comm->WatchCompute("the test graph").ok());
     REQUIRE(k.comm->Drain().ok());
+    blocked[static_cast<size_t>(r)] = k.comm->TakeDeviceWaitSeconds();
+    CHECK(k.comm->TakeDeviceWaitSeconds() == 0);  // taken
     got[static_cast<size_t>(r)] = k.Consume();
   };
   std::thread other(run, 1);
@@ -207,6 +212,11 @@ TEST_CASE("the communicator in a CUDA graph: captured device waits, launches wat
   other.join();
   CHECK(got[0] == std::vector<float>(kN, 3.0f));
   CHECK(got[1] == std::vector<float>(kN, 3.0f));
+  // Rank 0's stream reached its graph's wait at once (its drain demanded it) and resumed when rank 1 took part.
+  CHECK(blocked[0] >= 0.05);
+  CHECK(blocked[0] < 5.0);
+  CHECK(blocked[1] >= 0.0);
+  CHECK(blocked[1] < blocked[0]);
   // Rank 0 launches again, rank 1 does not: the watched launch times out, the drain says so.
   REQUIRE(cudaGraphLaunch(execs[0], ranks[0].compute) == cudaSuccess);
   REQUIRE(ranks[0].comm->WatchCompute("the test graph").ok());

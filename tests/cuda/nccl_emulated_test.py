@@ -22,6 +22,7 @@ the CPU backend's losses:
               MEGASCALE_PP_P2P=ungrouped) deadlocks on NCCL semantics; the watchdog ends the job within the
               timeout, naming the group, the operation and the peer;
   graphs      runtime.cuda_graphs at tp 2 (the collectives captured in the graphs) gives the bits of op by op, deferred;
+              with every collective held 20 ms, the graphs' device waits are timed (comm_exposed_s) as op by op's;
   stuck peer  an injected stuck rank (MS_SIM_NCCL_STALL) ends the job within the timeout, naming group, op, peer;
               on tp 2, where a training step's collectives are waited for on the device (the host does not wait:
               the communicator's watchdog thread finds the timeout and aborts), the same;
@@ -262,23 +263,35 @@ def fused_sums16(name, parallel, sets=()):
     return bits_differ(got, "fused", "unfused")
 
 
-def graphs_same_bits(name, parallel, sets=(), env=None):
+def graphs_same_bits(name, parallel, sets=(), env=None, timed=False):
     """runtime.cuda_graphs at tp 2: each micro-batch slot's passes recorded with their tensor-parallel collectives
     (the NCCL stream forked into the capture, joined back by the device waits) and launched as graphs must give the
     bits of launching the ops one by one, under the deferred streams (env: DEFERRED unless given); rank 0's log must
-    say graphs were launched."""
-    got = {}
+    say graphs were launched.
+    timed: every collective held 20 ms on its stream (MS_SIM_NCCL_DELAY_MS) in both runs, and from step 2 on (every
+    micro-batch a graph's launch) the graphs' comm_exposed_s — their device waits timed by the device's clock — must
+    be at least half of op by op's (timing events around each wait), which must show the delays (>= 0.1 s)."""
+    got, exposed = {}, {}
     for variant in ("graphs", "eager"):
+        run_env = dict(DEFERRED if env is None else env, **({"MS_SIM_NCCL_DELAY_MS": "20"} if timed else {}))
         d, err = bf16_variant(name, variant, parallel,
-                              [f"runtime.cuda_graphs={'true' if variant == 'graphs' else 'false'}", *sets],
-                              DEFERRED if env is None else env)
+                              [f"runtime.cuda_graphs={'true' if variant == 'graphs' else 'false'}", *sets], run_env)
         if err:
             return err
         got[variant] = (series(d, "loss"), series(d, "grad_norm"))
+        exposed[variant] = series(d, "comm_exposed_s")
         log = open(os.path.join(d, "logs", "rank-0.log")).read()
         launched = "launched as graphs" in log and " 0 forwards and backwards launched as graphs" not in log
         if launched != (variant == "graphs"):
             return f"{variant}: rank 0's log says graphs were {'not ' if not launched else ''}launched"
+    if timed:
+        for step in sorted(exposed["eager"])[1:]:
+            g, e = exposed["graphs"].get(step, 0.0), exposed["eager"][step]
+            if e < 0.1 or g < 0.5 * e:
+                return (f"step {step}: comm_exposed_s {g:.3f} s with graphs, {e:.3f} s op by op (with 20 ms per "
+                        "collective: the waits inside the graphs untimed?)")
+        print(f"     {name}: comm_exposed_s per step with graphs {[round(v, 3) for v in exposed['graphs'].values()]}, "
+              f"op by op {[round(v, 3) for v in exposed['eager'].values()]}")
     return bits_differ(got, "graphs", "eager")
 
 
@@ -441,8 +454,9 @@ if not QUICK:
     # all-reduces, chunked; the sequential block with the fused bf16 sums; tp 2 x pp 2 x dp 2 with ZeRO-1.
     report("graphs-tp2-sp-chunks-same-bits",
            graphs_same_bits("graphs-tp2-sp", "{tp: 2, sequence_parallel: true, tp_comm_chunks: 2, micro_batches: 2}"))
-    report("graphs-tp2-chunks-same-bits",
-           graphs_same_bits("graphs-tp2", "{tp: 2, tp_comm_chunks: 2, micro_batches: 2}", ["model.block=sequential"]))
+    report("graphs-tp2-chunks-same-bits-timed",
+           graphs_same_bits("graphs-tp2", "{tp: 2, tp_comm_chunks: 2, micro_batches: 2}", ["model.block=sequential"],
+                            timed=True))
     report("graphs-tp2-sp-fused-bf16-sums-same-bits",
            graphs_same_bits("graphs-tp2-sums16", "{tp: 2, sequence_parallel: true, micro_batches: 2}",
                             ["model.block=sequential", "runtime.activations=bf16", "parallel.tp_reduce_dtype=bf16"]))

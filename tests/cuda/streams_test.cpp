@@ -4,11 +4,13 @@
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "sim/runtime_hooks.h"
@@ -375,13 +377,73 @@ TEST_CASE("stream capture across streams: forks and joins by events; a launch ru
     REQUIRE(cudaGraphLaunch(exec, f.a) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(f.a) == cudaSuccess);
     const std::vector<std::string> once = {"a1", "b1", "c1", "b2", "a2", "a3"};  // the issue order
-    std::vector<std::string> twice = once;
-    twice.insert(twice.end(), once.begin(), once.end());
-    CHECK(f.log == twice);
+    REQUIRE(f.log.size() == 2 * once.size());
+    if (mode == ms::sim::StreamMode::kSync) {  // one after the other, as issued
+      std::vector<std::string> twice = once;
+      twice.insert(twice.end(), once.begin(), once.end());
+      CHECK(f.log == twice);
+    }
+    // Each launch runs after the one before it, in an order its forks and joins allow (a2 may run before or after
+    // the forked branch b1 c1 b2, concurrently with it).
+    for (size_t launch = 0; launch < 2; ++launch) {
+      CAPTURE(launch);
+      const std::vector<std::string> half(f.log.begin() + static_cast<long>(launch * once.size()),
+                                          f.log.begin() + static_cast<long>((launch + 1) * once.size()));
+      std::vector<std::string> sorted = half, want = once;
+      std::sort(sorted.begin(), sorted.end());
+      std::sort(want.begin(), want.end());
+      REQUIRE(sorted == want);
+      auto at = [&](const char* name) { return std::find(half.begin(), half.end(), name) - half.begin(); };
+      for (auto [before, after] : std::vector<std::pair<const char*, const char*>>{
+               {"a1", "b1"}, {"b1", "c1"}, {"c1", "b2"}, {"b2", "a3"}, {"a1", "a2"}, {"a2", "a3"}}) {
+        CAPTURE(before);
+        CAPTURE(after);
+        CHECK(at(before) < at(after));
+      }
+    }
     // The forked streams work on their own again.
     f.Op(f.b, "b-after");
     REQUIRE(cudaStreamSynchronize(f.b) == cudaSuccess);
     CHECK(f.log.back() == "b-after");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+}
+
+// A graph's branches run concurrently (async and deferred modes): an operation of a forked branch that blocks until an
+// operation issued after it on the origin stream has run (as a captured wait for a collective blocks its branch
+// until the peer's part arrives) completes; run one after the other in issue order it would wait forever.
+TEST_CASE("stream capture across streams: a launch runs the forked branches concurrently with the origin's") {
+  for (auto mode : {ms::sim::StreamMode::kAsync, ms::sim::StreamMode::kDeferred}) {
+    CAPTURE(ms::sim::StreamModeName(mode));
+    Mode m(mode);
+    Forks f;
+    std::atomic<int> a2_runs{0};
+    std::atomic<bool> b1_saw_a2{false};
+    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    f.Op(f.a, "a1");
+    f.Wait(f.b, f.a);
+    REQUIRE(ms::sim::EnqueueOnStream(f.b, "b1", [&] {  // waits (up to 10 s) for this launch's a2
+              const auto t0 = std::chrono::steady_clock::now();
+              while (a2_runs == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              }
+              b1_saw_a2 = a2_runs > 0;
+              return cudaSuccess;
+            }) == cudaSuccess);
+    REQUIRE(ms::sim::EnqueueOnStream(f.a, "a2", [&] {
+              ++a2_runs;
+              return cudaSuccess;
+            }) == cudaSuccess);
+    f.Wait(f.a, f.b);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(f.a, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, f.a) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(f.a) == cudaSuccess);  // after the launch's every branch
+    CHECK(b1_saw_a2);
+    CHECK(a2_runs == 1);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }

@@ -7,6 +7,7 @@
 // a block, and single elements. Tolerances are stated per op: the kernels accumulate in fp32 where the
 // reference accumulates in double.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -763,6 +765,28 @@ TEST_CASE("kernels: fp32 <-> bf16 casts round to nearest even, exactly") {
     CHECK(back_bits == static_cast<uint32_t>(got) << 16);  // widening is exact
   }
   CHECK(mismatches == 0);
+}
+
+// The device's clock (AddDeviceClock, what times the device waits inside CUDA graphs): a subtraction and a later
+// addition leave the time between the two kernels' runs — here the host's sleep between their launches, each waited
+// for — and pairs accumulate; modulo 2^64, whatever the word held before.
+TEST_CASE("kernels: the device clock: a subtraction, then an addition, add the time between them") {
+  for (uint64_t start : {uint64_t{0}, ~uint64_t{0} - 5}) {
+    CAPTURE(start);
+    Dev<uint64_t> acc(std::vector<uint64_t>{start});
+    uint64_t want_ns = 0;
+    for (int pair = 0; pair < 2; ++pair) {
+      REQUIRE(AddDeviceClock(acc.get(), /*add=*/false, nullptr) == cudaSuccess);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      want_ns += 30'000'000;
+      REQUIRE(AddDeviceClock(acc.get(), /*add=*/true, nullptr) == cudaSuccess);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      const uint64_t gained = acc.Get()[0] - start;  // modulo 2^64
+      CHECK(gained >= want_ns);
+      CHECK(gained < want_ns + 2'000'000'000ull);  // the launches' own time: far below 2 s
+    }
+  }
 }
 
 // ---- semantics of the built-ins (the same expectations hold on a GPU) ----
