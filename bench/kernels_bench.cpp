@@ -27,6 +27,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +40,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -905,6 +907,16 @@ void SanityCasts(Sanity& s) {
     if (std::isnan(back[i]) && std::isnan(want_back[i])) back[i] = want_back[i];
   }
   s.Exact("CastBf16ToFloat (exact widening)", back, want_back);
+  // The device's clock: a subtraction, 2 ms of the host's sleep, an addition: at least 2 ms gained (and far below 1 s).
+  DevBuf<uint64_t> word(std::vector<uint64_t>{0}, "clock word");
+  s.Run("AddDeviceClock (subtract)", k::AddDeviceClock(word.get(), /*add=*/false, s.stream()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  s.Run("AddDeviceClock (add)", k::AddDeviceClock(word.get(), /*add=*/true, s.stream()));
+  const double gained_ms = static_cast<double>(word.Download()[0]) / 1e6;
+  if (!(gained_ms >= 2.0 && gained_ms < 1000.0)) {
+    Die(fmt::format("SANITY CHECK FAILED: AddDeviceClock: a pair around a 2 ms sleep gained {:.3f} ms", gained_ms));
+  }
+  s.Passed("AddDeviceClock (a pair around a 2 ms sleep)", fmt::format("{:.3f} ms gained", gained_ms));
 }
 
 void SanityElementwise(Sanity& s) {
@@ -1701,6 +1713,28 @@ void BenchElementwise(Bench& b, const Shape& s) {
     Fill(h, 57);
     b.Run("BiasGrad", fmt::format("R={} C={} bf16 dy (fc)", N, 4 * C), 2.0 * m + F * (2 * 4 * C + 2 * bg_n), 0,
           [&] { return k::BiasGrad(db.get(), bg_scratch.get(), h.get(), N, 4 * C, b.stream()); });
+  }
+  {
+    // The clock kernels that time the device waits inside CUDA graphs (runtime.cuda_graphs at tp > 1: a pair around
+    // each of a micro-batch's 4 L tensor-parallel sums, lib/cuda/nccl_comm.cpp), alone in one graph: what they add to
+    // a graphed micro-batch's critical path at most (the time of one launch of the graph).
+    const int64_t pairs = 4 * s.layers;
+    DevBuf<uint64_t> word(1, "clock word");
+    cudaGraphExec_t exec = nullptr;
+    if (!g_dry) {
+      cudaGraph_t graph = nullptr;
+      BENCH_CUDA(cudaStreamBeginCapture(b.stream(), cudaStreamCaptureModeThreadLocal));
+      for (int64_t i = 0; i < pairs; ++i) {
+        CheckLaunch("AddDeviceClock (captured)", k::AddDeviceClock(word.get(), /*add=*/false, b.stream()));
+        CheckLaunch("AddDeviceClock (captured)", k::AddDeviceClock(word.get(), /*add=*/true, b.stream()));
+      }
+      BENCH_CUDA(cudaStreamEndCapture(b.stream(), &graph));
+      BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      BENCH_CUDA(cudaGraphDestroy(graph));
+    }
+    b.Run("AddDeviceClock", fmt::format("{} pairs in one CUDA graph (4 L)", pairs), 0, 0,
+          [&] { return cudaGraphLaunch(exec, b.stream()); });
+    if (exec) BENCH_CUDA(cudaGraphExecDestroy(exec));
   }
 }
 
