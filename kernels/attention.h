@@ -86,8 +86,11 @@ void SetAttentionTcAsyncLoads(bool on);
 // one fragment row: a fragment load per MMA). Where the default would run the register softmax with asynchronous
 // copies (bf16 qkv with 16-byte aligned rows, the layout probe holding) and D <= 64; elsewhere the default runs. The
 // same bits as the default forward; 2 blocks of 4 warps per SM by registers where the default has 3. Off by default
-// until a GPU measurement (kernels_bench's `... wide` row) shows it faster. Process-wide.
+// until a GPU measurement (kernels_bench's `... wide` row) shows it faster, or the CUDA backend's autotuning
+// (runtime.attention_autotune) picks it. Process-wide. AttentionTcWideForwardLaunches: the forwards the process has
+// launched so.
 void SetAttentionTcWideForward(bool on);
+int64_t AttentionTcWideForwardLaunches();
 //
 // Where D equals the instance's head-dimension bound (64 or 128: the GPT configs) the register forward with
 // asynchronous copies runs an instance whose two products loop over D's fragments with compile-time bounds, so that
@@ -106,7 +109,8 @@ int64_t AttentionTcFixedBoundsLaunches();
 // the softmax is not forced through shared memory (SetAttentionTcSoftmax(kShared)), at D a multiple of 32 (at
 // D > 64 too, where kAuto's 4-warp dK/dV kernel runs its softmax through shared memory); elsewhere the default runs.
 // The same bits as the 4-warp kernel with the register softmax (dqkv, dqkv16, the bias gradient, the dS tiles). Off
-// by default until a GPU measurement (kernels_bench's `... split` rows) shows it faster. Process-wide.
+// by default until a GPU measurement (kernels_bench's `... split` rows) shows it faster, or the CUDA backend's
+// autotuning (runtime.attention_autotune) picks it. Process-wide.
 void SetAttentionTcSplitDkDv(bool on);
 // The backwards the process has launched with the split dK/dV kernel: what a caller reads before and after its call
 // to learn which kernel ran (where no other thread of the process launches an attention backward meanwhile: a

@@ -2067,6 +2067,7 @@ cudaError_t LaunchBackward(float* dqkv, __nv_bfloat16* dqkv16, float* dbias_part
 
 std::atomic<bool> g_async_loads{true};
 std::atomic<bool> g_wide_forward{false};
+std::atomic<int64_t> g_wide_launches{0};  // AttentionTcWideForwardLaunches
 std::atomic<bool> g_split_dkdv{false};
 std::atomic<int64_t> g_split_launches{0};  // AttentionTcSplitDkDvLaunches
 
@@ -2123,6 +2124,9 @@ void SetAttentionTcAsyncLoads(bool on) {
 void SetAttentionTcWideForward(bool on) {
   g_wide_forward.store(on);
 }
+int64_t AttentionTcWideForwardLaunches() {
+  return g_wide_launches.load();
+}
 void SetAttentionTcFixedBounds(bool on) {
   g_fixed_bounds.store(on);
 }
@@ -2150,7 +2154,9 @@ cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T
   const bool async = UseAsync<S>(qkv, qkv);
   if constexpr (std::is_same_v<S, __nv_bfloat16>) {
     if (g_wide_forward.load() && regs && async && s.D <= kWideMaxD) {
-      return LaunchForwardWide(out, out16, lse, qkv, qkv_bias, s, stream);
+      err = LaunchForwardWide(out, out16, lse, qkv, qkv_bias, s, stream);
+      if (err == cudaSuccess) g_wide_launches.fetch_add(1);
+      return err;
     }
   }
   return Dispatch<S>(s.D, regs, async, [&](auto inst) {

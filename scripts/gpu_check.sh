@@ -288,9 +288,12 @@ if want train; then
     # -split: the attention backward's 8-warp dK/dV kernel (runtime.attention_split_dkdv: true; the same bits).
     # -graphs: each micro-batch's forward and backward launched as a CUDA graph (runtime.cuda_graphs: true).
     # (-cudnn-graphs: both; cuDNN's plans are built and checked in the first, eager, micro-batch.)
-    for run in keep-bf16act keep-bf16act-cudnn keep-bf16act-split keep-bf16act-graphs keep-bf16act-cudnn-graphs \
-      keep-bf16act-nods keep \
-      1.3b-keep-bf16act 1.3b-keep-bf16act-cudnn 1.3b-keep-bf16act-split 1.3b-keep keep-bf16act-noepi cast cublas; do
+    # -autotune: the attention's same-bits kernel variants timed per pass and shape at the first call, the fastest
+    # kept (runtime.attention_autotune: true; its log lists every variant's time and any that gave other bits).
+    for run in keep-bf16act keep-bf16act-cudnn keep-bf16act-autotune keep-bf16act-split keep-bf16act-graphs \
+      keep-bf16act-cudnn-graphs keep-bf16act-nods keep \
+      1.3b-keep-bf16act 1.3b-keep-bf16act-cudnn 1.3b-keep-bf16act-autotune 1.3b-keep-bf16act-split 1.3b-keep \
+      keep-bf16act-noepi cast cublas; do
       cfg=configs/gpt2-small-gpu.yaml steps=12 mode=$run
       [[ $run == 1.3b-* ]] && cfg=configs/gpt-1.3b-gpu.yaml steps=8 mode=${run#1.3b-}
       extra=()
@@ -299,6 +302,7 @@ if want train; then
       [[ $mode == *-nods ]] && extra+=(--set runtime.attention_stored_ds=false)
       [[ $mode == *-cudnn* ]] && extra+=(--set runtime.attention_kernels=cudnn)
       [[ $mode == *-split ]] && extra+=(--set runtime.attention_split_dkdv=true)
+      [[ $mode == *-autotune ]] && extra+=(--set runtime.attention_autotune=true)
       [[ $mode == *-graphs* ]] && extra+=(--set runtime.cuda_graphs=true)
       limit=${cap[train]}
       [[ $run == 1.3b-* ]] && limit=$((limit + 50))  # its startup: ~35 s on an H200 (1.3 B parameters drawn on the host)

@@ -228,6 +228,20 @@ cudaError_t EnqueueLocked(Engine& e, StreamState* s, const char* what, StreamOp 
   return cudaSuccess;
 }
 
+// Destroys a stream: CUDA lets the work already enqueued finish; the emulator waits for it (so no worker outlives its
+// stream), then stops and joins its worker. Returns with the lock held again.
+void RetireLocked(Engine& e, std::unique_lock<std::mutex>& lock, StreamState* s) {
+  WaitLocked(e, lock, s, s->enqueued);
+  e.streams.erase(s);
+  s->stop = true;
+  e.cv.notify_all();
+  std::thread worker = std::move(s->worker);
+  lock.unlock();
+  if (worker.joinable()) worker.join();
+  delete s;
+  lock.lock();
+}
+
 void InvalidateLocked(GraphState* g, const std::string& why) {
   if (!g->invalid) {
     g->invalid = true;
@@ -278,15 +292,7 @@ cudaError_t DestroyStream(cudaStream_t stream) {
   auto* s = reinterpret_cast<StreamState*>(stream);
   if (stream == nullptr || !e.streams.count(s) || s->legacy) return cudaErrorInvalidResourceHandle;
   if (s->capture) return cudaErrorStreamCaptureUnsupported;  // end the capture first
-  // CUDA lets the work already enqueued finish; the emulator waits for it (so no worker outlives its stream).
-  WaitLocked(e, lock, s, s->enqueued);
-  e.streams.erase(s);
-  s->stop = true;
-  e.cv.notify_all();
-  std::thread worker = std::move(s->worker);
-  lock.unlock();
-  if (worker.joinable()) worker.join();
-  delete s;
+  RetireLocked(e, lock, s);
   return cudaSuccess;
 }
 
@@ -615,18 +621,9 @@ cudaError_t DestroyGraph(void* graph) {
   std::unique_lock<std::mutex> lock(e.mu);
   auto* g = static_cast<GraphState*>(graph);
   if (!e.graphs.erase(g)) return cudaErrorInvalidValue;
-  // Its lanes' streams: CUDA lets a launch in flight finish; the emulator waits for it (no worker outlives them).
+  // Its lanes' streams, after a launch still in flight.
   for (StreamState* ls : g->lane_streams) {
-    if (!ls) continue;
-    WaitLocked(e, lock, ls, ls->enqueued);
-    e.streams.erase(ls);
-    ls->stop = true;
-    e.cv.notify_all();
-    std::thread worker = std::move(ls->worker);
-    lock.unlock();
-    if (worker.joinable()) worker.join();
-    delete ls;
-    lock.lock();
+    if (ls) RetireLocked(e, lock, ls);
   }
   delete g;  // operations already issued on a stream hold their own copies
   return cudaSuccess;

@@ -140,6 +140,8 @@ struct RuntimeSpec {
   bool fused_kernels = true;  // fused epilogues (bias + GeLU, residual + biases); false: unfused, an ablation
   bool attention_stored_ds = true;    // the tensor-core attention backward keeps dS for its dQ kernel (5 products)
   bool attention_split_dkdv = false;  // its dK/dV kernel with 8 warps, each half of D (FlashAttention-2's split)
+  bool attention_autotune = false;    // the fastest of its same-bits kernel variants per pass and shape, timed at the
+                                      // first call (CUDA backend)
   bool cuda_graphs = false;           // each micro-batch slot's forward and backward launched as a recorded CUDA graph
   bool gemm_epilogues = true;  // with activations bf16 and bf16_operands keep: the fc bias + GeLU and its gradient
                                // in the fc GEMMs' cuBLASLt epilogues, the qkv bias in the qkv GEMM's (not added by

@@ -402,6 +402,7 @@ std::vector<Field> BuildFields() {
   f.push_back(Boolean("runtime.gemm_epilogues", MS_FIELD(runtime.gemm_epilogues)));
   f.push_back(Boolean("runtime.attention_stored_ds", MS_FIELD(runtime.attention_stored_ds)));
   f.push_back(Boolean("runtime.attention_split_dkdv", MS_FIELD(runtime.attention_split_dkdv)));
+  f.push_back(Boolean("runtime.attention_autotune", MS_FIELD(runtime.attention_autotune)));
   f.push_back(Boolean("runtime.cuda_graphs", MS_FIELD(runtime.cuda_graphs)));
   f.push_back(String("runtime.device_comm", MS_FIELD(runtime.device_comm), true, {"auto", "nccl", "gloo"}));
   f.push_back(String("runtime.bf16_operands", MS_FIELD(runtime.bf16_operands), true, {"keep", "cast", "cublas"}));

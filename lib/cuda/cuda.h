@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/comm.h"
 #include "core/core.h"
@@ -105,6 +106,11 @@ struct AttentionStats {
   int64_t cudnn_disagreed = 0;  // checks (below) that found cuDNN's result wrong: cuDNN left off after the first
   int64_t split_dkdv = 0;       // tensor-core backwards by the split dK/dV kernel (runtime.attention_split_dkdv)
   std::string cudnn_note;
+  // runtime.attention_autotune: the keys (pass and shape) tuned, the candidates left out for differing from the
+  // default's bits, and per key the choice with every candidate's time.
+  int64_t autotuned = 0;
+  int64_t autotune_disagreed = 0;
+  std::vector<std::string> autotune_notes;
 };
 AttentionStats GetAttentionStats(ops::Backend& backend);
 // runtime.attention_split_dkdv: the tensor-core attention backward's dK/dV kernel with FlashAttention-2's split — 8
@@ -112,6 +118,12 @@ AttentionStats GetAttentionStats(ops::Backend& backend);
 // (bf16 attention inputs with 16-byte aligned rows, D a multiple of 32, the register softmax); the same bits as the
 // default 4-warp kernel. InvalidArgument for a backend that is not a CUDA one.
 Status UseSplitDkDvAttention(ops::Backend& backend, bool on);
+// runtime.attention_autotune: at the first call of each pass and shape, megascale's tensor-core attention runs every
+// variant of its kernels that gives the default's bits (the wide forward, the split dK/dV kernel — at D <= 64 —, the
+// run-time product bounds) on the call's inputs, leaves out any whose outputs differ from the default's bit for bit
+// (logged as a kernel bug), and runs that call and the later ones of the shape with the fastest (lib/cuda/
+// attention_tune.h). The choice changes no result. InvalidArgument for a backend that is not a CUDA one.
+Status UseAttentionAutotune(ops::Backend& backend, bool on);
 // runtime.attention_kernels: cudnn — the bf16 training path's attention, forward and backward, through cuDNN's fused
 // attention (lib/cuda/cudnn_sdpa.h; libcudnn.so.9 loaded at the first call); where cuDNN does not take a call or
 // fails, megascale's kernel runs and GetAttentionStats counts it. Unimplemented in a build without

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/attention_tune.h"
 #include "cuda/cuda.h"
 #include "kernels.h"
 #if defined(MS_CUDA_HAVE_CUDNN)
@@ -424,8 +425,11 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "AttentionForward", out));
     MS_RETURN_IF_ERROR(QkvBiasTaken(qkv_bias, D, "AttentionForward"));
     if (TensorCoreAttention(D)) {
-      return Launch(kernels::AttentionForwardBf16(out, lse, qkv, B, T, H, D, window, s_, o16, qkv_bias),
-                    "attention forward (bf16 tensor cores)");
+      return TunedForward(AttentionKey("forward", B, T, H, D, window, "fp32 qkv",
+                                       {{"qkv", qkv}, {"bias", qkv_bias}, {"out", out}, {"out16", o16}, {"lse", lse}}),
+                          B, T, H, D, out, o16, lse, "attention forward (bf16 tensor cores)", [=, this] {
+                            return kernels::AttentionForwardBf16(out, lse, qkv, B, T, H, D, window, s_, o16, qkv_bias);
+                          });
     }
     MS_RETURN_IF_ERROR(Launch(kernels::AttentionForward(out, lse, qkv, B, T, H, D, window, s_), "attention forward"));
     return o16 ? CastToBf16(o16, out, B * T * H * D) : Status::Ok();
@@ -442,23 +446,95 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
     if (TensorCoreAttention(D)) {
       MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
-      return Launch(TcBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_, d16, qkv_bias, dqkv_bias, ds),
-                    "attention backward (bf16 tensor cores)");
+      return TunedBackward(AttentionKey("backward", B, T, H, D, window, "fp32 inputs",
+                                        {{"dout", dout},
+                                         {"qkv", qkv},
+                                         {"bias", qkv_bias},
+                                         {"out", out},
+                                         {"dqkv", dqkv},
+                                         {"dqkv16", d16},
+                                         {"dbias", dqkv_bias},
+                                         {"ds", ds}}),
+                           B, T, H, D, dqkv, d16, dqkv_bias, "attention backward (bf16 tensor cores)",
+                           [=, this](float* bias_grad) {
+                             return kernels::AttentionBackwardBf16(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window,
+                                                                   s_, d16, qkv_bias, bias_grad, ds);
+                           });
     }
     MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackward(dqkv, drow, dout, qkv, out, lse, B, T, H, D, window, s_),
                               "attention backward"));
     return d16 ? CastToBf16(d16, dqkv, B * T * 3 * H * D) : Status::Ok();
   }
-  // kernels::AttentionBackwardBf16, with the split dK/dV kernel where runtime.attention_split_dkdv asks for it (the
-  // kernels' switch is process-wide: set before every call, so that two backends of a process keep their own),
-  // counting the calls it ran (AttentionStats::split_dkdv; the kernels decide where it applies).
-  template <typename... A>
-  cudaError_t TcBackward(A... args) {
-    kernels::SetAttentionTcSplitDkDv(split_dkdv_);
+  // The tensor-core attention under runtime.attention_autotune (lib/cuda/attention_tune.h): the call's key — the
+  // pass, the shape, its inputs' type and which inputs and outputs are given, and whether all are 16-byte aligned
+  // (what the kernels' choice depends on).
+  std::string AttentionKey(const char* pass, int64_t B, int64_t T, int64_t H, int64_t D, int64_t window,
+                           const char* inputs, std::initializer_list<std::pair<const char*, const void*>> given) const {
+    if (!tuner_.on()) return {};
+    std::string names;
+    bool aligned = true;
+    for (const auto& [name, p] : given) {
+      if (!p) continue;
+      names += fmt::format("{}{}", names.empty() ? "" : " ", name);
+      aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+    }
+    return fmt::format("{} B={} T={} H={} D={} window={} ({}: {}{})", pass, B, T, H, D, window, inputs, names,
+                       aligned ? "" : "; not all 16-byte aligned");
+  }
+  // The forward `launch` makes (writing out, o16, lse) under the tuner's variant for `key`; with the tuner off, as it
+  // is (the kernels' switches as they were set).
+  template <typename L>
+  Status TunedForward(const std::string& key, int64_t B, int64_t T, int64_t H, int64_t D, const float* out,
+                      const void* o16, const float* lse, const char* what, const L& launch) {
+    if (!tuner_.on()) return Launch(launch(), what);
+    const size_t n = static_cast<size_t>(B * T * H * D);
+    const AttentionVariant def;
+    MS_ASSIGN_OR_RETURN(const AttentionVariant v,
+                        tuner_.Choose(key, /*backward=*/false, D, def, s_, capture_,
+                                      {{"out", out, out ? sizeof(float) * n : 0},
+                                       {"out16", o16, o16 ? 2 * n : 0},
+                                       {"lse", lse, sizeof(float) * static_cast<size_t>(B * H * T)}},
+                                      launch, [] { return cudaSuccess; }));
+    v.Apply();
+    const cudaError_t err = launch();
+    def.Apply();
+    return Launch(err, what);
+  }
+  // The backward `launch(bias_grad)` makes (writing dqkv, d16, adding the qkv bias gradient into bias_grad: the
+  // caller's dqkv_bias, or in tuning runs a scratch zeroed before each) with the tuner's variant for `key`, else with
+  // runtime.attention_split_dkdv's dK/dV kernel; counting the calls the split kernel ran (AttentionStats::split_dkdv;
+  // the kernels decide where it applies). The kernels' switches are process-wide: set before every call, so that two
+  // backends of a process keep their own.
+  template <typename L>
+  Status TunedBackward(const std::string& key, int64_t B, int64_t T, int64_t H, int64_t D, const float* dqkv,
+                       const void* d16, float* dqkv_bias, const char* what, const L& launch) {
+    AttentionVariant def;
+    def.split = split_dkdv_;
+    AttentionVariant v = def;
+    if (tuner_.on()) {
+      const size_t n = static_cast<size_t>(B * T * 3 * H * D), nb = static_cast<size_t>(3 * H * D);
+      float* tune_bias = nullptr;
+      if (dqkv_bias && !capture_) {
+        MS_ASSIGN_OR_RETURN(void* p, ws_[kTune].Get(device_, s_, sizeof(float) * nb));
+        tune_bias = static_cast<float*>(p);
+      }
+      MS_ASSIGN_OR_RETURN(
+          v, tuner_.Choose(
+                 key, /*backward=*/true, D, def, s_, capture_,
+                 {{"dqkv", dqkv, dqkv ? sizeof(float) * n : 0},
+                  {"dqkv16", d16, d16 ? 2 * n : 0},
+                  {"qkv bias gradient", tune_bias, tune_bias ? sizeof(float) * nb : 0}},
+                 [&] { return launch(tune_bias); },
+                 [&] { return tune_bias ? cudaMemsetAsync(tune_bias, 0, sizeof(float) * nb, s_) : cudaSuccess; }));
+      v.Apply();
+    } else {
+      kernels::SetAttentionTcSplitDkDv(split_dkdv_);
+    }
     const int64_t before = kernels::AttentionTcSplitDkDvLaunches();
-    const cudaError_t err = kernels::AttentionBackwardBf16(args...);
+    const cudaError_t err = launch(dqkv_bias);
     attention_stats_.split_dkdv += kernels::AttentionTcSplitDkDvLaunches() - before;
-    return err;
+    if (tuner_.on()) def.Apply();
+    return Launch(err, what);
   }
   // The attention backward's scratch: the row terms, then (with the qkv bias gradient) its 16-row chunk sums.
   Result<float*> AttentionScratch(int64_t B, int64_t T, int64_t H, int64_t D, bool bias_grad) {
@@ -491,9 +567,12 @@ class CudaBackend final : public ops::Backend {
     MS_ASSIGN_OR_RETURN(auto* o16, KeptOutput(out16, "AttentionForward16", out));
     MS_ASSIGN_OR_RETURN(const bool by_cudnn, CudnnAttentionForward(out, lse, qkv16, qkv_bias, B, T, H, D, window, o16));
     if (by_cudnn) return Status::Ok();
-    return Launch(kernels::AttentionForwardBf16(out, lse, static_cast<const __nv_bfloat16*>(qkv16), B, T, H, D, window,
-                                                s_, o16, qkv_bias),
-                  "attention forward (bf16 inputs, tensor cores)");
+    const auto* q16 = static_cast<const __nv_bfloat16*>(qkv16);
+    return TunedForward(AttentionKey("forward", B, T, H, D, window, "bf16 qkv",
+                                     {{"qkv", q16}, {"bias", qkv_bias}, {"out", out}, {"out16", o16}, {"lse", lse}}),
+                        B, T, H, D, out, o16, lse, "attention forward (bf16 inputs, tensor cores)", [=, this] {
+                          return kernels::AttentionForwardBf16(out, lse, q16, B, T, H, D, window, s_, o16, qkv_bias);
+                        });
   }
   // runtime.attention_kernels: cudnn — the attention through cuDNN's fused attention (lib/cuda/cudnn_sdpa.h) where it
   // takes the call: bf16 outputs only (cuDNN writes out16 and dqkv16, not fp32), no qkv bias to add (it is in the qkv
@@ -684,11 +763,12 @@ class CudaBackend final : public ops::Backend {
       auto* ref = static_cast<__nv_bfloat16*>(buf);
       MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, false));
       MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
-      MS_RETURN_IF_ERROR(Launch(
-          TcBackward(nullptr, drow, static_cast<const __nv_bfloat16*>(dout16), static_cast<const __nv_bfloat16*>(qkv16),
-                     nullptr, static_cast<const __nv_bfloat16*>(out16_in), lse, B, T, H, D, window, s_, ref, nullptr,
-                     nullptr, ds),
-          "attention backward (checking cuDNN's)"));
+      kernels::SetAttentionTcSplitDkDv(split_dkdv_);
+      MS_RETURN_IF_ERROR(Launch(kernels::AttentionBackwardBf16(nullptr, drow, static_cast<const __nv_bfloat16*>(dout16),
+                                                               static_cast<const __nv_bfloat16*>(qkv16), nullptr,
+                                                               static_cast<const __nv_bfloat16*>(out16_in), lse, B, T,
+                                                               H, D, window, s_, ref, nullptr, nullptr, ds),
+                                "attention backward (checking cuDNN's)"));
       MS_ASSIGN_OR_RETURN(const Discrepancy d, Compare(d16, ref, n_qkv));
       if (!d.Within(CudnnCheckTolerance())) {
         MS_CUDA_OK(cudaMemcpyAsync(d16, ref, sizeof(uint16_t) * n_qkv, cudaMemcpyDeviceToDevice, s_),
@@ -726,10 +806,24 @@ class CudaBackend final : public ops::Backend {
     if (by_cudnn) return Status::Ok();
     MS_ASSIGN_OR_RETURN(float* drow, AttentionScratch(B, T, H, D, dqkv_bias != nullptr));
     MS_ASSIGN_OR_RETURN(__nv_bfloat16 * ds, DsTiles(B, T, H, window));
-    return Launch(TcBackward(dqkv, drow, static_cast<const __nv_bfloat16*>(dout16),
-                             static_cast<const __nv_bfloat16*>(qkv16), out, static_cast<const __nv_bfloat16*>(out16_in),
-                             lse, B, T, H, D, window, s_, d16, qkv_bias, dqkv_bias, ds),
-                  "attention backward (bf16 inputs, tensor cores)");
+    const auto* g16 = static_cast<const __nv_bfloat16*>(dout16);
+    const auto* q16 = static_cast<const __nv_bfloat16*>(qkv16);
+    const auto* o16 = static_cast<const __nv_bfloat16*>(out16_in);
+    return TunedBackward(AttentionKey("backward", B, T, H, D, window, "bf16 inputs",
+                                      {{"dout", g16},
+                                       {"qkv", q16},
+                                       {"bias", qkv_bias},
+                                       {"out", out},
+                                       {"out16", o16},
+                                       {"dqkv", dqkv},
+                                       {"dqkv16", d16},
+                                       {"dbias", dqkv_bias},
+                                       {"ds", ds}}),
+                         B, T, H, D, dqkv, d16, dqkv_bias, "attention backward (bf16 inputs, tensor cores)",
+                         [=, this](float* bias_grad) {
+                           return kernels::AttentionBackwardBf16(dqkv, drow, g16, q16, out, o16, lse, B, T, H, D,
+                                                                 window, s_, d16, qkv_bias, bias_grad, ds);
+                         });
   }
   Status CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N,
                              int64_t V) override {
@@ -842,10 +936,17 @@ class CudaBackend final : public ops::Backend {
     return epilogue_stats_;
   }
   AttentionStats attention_stats() const {
-    return attention_stats_;
+    AttentionStats a = attention_stats_;
+    a.autotuned = tuner_.tuned();
+    a.autotune_disagreed = tuner_.disagreed();
+    a.autotune_notes = tuner_.notes();
+    return a;
   }
   void EnableSplitDkDv(bool on) {
     split_dkdv_ = on;
+  }
+  void EnableAttentionAutotune(bool on) {
+    tuner_.set_on(on);
   }
   Status EnableCudnnAttention() {
 #if defined(MS_CUDA_HAVE_CUDNN)
@@ -990,6 +1091,7 @@ class CudaBackend final : public ops::Backend {
     kCudnnRows,
     kCudnnCheck,
     kBlas,
+    kTune,
     kNumWorkspaces
   };
   static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
@@ -1203,6 +1305,7 @@ class CudaBackend final : public ops::Backend {
   bool cudnn_attention_ = false;   // runtime.attention_kernels: cudnn (EnableCudnnAttention), until cuDNN fails
   bool cudnn_wanted_ = false;      // asked for (EnableCudnnAttention), whether or not cuDNN is still on
   bool split_dkdv_ = false;        // runtime.attention_split_dkdv (EnableSplitDkDv)
+  AttentionTuner tuner_;           // runtime.attention_autotune (EnableAttentionAutotune)
   std::vector<void*> cudnn_kept_;  // device memory cuDNN's plans keep (cudnn::Sdpa::Memory::keep)
 #if defined(MS_CUDA_HAVE_CUDNN)
   std::unique_ptr<cudnn::Sdpa> cudnn_sdpa_;  // made at the first forward cuDNN takes
@@ -1343,6 +1446,13 @@ Status UseSplitDkDvAttention(ops::Backend& backend, bool on) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);
   if (!b) return InvalidArgument("runtime.attention_split_dkdv needs runtime.backend: cuda");
   b->EnableSplitDkDv(on);
+  return Status::Ok();
+}
+
+Status UseAttentionAutotune(ops::Backend& backend, bool on) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  if (!b) return InvalidArgument("runtime.attention_autotune needs runtime.backend: cuda");
+  b->EnableAttentionAutotune(on);
   return Status::Ok();
 }
 

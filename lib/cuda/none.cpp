@@ -43,6 +43,9 @@ Status UseCudnnAttention(ops::Backend&) {
 Status UseSplitDkDvAttention(ops::Backend&, bool) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }
+Status UseAttentionAutotune(ops::Backend&, bool) {
+  return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
+}
 Result<std::unique_ptr<ops::Backend>> MakeCudaBackend(device::Device*, bool, Bf16Operands, int64_t) {
   return Unavailable("this megascale was built without nvcc, so it has no CUDA backend");
 }

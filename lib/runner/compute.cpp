@@ -58,6 +58,9 @@ Result<Compute> MakeCompute(const config::JobSpec& spec, Runtime& rt) {
   if (spec.runtime.attention_split_dkdv) {
     MS_RETURN_IF_ERROR_CTX(cuda::UseSplitDkDvAttention(*c.backend, true), "{}", spec.source);
   }
+  if (spec.runtime.attention_autotune) {
+    MS_RETURN_IF_ERROR_CTX(cuda::UseAttentionAutotune(*c.backend, true), "{}", spec.source);
+  }
   if (spec.runtime.attention_kernels == "cudnn") {
     MS_RETURN_IF_ERROR_CTX(cuda::UseCudnnAttention(*c.backend), "{}", spec.source);
   }

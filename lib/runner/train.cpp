@@ -1013,6 +1013,13 @@ Result<TrainSummary> Train(const config::JobSpec& spec, const TrainOptions& opti
           "the split dK/dV kernel",
           as.stored_ds, as.recompute, as.split_dkdv);
     }
+    if (as.autotuned > 0) {
+      LogInfo(
+          "attention autotune: {} passes and shapes tuned ({} candidates left out for differing from the default's "
+          "bits); chosen:",
+          as.autotuned, as.autotune_disagreed);
+      for (const std::string& note : as.autotune_notes) LogInfo("  {}", note);
+    }
     if (as.cudnn_forward + as.cudnn_backward + as.cudnn_fallback > 0) {
       LogInfo(
           "attention by cuDNN's fused attention: {} forwards, {} backwards ({} of them checked against "

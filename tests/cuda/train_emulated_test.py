@@ -15,7 +15,8 @@ resumes on the emulated CUDA backend, both continuing on the uninterrupted run's
 operands (runtime.bf16_operands: keep, the default: roundings written by the LayerNorms and the bias + GeLU or by
 the GEMMs, weights once per step, or by the optimizer with its update) give the bits of casting at every GEMM
 (`cast`), fused and unfused, on one rank and on two, while a planted stale copy (MEGASCALE_PLANT=kept_bf16_stale,
-MEGASCALE_PLANT=optimizer_bf16_unwritten) is caught; runtime.attention_kernels: cudnn is refused by megascale-emu and,
+MEGASCALE_PLANT=optimizer_bf16_unwritten) is caught; runtime.attention_autotune gives the bits of a run without
+it, and leaves out candidates made to differ (MEGASCALE_PLANT=autotune_disagree); runtime.attention_kernels: cudnn is refused by megascale-emu and,
 on a GPU, trains on the CPU backend's losses with every attention call cuDNN's (none found wrong by its check). Every CUDA-backend train row carries rank 0's peak device
 memory so far (device_mem_peak_mib, never falling; none on the CPU backend), and `megascale bench` on the CUDA
 backend reports it per point (table, CSV, JSON).
@@ -261,6 +262,20 @@ case("attention-split-dkdv-same-bits", "parallel: {micro_batches: 2}", ["train.p
      "runtime.activations=bf16", "model.heads=2"], ["runtime.attention_split_dkdv=false"],
      ["runtime.attention_split_dkdv=true"], None, False,
      [(0, SPLIT_ATT.format(0)), (1, SPLIT_ATT.format(24))], check=same_bits)
+# runtime.attention_autotune: at the first call of each pass and shape every variant of the tensor-core attention
+# that gives the default's bits (the wide forward; the split dK/dV kernel, at D = 32 here) runs on the call's inputs,
+# its outputs compared with the default's, and the fastest runs from then on: the bits of a run without it, whichever
+# it chose; the log lists the candidates. With every candidate but the default made to differ in the comparison
+# (MEGASCALE_PLANT=autotune_disagree) both are left out, with a warning, and the default runs: the same bits again.
+TUNED = "attention autotune: 2 passes and shapes tuned ({} candidates left out for differing from the default's bits)"
+TUNE_SETS = ["train.precision=bf16", "runtime.activations=bf16", "model.heads=2"]
+case("attention-autotune-same-bits", "parallel: {micro_batches: 2}", TUNE_SETS, ["runtime.attention_autotune=false"],
+     ["runtime.attention_autotune=true"], None, False,
+     [(1, TUNED.format(0)), (1, "(default "), (1, ", wide "), (1, ", split ")], check=same_bits)
+case("attention-autotune-leaves-out-other-bits", "parallel: {micro_batches: 2}", TUNE_SETS,
+     ["runtime.attention_autotune=false"], ["runtime.attention_autotune=true"], {"MEGASCALE_PLANT": "autotune_disagree"},
+     False, [(1, TUNED.format(2)), (1, "differs from the default's bits, which they must give"),
+             (1, "wide left out: its out16 differs"), (1, "split left out: its dqkv16 differs")], check=same_bits)
 # ... and the epilogues do change the numerics (the switch is not ignored).
 case("gemm-epilogues-take-effect", "", ["train.precision=bf16", "runtime.activations=bf16"],
      ["runtime.gemm_epilogues=false"], ["runtime.gemm_epilogues=true"], None, True, check=same_bits)
