@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -669,15 +670,24 @@ cudaError_t LaunchGraph(void* exec, cudaStream_t stream) {
   on[0] = s;
   const uint64_t start = s->enqueued;  // the launch begins after what the stream had been given
   std::vector<std::vector<uint64_t>> seqs(lanes);
+  // What a point of a lane (after its first `upto` operations) depends on: its operation `upto`, and what the joins
+  // into the lane at that very point brought (a wait after the lane's last operation, passed on by an event recorded
+  // after it: the lane's later operations and events carry it, as CUDA's do). Joins point only at earlier points.
+  std::vector<std::pair<StreamState*, uint64_t>> deps;
+  std::function<void(uint32_t, uint64_t, size_t)> point = [&](uint32_t lane, uint64_t upto, size_t depth) {
+    if (upto > 0 && upto <= seqs[lane].size()) deps.emplace_back(on[lane], seqs[lane][upto - 1]);
+    if (depth > g->lane_joins.size()) return;  // (a chain of joins is never longer)
+    for (const GraphState::LaneJoin& j : g->lane_joins) {
+      if (j.into == lane && j.at == upto && j.from < lanes) point(j.from, j.upto, depth + 1);
+    }
+  };
   for (size_t i = 0; i < g->ops.size(); ++i) {
     const uint32_t lane = i < g->op_lane.size() && g->op_lane[i] < lanes ? g->op_lane[i] : 0;
     const uint64_t k = seqs[lane].size();  // the operations of its lane before it
-    std::vector<std::pair<StreamState*, uint64_t>> deps;
+    deps.clear();
     if (lane != 0 && k == 0 && start > 0) deps.emplace_back(s, start);
     for (const GraphState::LaneJoin& j : g->lane_joins) {
-      if (j.into == lane && j.at == k && j.upto > 0 && j.upto <= seqs[j.from].size()) {
-        deps.emplace_back(on[j.from], seqs[j.from][j.upto - 1]);
-      }
+      if (j.into == lane && j.at == k && j.from < lanes) point(j.from, j.upto, 0);
     }
     uint64_t seq = 0;
     EnqueueLocked(e, on[lane], "cudaGraphLaunch", g->ops[i].second, std::move(deps), &seq);
@@ -685,7 +695,7 @@ cudaError_t LaunchGraph(void* exec, cudaStream_t stream) {
     seqs[lane].push_back(seq);
   }
   if (lanes > 1) {  // the launch's end on the launching stream: after every lane
-    std::vector<std::pair<StreamState*, uint64_t>> deps;
+    deps.clear();
     for (size_t l = 1; l < lanes; ++l) {
       if (!seqs[l].empty()) deps.emplace_back(on[l], seqs[l].back());
     }

@@ -449,6 +449,43 @@ TEST_CASE("stream capture across streams: a launch runs the forked branches conc
   }
 }
 
+// A wait after a stream's last captured operation is passed on by an event recorded after it, as in CUDA: here b
+// waits for c after b1 and a waits for b, so a2 comes after c1 although no operation of b follows the wait.
+TEST_CASE("stream capture across streams: a join after a branch's last operation is passed on by its next event") {
+  for (auto mode : {ms::sim::StreamMode::kSync, ms::sim::StreamMode::kAsync, ms::sim::StreamMode::kDeferred}) {
+    CAPTURE(ms::sim::StreamModeName(mode));
+    Mode m(mode);
+    Forks f;
+    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    f.Op(f.a, "a1");
+    f.Wait(f.b, f.a);
+    f.Op(f.b, "b1");
+    f.Wait(f.c, f.a);
+    REQUIRE(ms::sim::EnqueueOnStream(f.c, "c1", [&f] {  // slow: a2 must still wait for it
+              std::this_thread::sleep_for(std::chrono::milliseconds(50));
+              std::lock_guard<std::mutex> l(f.mu);
+              f.log.emplace_back("c1");
+              return cudaSuccess;
+            }) == cudaSuccess);
+    f.Wait(f.b, f.c);  // after b1: b has no operation left
+    f.Wait(f.a, f.b);
+    f.Op(f.a, "a2");
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(f.a, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, f.a) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(f.a) == cudaSuccess);
+    REQUIRE(f.log.size() == 4);
+    auto at = [&](const char* name) { return std::find(f.log.begin(), f.log.end(), name) - f.log.begin(); };
+    CHECK(at("c1") < at("a2"));
+    CHECK(at("b1") < at("a2"));
+    CHECK(f.log.back() == "a2");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+}
+
 TEST_CASE("stream capture across streams: a fork not joined back, or the capture ended on it, fails") {
   Forks f;
   cudaGraph_t graph = nullptr;
