@@ -342,6 +342,17 @@ struct Forks {
     REQUIRE(cudaStreamIsCapturing(s, &st) == cudaSuccess);
     return st;
   }
+  // Ends a's capture, launches the graph once on a and waits for a (so for every branch of the launch).
+  void LaunchOnce() {
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(a, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, a) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
 };
 
 }  // namespace
@@ -436,16 +447,9 @@ TEST_CASE("stream capture across streams: a launch runs the forked branches conc
               return cudaSuccess;
             }) == cudaSuccess);
     f.Wait(f.a, f.b);
-    cudaGraph_t graph = nullptr;
-    REQUIRE(cudaStreamEndCapture(f.a, &graph) == cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-    REQUIRE(cudaGraphLaunch(exec, f.a) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(f.a) == cudaSuccess);  // after the launch's every branch
+    f.LaunchOnce();
     CHECK(b1_saw_a2);
     CHECK(a2_runs == 1);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
 }
 
@@ -470,19 +474,12 @@ TEST_CASE("stream capture across streams: a join after a branch's last operation
     f.Wait(f.b, f.c);  // after b1: b has no operation left
     f.Wait(f.a, f.b);
     f.Op(f.a, "a2");
-    cudaGraph_t graph = nullptr;
-    REQUIRE(cudaStreamEndCapture(f.a, &graph) == cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-    REQUIRE(cudaGraphLaunch(exec, f.a) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(f.a) == cudaSuccess);
+    f.LaunchOnce();
     REQUIRE(f.log.size() == 4);
     auto at = [&](const char* name) { return std::find(f.log.begin(), f.log.end(), name) - f.log.begin(); };
     CHECK(at("c1") < at("a2"));
     CHECK(at("b1") < at("a2"));
     CHECK(f.log.back() == "a2");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
 }
 
