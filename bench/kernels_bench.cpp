@@ -1505,7 +1505,7 @@ void BenchAttention(Bench& b, const Shape& s) {
     });
     k::SetAttentionTcAsyncLoads(true);
     // Training's forward with FlashAttention-2's tiling (k::SetAttentionTcWideForward: 128-row blocks, two fragment
-    // rows per warp); the default forward where it does not apply (D > 64), so the row then repeats the first.
+    // rows per warp; above D = 64 its query fragments read from shared memory at each key tile).
     k::SetAttentionTcWideForward(true);
     Row wf = b.Measure("AttentionForwardBf16", shape + " bf16 qkv+bias, out16 wide", q16_fwd_bytes, fwd_flops, [&] {
       return k::AttentionForwardBf16(nullptr, lse.get(), qkv16.get(), B, T, H, D, window, b.stream(), out16.get(),

@@ -84,8 +84,10 @@ void SetAttentionTcAsyncLoads(bool on);
 // The forward with FlashAttention-2's tiling: blocks of 128 query rows, each warp 32 of them as two 16-row fragment
 // rows, so that each K or V fragment a warp loads from shared memory feeds two MMAs (the default forward's warps own
 // one fragment row: a fragment load per MMA). Where the default would run the register softmax with asynchronous
-// copies (bf16 qkv with 16-byte aligned rows, the layout probe holding) and D <= 64; elsewhere the default runs. The
-// same bits as the default forward; 2 blocks of 4 warps per SM by registers where the default has 3. Off by default
+// copies (bf16 qkv with 16-byte aligned rows, the layout probe holding); elsewhere the default runs. Up to D = 64 a
+// warp's query fragments stay in registers; above, they are read from shared memory at each key tile (the two
+// fragment rows' output accumulators take 128 registers a lane at D = 128). The same bits as the default forward;
+// 2 blocks of 4 warps per SM by registers (the default: 3 at D <= 64, 2 above). Off by default
 // until a GPU measurement (kernels_bench's `... wide` row) shows it faster, or the CUDA backend's autotuning
 // (runtime.attention_autotune) picks it. Process-wide. AttentionTcWideForwardLaunches: the forwards the process has
 // launched so.

@@ -1026,40 +1026,70 @@ __global__ void __launch_bounds__(kThreads, kMaxD <= 64 ? 3 : 2)
 
 // ---- the wide forward (SetAttentionTcWideForward): two 16-row fragments per warp ----
 // The forward as FlashAttention-2 tiles it: a block of 4 warps owns 128 query rows, each warp 32 of them as two
-// fragment rows, and each K or V fragment a warp loads from shared memory feeds the MMAs of both (half the fragment
-// loads per product of the kernel above, whose warps own one). Only the training path's instance: bf16 qkv with
-// 16-byte aligned rows (the tiles copied asynchronously, double-buffered), the register softmax, D <= 64 (at D = 128
-// the two fragments' P V accumulators alone would take 128 registers a lane). Each fragment row runs exactly the
-// register forward's arithmetic in its order, so the outputs are the same bits (tested).
+// fragment rows, and each K or V fragment a warp loads from shared memory feeds the MMAs of both (half the K and V
+// fragment loads per product of the kernel above, whose warps own one). Only the training path's instances: bf16 qkv
+// with 16-byte aligned rows (the tiles copied asynchronously, double-buffered), the register softmax. Up to D = 64
+// the warp's query rows stay in fragments for the whole loop, as above; above it (WideQueriesShared) the two
+// fragment rows' P V accumulators alone take 128 registers a lane at D = 128, so the query rows stay in shared memory
+// and each Q fragment is loaded per tile, once for the four K fragments it meets (FlashAttention-2's choice at D = 128
+// too): per tile 16 + 32 + 32 fragment loads for 128 MMAs, where the kernel above makes 32 + 32 for 64. Each fragment
+// row runs exactly the register forward's arithmetic in its order, so the outputs are the same bits (tested).
+// kFullD: D == kMaxD, the products' loops with compile-time bounds, as the kernel above's.
 namespace {
 constexpr int kWideFrags = 2;                          // fragment rows per warp
 constexpr int kWideWarpRows = kWideFrags * kWarpRows;  // 32 query rows a warp owns
 constexpr int kWideRows = kWarps * kWideWarpRows;      // 128 query rows a block owns
-constexpr int kWideMaxD = 64;                          // the only instance
 
-// Forward, wide: K V, the second K V (which first holds the block's 128 query rows), per warp a fp32 area of 16
-// rows for the output, the k, v bias.
+// The wide forward reads its query fragments from shared memory at each tile above D = 64 (see above).
+__host__ __device__ constexpr bool WideQueriesShared(int max_d) {
+  return max_d > 64;
+}
+// The leading dimension (floats) of a warp's fp32 output area: LdForward(kMaxD), or with the queries shared
+// LdForward(D), whose 16 rows (64 (D + 4) + 256 bytes for 64 < D) fit in the warp's own 32 query rows (64 (D + 8)
+// bytes), where the area then lies: those rows are read only by the warp, and only in the loop.
+__host__ __device__ constexpr int WideLdF(int max_d, int D) {
+  return WideQueriesShared(max_d) ? LdForward(D) : LdForward(max_d);
+}
+constexpr bool WideAreasFit() {
+  for (int D = 64 + kF; D <= 128; D += kF) {
+    if (kWarpRows * sizeof(float) * WideLdF(128, D) > kWideWarpRows * sizeof(__nv_bfloat16) * LdH(D)) return false;
+  }
+  return true;
+}
+static_assert(WideAreasFit(), "a warp's fp32 output area fits in its 32 query rows");
+
+// Forward, wide: K V, the second K V, then either (queries in fragments) a fp32 area of 16 rows per warp for the
+// output, the block's 128 query rows staged first in the second K V; or (WideQueriesShared) the 128 query rows, each
+// warp's 32 holding its output area after the loop. Then the k, v bias.
+template <int kMaxD>
 size_t ForwardWideSharedBytes(int D) {
-  return 2 * TilePairBytes(D) + sizeof(float) * kWarps * kWarpRows * LdForward(kWideMaxD) +
-         kBiasStageBytes<kWideMaxD, true>;
+  const size_t tail = WideQueriesShared(kMaxD) ? sizeof(__nv_bfloat16) * kWideRows * LdH(D)
+                                               : sizeof(float) * kWarps * kWarpRows * LdForward(kMaxD);
+  return 2 * TilePairBytes(D) + tail + kBiasStageBytes<kMaxD, true>;
 }
 }  // namespace
 
 // One block per (b, h, query tile of 128); blockIdx.x = bh * ntiles + (ntiles - 1 - tile) (ntiles: of 128 rows).
-// out, out16, lse, qkv, qkv_bias as attention_forward_tc_kernel; D a multiple of 16, D <= 64.
-// (kThreads, 2): the two fragment rows' scores, P V accumulators and query fragments take about twice the registers.
-__global__ void __launch_bounds__(kThreads, 2)
+// out, out16, lse, qkv, qkv_bias as attention_forward_tc_kernel; D a multiple of 16, D <= kMaxD (64 < D with
+// kMaxD = 128). Launch bounds: with the queries in fragments (kThreads, 2): the two fragment rows' scores, P V
+// accumulators and query fragments take about twice the registers; with them shared (kThreads, 1): at D = 128 the
+// output accumulators alone take 128 registers a lane.
+template <int kMaxD, bool kFullD>
+__global__ void __launch_bounds__(kThreads, WideQueriesShared(kMaxD) ? 1 : 2)
     attention_forward_wide_tc_kernel(float* out, __nv_bfloat16* out16, float* lse, const __nv_bfloat16* qkv,
                                      const float* qkv_bias, int T, int H, int D, int window, int ntiles, float scale) {
-  constexpr int kMaxD = kWideMaxD, kLdF = LdForward(kMaxD), kDF = kMaxD / kF;
+  constexpr bool kQShared = WideQueriesShared(kMaxD);
+  constexpr int kDF = kMaxD / kF;
   const float scale2 = scale * kLog2e;
   MS_DYNAMIC_SHARED(__nv_bfloat16, smem);
-  const int ld = LdH(D);
+  const int ld = LdH(D), ldf = WideLdF(kMaxD, D);
+  const int dp = kFullD ? kMaxD : D;  // the products' D
   __nv_bfloat16* const Ks = smem;
   __nv_bfloat16* const Vs = Ks + kRows * ld;
-  __nv_bfloat16* const K1 = Vs + kRows * ld;  // the second K, V: 128 rows, the query staging first
-  float* const Fs = reinterpret_cast<float*>(K1 + 2 * kRows * ld);
-  float* const Bs = Fs + kWarps * kWarpRows * kLdF;
+  __nv_bfloat16* const K1 = Vs + kRows * ld;  // the second K, V (queries in fragments: the query staging first)
+  __nv_bfloat16* const Qs = kQShared ? K1 + 2 * kRows * ld : K1;    // the block's 128 query rows
+  float* const Fs = reinterpret_cast<float*>(K1 + 2 * kRows * ld);  // queries in fragments: the output areas
+  float* const Bs = kQShared ? reinterpret_cast<float*>(Qs + kWideRows * ld) : Fs + kWarps * kWarpRows * ldf;
 
   const int bh = blockIdx.x / ntiles, qt = ntiles - 1 - static_cast<int>(blockIdx.x % ntiles);
   const int b = bh / H, h = bh % H;
@@ -1075,19 +1105,23 @@ __global__ void __launch_bounds__(kThreads, 2)
     fa[fr] = ra + fr * kWarpRows;
     fb[fr] = min(fa[fr] + kWarpRows, T) - 1;
   }
-  float* const Fw = Fs + warp * kWarpRows * kLdF;
+  const __nv_bfloat16* const Qw = Qs + warp * kWideWarpRows * ld;  // the warp's 32 query rows
+  float* const Fw = kQShared ? reinterpret_cast<float*>(Qs + warp * kWideWarpRows * ld) : Fs + warp * kWarpRows * ldf;
   const KvBuffers kv = KeyTileBuffers<kMaxD, true>(Ks, Vs, K1, Bs, hb, hr.k, hr.v, row, T, D, window, q0, ld);
 
-  // The block's 128 query rows staged in the second K, V buffer (contiguous) while the first key tile flies.
-  LoadTileBf16(K1, ld, hr.q, hb.q, row, q0, T, D);
-  LoadTileBf16(K1 + kRows * ld, ld, hr.q, hb.q, row, q0 + kRows, T, D);
-  __syncthreads();
-  FragA qf[kWideFrags][kDF];
-  MS_UNROLL
-  for (int fr = 0; fr < kWideFrags; ++fr) {
+  // The block's 128 query rows (contiguous) while the first key tile flies: staged in the second K, V buffer and
+  // loaded into fragments, or kept (kQShared; the loop's first barrier publishes them).
+  LoadTileBf16(Qs, ld, hr.q, hb.q, row, q0, T, D);
+  LoadTileBf16(Qs + kRows * ld, ld, hr.q, hb.q, row, q0 + kRows, T, D);
+  FragA qf[kWideFrags][kQShared ? 1 : kDF];
+  if constexpr (!kQShared) {
+    __syncthreads();
     MS_UNROLL
-    for (int f = 0; f < kDF; ++f) {
-      if (f * kF < D) LoadFrag(qf[fr][f], K1 + (warp * kWideWarpRows + fr * kWarpRows) * ld + f * kF, ld);
+    for (int fr = 0; fr < kWideFrags; ++fr) {
+      MS_UNROLL
+      for (int f = 0; f < kDF; ++f) {
+        if (f * kF < D) LoadFrag(qf[fr][f], Qw + fr * kWarpRows * ld + f * kF, ld);
+      }
     }
   }
 
@@ -1113,14 +1147,23 @@ __global__ void __launch_bounds__(kThreads, 2)
                                             }
                                             MS_UNROLL
                                             for (int f = 0; f < kDF; ++f) {
-                                              if (f * kF >= D) break;
+                                              if (f * kF >= dp) break;
+                                              FragA qa[kWideFrags];
+                                              MS_UNROLL
+                                              for (int fr = 0; fr < kWideFrags; ++fr) {
+                                                if constexpr (kQShared) {
+                                                  LoadFrag(qa[fr], Qw + fr * kWarpRows * ld + f * kF, ld);
+                                                } else {
+                                                  qa[fr] = qf[fr][f];
+                                                }
+                                              }
                                               MS_UNROLL
                                               for (int j = 0; j < kTileFrags; ++j) {
                                                 FragBCol kb;
                                                 LoadFrag(kb, Kt + j * kF * ld + f * kF, ld);
                                                 MS_UNROLL
                                                 for (int fr = 0; fr < kWideFrags; ++fr)
-                                                  wmma::mma_sync(sc[fr][j], qf[fr][f], kb, sc[fr][j]);
+                                                  wmma::mma_sync(sc[fr][j], qa[fr], kb, sc[fr][j]);
                                               }
                                             }
                                             // The softmax of each fragment row, as ForwardRegs: P rounded into matrix_a
@@ -1135,7 +1178,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                             // (PTimesTile's order per row).
                                             MS_UNROLL
                                             for (int n = 0; n < kDF; ++n) {
-                                              if (n * kF >= D) break;
+                                              if (n * kF >= dp) break;
                                               MS_UNROLL
                                               for (int kk = 0; kk < kTileFrags; ++kk) {
                                                 FragBRow vb;
@@ -1147,11 +1190,12 @@ __global__ void __launch_bounds__(kThreads, 2)
                                             }
                                           });
 
-  if (rb < ra) return;  // after the last barrier
+  if (rb < ra) return;                   // after the last barrier
+  if constexpr (kQShared) __syncwarp();  // every lane's last query fragment load is done before Fw overwrites them
   MS_UNROLL
   for (int fr = 0; fr < kWideFrags; ++fr) {
     if (fb[fr] < fa[fr]) break;  // warp-uniform: this fragment row and the next lie past T
-    StoreForwardRowsRegs<kMaxD>(out, out16, lse, of[fr], m[fr], l[fr], Fw, kLdF, fa[fr], fb[fr], T, H, D, b, h, bh);
+    StoreForwardRowsRegs<kMaxD>(out, out16, lse, of[fr], m[fr], l[fr], Fw, ldf, fa[fr], fb[fr], T, H, D, b, h, bh);
   }
 }
 
@@ -2072,15 +2116,30 @@ std::atomic<bool> g_split_dkdv{false};
 std::atomic<int64_t> g_split_launches{0};  // AttentionTcSplitDkDvLaunches
 
 // The wide forward (attention_forward_wide_tc_kernel) over blocks of 128 query rows.
+template <int kMaxD, bool kFullD>
+cudaError_t LaunchForwardWideKernel(float* out, __nv_bfloat16* out16, float* lse, const __nv_bfloat16* qkv,
+                                    const float* qkv_bias, const attention_detail::AttentionShape& s,
+                                    cudaStream_t stream) {
+  const int heads = s.blocks / s.ntiles, ntiles = (s.T + kWideRows - 1) / kWideRows;  // B H, and tiles of 128 rows
+  const size_t smem = ForwardWideSharedBytes<kMaxD>(s.D);
+  cudaError_t err = AllowSharedBytes(attention_forward_wide_tc_kernel<kMaxD, kFullD>, smem);
+  if (err != cudaSuccess) return err;
+  MS_LAUNCH((attention_forward_wide_tc_kernel<kMaxD, kFullD>), heads * ntiles, kThreads, smem, stream, out, out16, lse,
+            qkv, qkv_bias, s.T, s.H, s.D, s.window, ntiles, s.scale);
+  return cudaGetLastError();
+}
+
+// The wide forward's instance for D: kMaxD 64, its kFullD one at D = 64 (unless SetAttentionTcFixedBounds(false);
+// counted as the other kernels' are), or kMaxD 128 with run-time bounds only — its kFullD instance spilled (sm_90:
+// 48 bytes stored, 68 loaded at 255 registers; ptxas then issues the next fragments' loads ahead of the MMAs).
 cudaError_t LaunchForwardWide(float* out, __nv_bfloat16* out16, float* lse, const __nv_bfloat16* qkv,
                               const float* qkv_bias, const attention_detail::AttentionShape& s, cudaStream_t stream) {
-  const int heads = s.blocks / s.ntiles, ntiles = (s.T + kWideRows - 1) / kWideRows;  // B H, and tiles of 128 rows
-  const size_t smem = ForwardWideSharedBytes(s.D);
-  cudaError_t err = AllowSharedBytes(attention_forward_wide_tc_kernel, smem);
-  if (err != cudaSuccess) return err;
-  MS_LAUNCH(attention_forward_wide_tc_kernel, heads * ntiles, kThreads, smem, stream, out, out16, lse, qkv, qkv_bias,
-            s.T, s.H, s.D, s.window, ntiles, s.scale);
-  return cudaGetLastError();
+  if (s.D > 64) return LaunchForwardWideKernel<128, false>(out, out16, lse, qkv, qkv_bias, s, stream);
+  if (s.D == 64 && g_fixed_bounds.load()) {
+    g_fixed_launches.fetch_add(1);
+    return LaunchForwardWideKernel<64, true>(out, out16, lse, qkv, qkv_bias, s, stream);
+  }
+  return LaunchForwardWideKernel<64, false>(out, out16, lse, qkv, qkv_bias, s, stream);
 }
 
 // The kAsync kernels run for bf16 operands whose rows are 16-byte aligned (every copy then is), unless turned off
@@ -2153,7 +2212,7 @@ cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T
   if ((err = UseRegisters(stream, /*backward_wide=*/false, &regs)) != cudaSuccess) return err;
   const bool async = UseAsync<S>(qkv, qkv);
   if constexpr (std::is_same_v<S, __nv_bfloat16>) {
-    if (g_wide_forward.load() && regs && async && s.D <= kWideMaxD) {
+    if (g_wide_forward.load() && regs && async) {
       err = LaunchForwardWide(out, out16, lse, qkv, qkv_bias, s, stream);
       if (err == cudaSuccess) g_wide_launches.fetch_add(1);
       return err;

@@ -85,8 +85,8 @@ Result<AttentionVariant> AttentionTuner::Choose(const std::string& key, bool bac
       AttentionVariant v = def;
       v.fixed = fixed;
       if (other) {
-        if (D > 64) continue;
         if (backward) {
+          if (D > 64) continue;     // the default's softmax runs through shared memory there: other bits
           if (def.split) continue;  // forced by runtime.attention_split_dkdv
           v.split = true;
         } else {

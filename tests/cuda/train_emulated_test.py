@@ -276,6 +276,12 @@ case("attention-autotune-leaves-out-other-bits", "parallel: {micro_batches: 2}",
      ["runtime.attention_autotune=false"], ["runtime.attention_autotune=true"], {"MEGASCALE_PLANT": "autotune_disagree"},
      False, [(1, TUNED.format(2)), (1, "differs from the default's bits, which they must give"),
              (1, "wide left out: its out16 differs"), (1, "split left out: its dqkv16 differs")], check=same_bits)
+# At D = 128 (one head of 128) the wide forward is a candidate too (its query fragments read from shared memory at
+# each tile), the split dK/dV kernel not (the default backward's softmax runs through shared memory there).
+case("attention-autotune-d128-same-bits", "parallel: {micro_batches: 2}",
+     [*TUNE_SETS, "model.hidden=128", "model.heads=1"], ["runtime.attention_autotune=false"],
+     ["runtime.attention_autotune=true"], None, False,
+     [(1, TUNED.format(0)), (1, "(default "), (1, ", wide ")], check=same_bits)
 # ... and the epilogues do change the numerics (the switch is not ignored).
 case("gemm-epilogues-take-effect", "", ["train.precision=bf16", "runtime.activations=bf16"],
      ["runtime.gemm_epilogues=false"], ["runtime.gemm_epilogues=true"], None, True, check=same_bits)
