@@ -342,6 +342,12 @@ struct Forks {
     REQUIRE(cudaStreamIsCapturing(s, &st) == cudaSuccess);
     return st;
   }
+  // Begins a capture of a with the operation a1, then forks b from a.
+  void BeginA1ForkB() {
+    REQUIRE(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    Op(a, "a1");
+    Wait(b, a);
+  }
   // Ends a's capture, launches the graph once on a and waits for a (so for every branch of the launch).
   void LaunchOnce() {
     cudaGraph_t graph = nullptr;
@@ -362,9 +368,7 @@ TEST_CASE("stream capture across streams: forks and joins by events; a launch ru
     CAPTURE(ms::sim::StreamModeName(mode));
     Mode m(mode);
     Forks f;
-    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    f.Op(f.a, "a1");
-    f.Wait(f.b, f.a);  // b forks from a
+    f.BeginA1ForkB();  // a1, then b forks from a
     CHECK(f.Status(f.b) == cudaStreamCaptureStatusActive);
     f.Op(f.b, "b1");
     f.Wait(f.c, f.b);  // c forks from b, and joins b back
@@ -431,9 +435,7 @@ TEST_CASE("stream capture across streams: a launch runs the forked branches conc
     Forks f;
     std::atomic<int> a2_runs{0};
     std::atomic<bool> b1_saw_a2{false};
-    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    f.Op(f.a, "a1");
-    f.Wait(f.b, f.a);
+    f.BeginA1ForkB();
     REQUIRE(ms::sim::EnqueueOnStream(f.b, "b1", [&] {  // waits (up to 10 s) for this launch's a2
               const auto t0 = std::chrono::steady_clock::now();
               while (a2_runs == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
@@ -460,9 +462,7 @@ TEST_CASE("stream capture across streams: a join after a branch's last operation
     CAPTURE(ms::sim::StreamModeName(mode));
     Mode m(mode);
     Forks f;
-    REQUIRE(cudaStreamBeginCapture(f.a, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
-    f.Op(f.a, "a1");
-    f.Wait(f.b, f.a);
+    f.BeginA1ForkB();
     f.Op(f.b, "b1");
     f.Wait(f.c, f.a);
     REQUIRE(ms::sim::EnqueueOnStream(f.c, "c1", [&f] {  // slow: a2 must still wait for it
