@@ -6,6 +6,7 @@ much output made CMake's backtracking regex engine run for minutes.)
 
 Usage: check_roofline.py KERNELS_BENCH
 """
+import os
 import re
 import subprocess
 import sys
@@ -50,9 +51,42 @@ for config in ("gpt2-small-gpu", "gpt-1.3b"):
         if v < 0 or not re.search(rf"^    step +{NUM} ms -> {NUM} tokens/s, .*MFU {NUM}% of", section[v:],
                                   re.MULTILINE):
             problems.append(f"{config}: no '{variant}' prediction with a step time and an MFU")
+# scripts/gpu_check.sh's profile stage: its --rows regex must select training's six tensor-core attention rows of
+# each GPU config (the default forward and stored-dS backward, the wide forward, the split dK/dV kernel, the run-time
+# product bounds), no more — a row renamed here would otherwise leave Nsight Compute profiling nothing or the wrong
+# rows on the next GPU.
+script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "gpu_check.sh")
+m = re.search(r"^profile_rows='(.*)'$", open(script).read(), re.MULTILINE)
+if m is None:
+    problems.append("scripts/gpu_check.sh defines no profile_rows='...'")
+else:
+    sel = subprocess.run([sys.argv[1], "--roofline-only", "--preset", "gpu-configs", "--rows", m.group(1)],
+                         capture_output=True, text=True, timeout=120)
+    want = []
+    for shape in ("B=16 T=1024 H=12 D=64 window=0", "B=4 T=2048 H=16 D=128 window=0"):
+        for kernel, what in (("AttentionForwardBf16", "bf16 qkv, out16, no bias"),
+                             ("AttentionForwardBf16", "bf16 qkv, out16, no bias varD"),
+                             ("AttentionForwardBf16", "bf16 qkv+bias, out16 wide"),
+                             ("AttentionBackwardBf16", "bf16 in, dqkv16+dbias, no bias, stored dS"),
+                             ("AttentionBackwardBf16", "bf16 in, dqkv16+dbias, no bias, stored dS varD"),
+                             ("AttentionBackwardBf16", "bf16 in, dqkv16+dbias, no bias, stored dS split")):
+            want.append(f"{kernel} {shape} {what}")
+    listed = [" ".join(line.split()[:1]) + " " + line[29:].split("  ")[0].strip()
+              for line in sel.stdout.splitlines() if line.startswith("Attention")]
+    if sel.returncode != 0:
+        problems.append(f"--rows of the profile stage: exit {sel.returncode}: {sel.stderr.strip()}")
+    elif sorted(listed) != sorted(want):
+        problems.append(f"the profile stage's --rows selects {listed}, not training's 12 rows {want}")
+    elif not re.search(r"^rows: 12 of \d+ run", sel.stdout, re.MULTILINE):
+        problems.append("no 'rows: 12 of N run' line for the profile stage's --rows")
+    # A regex that selects nothing is an error that names the problem, not an empty run.
+    none = subprocess.run([sys.argv[1], "--roofline-only", "--preset", "gpt2-small", "--rows", "^NoSuchRow"],
+                          capture_output=True, text=True, timeout=120)
+    if none.returncode == 0 or "matches none of the" not in none.stderr:
+        problems.append(f"--rows matching nothing: exit {none.returncode}, stderr {none.stderr.strip()!r}")
 for p in problems:
     print("FAIL", p)
 if problems:
     print(out[-3000:])
     sys.exit(1)
-print("ok: rows and the five predictions of both GPU configs")
+print("ok: rows and the five predictions of both GPU configs; the profile stage's 12 rows")

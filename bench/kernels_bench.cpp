@@ -18,6 +18,11 @@
 //   kernels_bench [--preset all|gpt2-small|gpt2-xl|gpu-configs|gpt2-small-gpu|gpt-1.3b] [--tokens N --hidden C
 //                 --heads H --vocab V --seq T --window W --layers L --tp P] [--iters I] [--warmup W] [--device D]
 //                 [--json FILE] [--roofline h100|h100-pcie|h200|a100] [--roofline-only] [--micro-batches M]
+//                 [--rows REGEX] [--no-sanity]
+//
+// --rows runs (or with --roofline-only lists) only the rows whose "kernel shape" label the ECMAScript regex finds;
+// --no-sanity skips the sanity checks (for a profiler run after a checked one: scripts/gpu_check.sh's profile stage
+// selects training's attention rows of both GPU configs so that Nsight Compute sees only their launches).
 //
 // docs/PERFORMANCE.md ("GPU kernels (kernels_bench)"), docs/cuda.md ("Benchmark"), scripts/bench_kernels.sh.
 #include <cublas_v2.h>
@@ -38,6 +43,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -96,6 +102,10 @@ void SyncAfter(const std::string& what, cudaStream_t stream) {
 // --roofline-only: no device is touched (buffers are not allocated, nothing is launched or timed); the tables show
 // each launcher's bytes, FLOPs and the time the roofline GPU needs for them. Set once in main, before any work.
 bool g_dry = false;
+
+// --rows: the rows to run (their "kernel shape" label searched), and how many rows were offered / run. Set in main.
+std::unique_ptr<std::regex> g_rows;
+int64_t g_rows_offered = 0, g_rows_run = 0;
 
 // Datasheet figures of a GPU (dense, no sparsity), the roofline the kernels are compared with.
 struct Roofline {
@@ -1093,7 +1103,8 @@ struct Row {
   double ref_flops = 0;
   std::string ref_what;
   Unit unit = Unit::kMemory;
-  double roof_ms = 0;  // the roofline GPU's time for bytes and flops (RoofSeconds)
+  double roof_ms = 0;    // the roofline GPU's time for bytes and flops (RoofSeconds)
+  bool skipped = false;  // left out by --rows: not launched, not printed
 
   double gbps() const { return bytes / (t.median_ms * 1e-3) / 1e9; }
   double tflops() const { return flops / (t.median_ms * 1e-3) / 1e12; }
@@ -1125,10 +1136,21 @@ class Bench {
     r.flops = flops;
     r.unit = UnitOf(kernel);
     r.roof_ms = 1e3 * RoofSeconds(roof_, bytes, flops, r.unit);
+    ++g_rows_offered;
+    if (!Wanted(kernel, shape)) {
+      r.skipped = true;
+      return r;
+    }
+    ++g_rows_run;
     r.t = timer_.Time(kernel + " " + shape, launch);
     return r;
   }
+  // Whether --rows selects the row (every row without --rows).
+  static bool Wanted(const std::string& kernel, const std::string& shape) {
+    return !g_rows || std::regex_search(kernel + " " + shape, *g_rows);
+  }
   void Emit(Row r) {
+    if (r.skipped) return;
     if (g_dry) {
       fmt::print("{:<28} {:<56} {:>10.2f} {:>10.3f} {:>8} {:>6} {:>9.4f}\n", r.kernel, r.shape, r.bytes / 1e6,
                  r.flops / 1e9, UnitName(r.unit),
@@ -1368,6 +1390,7 @@ void BenchAttention(Bench& b, const Shape& s) {
   Fill(out16, 29);
   Fill(qkv_bias, 27);
   Fill(dout, 25);
+  Fill(lse, 30, 0.0f, 7.0f);  // finite row statistics for a backward row whose forward rows --rows left out
   std::vector<int64_t> windows = {0};
   if (s.window > 0) windows.push_back(s.window);
 #if defined(MS_BENCH_HAVE_CUDNN)
@@ -1561,7 +1584,11 @@ void BenchAttention(Bench& b, const Shape& s) {
     if (g_dry || cudnn.sdpa) {
       const ms::cuda::cudnn::SdpaShape cs{B, T, H, D, window};
       std::string why = ms::cuda::cudnn::Unsupported(cs);
-      if (why.empty() && !g_dry) {
+      const std::string cf_shape = shape + " bf16 qkv, out16, no bias cudnn",
+                        cb_shape = shape + " bf16 in, dqkv16, no bias cudnn";
+      const bool wanted =
+          Bench::Wanted("AttentionForwardBf16", cf_shape) || Bench::Wanted("AttentionBackwardBf16", cb_shape);
+      if (why.empty() && !g_dry && wanted) {  // (--rows without them: not even the plans built)
         ms::Status st = cudnn.sdpa->Forward(qkv16.get(), out16.get(), lse.get(), cs);
         if (st.ok()) {
           st = cudnn.sdpa->Backward(qkv16.get(), out16.get(), dout16.get(), lse.get(), dqkv16.get(), cudnn_rows.get(),
@@ -1580,15 +1607,13 @@ void BenchAttention(Bench& b, const Shape& s) {
         fmt::print("cuDNN attention {}: not run: {}\n", shape, why);
       } else {
         const double cudnn_bwd_bytes = 2.0 * (n_out + n_qkv + n_out + n_qkv) + F * (2 * n_lse + 2 * n_out);
-        Row cf = b.Measure(
-            "AttentionForwardBf16", shape + " bf16 qkv, out16, no bias cudnn", q16_fwd_bytes, fwd_flops,
-            [&] { return CudnnAttention::Launched(cudnn.sdpa->Forward(qkv16.get(), out16.get(), lse.get(), cs)); });
-        Row cb =
-            b.Measure("AttentionBackwardBf16", shape + " bf16 in, dqkv16, no bias cudnn", cudnn_bwd_bytes,
-                      bwd_flops * 5.0 / 7.0, [&] {
-                        return CudnnAttention::Launched(cudnn.sdpa->Backward(
-                            qkv16.get(), out16.get(), dout16.get(), lse.get(), dqkv16.get(), cudnn_rows.get(), cs));
-                      });
+        Row cf = b.Measure("AttentionForwardBf16", cf_shape, q16_fwd_bytes, fwd_flops, [&] {
+          return CudnnAttention::Launched(cudnn.sdpa->Forward(qkv16.get(), out16.get(), lse.get(), cs));
+        });
+        Row cb = b.Measure("AttentionBackwardBf16", cb_shape, cudnn_bwd_bytes, bwd_flops * 5.0 / 7.0, [&] {
+          return CudnnAttention::Launched(cudnn.sdpa->Backward(qkv16.get(), out16.get(), dout16.get(), lse.get(),
+                                                               dqkv16.get(), cudnn_rows.get(), cs));
+        });
         for (Row* r : {&cf, &cb}) {
           r->ref = ref;
           r->ref_flops = ref_flops;
@@ -1842,7 +1867,7 @@ void BenchGemm(Bench& b, const Shape& s) {
           GemmRowMajor(b.blas(), g.ta, g.tb, g.M, g.N, g.K, &one, a.get(), lda, bm.get(), ldb, &zero, c.get(), ldc));
       return cudaSuccess;
     };
-    r.ref = b.timer().Time("cublasGemmEx " + shape, cublas_bf16);
+    if (!r.skipped) r.ref = b.timer().Time("cublasGemmEx " + shape, cublas_bf16);
     r.ref_flops = flops;
     r.ref_what = "cublasGemmEx, same shape";
     b.Emit(r);
@@ -1858,11 +1883,13 @@ void BenchGemm(Bench& b, const Shape& s) {
                                         &zero, c.get(), ldc));
       return cudaSuccess;
     });
-    f.ref = b.timer().Time("casts + cublasGemmEx " + shape, [&] {
-      cudaError_t err = k::CastFloatToBf16(a.get(), a32.get(), g.M * g.K, b.stream());
-      if (err == cudaSuccess) err = k::CastFloatToBf16(bm.get(), b32.get(), g.K * g.N, b.stream());
-      return err != cudaSuccess ? err : cublas_bf16();
-    });
+    if (!f.skipped) {
+      f.ref = b.timer().Time("casts + cublasGemmEx " + shape, [&] {
+        cudaError_t err = k::CastFloatToBf16(a.get(), a32.get(), g.M * g.K, b.stream());
+        if (err == cudaSuccess) err = k::CastFloatToBf16(bm.get(), b32.get(), g.K * g.N, b.stream());
+        return err != cudaSuccess ? err : cublas_bf16();
+      });
+    }
     f.ref_flops = flops;
     f.ref_what = "CastFloatToBf16 of A and B, then cublasGemmEx (the backend's bf16 GEMM as built)";
     b.Emit(f);
@@ -2301,8 +2328,9 @@ int main(int argc, char** argv) {
       "--preset (default gpt2-small) with the flags' values."};
   std::string preset = "all", json, roofline;
   int iters = 50, warmup = 5, device = 0;
-  bool roofline_only = false;
+  bool roofline_only = false, no_sanity = false;
   int64_t micro_batches = 1;
+  std::string rows;
   Shape custom{"custom", 8192, 768, 12, 50304, 1024, 256, 12, 1};
   app.add_option("--preset", preset,
                  "all (gpt2-small, gpt2-xl) | gpt2-small | gpt2-xl | gpu-configs (gpt2-small-gpu, gpt-1.3b: "
@@ -2330,7 +2358,29 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed launches first")->check(CLI::Range(0, 100000));
   app.add_option("--device", device, "CUDA device ordinal")->check(CLI::NonNegativeNumber);
   app.add_option("--json", json, "also write the results as JSON to this file");
+  app.add_option("--rows", rows,
+                 "only the rows whose \"kernel shape\" label this ECMAScript regex finds (the label is a row's "
+                 "first two columns; --roofline-only lists them all)");
+  app.add_flag("--no-sanity", no_sanity,
+               "skip the sanity checks against the CPU reference (for a profiler run after a checked run: the "
+               "times are then of launchers not checked on this machine)");
   CLI11_PARSE(app, argc, argv);
+  if (!rows.empty()) {
+    try {
+      g_rows = std::make_unique<std::regex>(rows, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      Die(fmt::format("--rows '{}': not a regular expression: {}", rows, e.what()));
+    }
+  }
+  // After the shapes ran: --rows must have selected something (a typo would otherwise measure nothing, silently).
+  auto report_rows = [&] {
+    if (!g_rows) return;
+    if (g_rows_run == 0) {
+      Die(fmt::format("--rows '{}' matches none of the {} rows; kernels_bench --roofline-only lists them", rows,
+                      g_rows_offered));
+    }
+    fmt::print("\nrows: {} of {} run (--rows '{}')\n", g_rows_run, g_rows_offered, rows);
+  };
 
   const Shape small{"gpt2-small", 8192, 768, 12, 50304, 1024, 256, 12, 1};
   const Shape xl{"gpt2-xl", 8192, 1600, 25, 50304, 1024, 256, 48, 1};
@@ -2391,6 +2441,7 @@ int main(int argc, char** argv) {
         "read and written, scratch written and read); roof ms = max(bytes / bandwidth, FLOPs / peak of the unit)\n");
     Bench bench(nullptr, nullptr, 0, 1, roof.bandwidth, roof);
     for (const Shape& s : shapes) BenchShape(bench, s, roof, micro_batches);
+    report_rows();
     return 0;
   }
 
@@ -2431,18 +2482,22 @@ int main(int argc, char** argv) {
       "/ median time)\n\n",
       m.copy_bw / 1e9, 100.0 * m.copy_bw / m.peak_bw);
 
-  fmt::print("sanity: every launcher once on a small shape against the CPU reference (ms::ops::ref)\n");
-  Sanity san(stream, blas);
-  SanityGelu(san);
-  SanityLayerNorm(san);
-  SanityAttention(san);
-  SanityCrossEntropy(san);
-  SanityEmbedding(san);
-  SanityOptimizers(san);
-  SanityCasts(san);
-  SanityElementwise(san);
-  SanityGemm(san);
-  fmt::print("sanity: all {} checks passed\n\n", san.checks());
+  if (no_sanity) {
+    fmt::print("sanity: skipped (--no-sanity): the launchers below were not checked against the CPU reference\n\n");
+  } else {
+    fmt::print("sanity: every launcher once on a small shape against the CPU reference (ms::ops::ref)\n");
+    Sanity san(stream, blas);
+    SanityGelu(san);
+    SanityLayerNorm(san);
+    SanityAttention(san);
+    SanityCrossEntropy(san);
+    SanityEmbedding(san);
+    SanityOptimizers(san);
+    SanityCasts(san);
+    SanityElementwise(san);
+    SanityGemm(san);
+    fmt::print("sanity: all {} checks passed\n\n", san.checks());
+  }
 
   fmt::print(
       "timing: {} warm-up launches, then the median (and min) of {} launches, each between cudaEvents on one "
@@ -2469,6 +2524,7 @@ int main(int argc, char** argv) {
       roofline.empty() && !detected ? " — this GPU is not in the table, H100 figures used" : "");
   Bench bench(stream, blas, warmup, iters, m.peak_bw, roof);
   for (const Shape& s : shapes) BenchShape(bench, s, roof, micro_batches);
+  report_rows();
   if (!json.empty()) {
     WriteJson(json, m, shapes, warmup, iters, bench.rows());
     fmt::print("\nwrote {}\n", json);

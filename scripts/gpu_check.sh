@@ -28,9 +28,12 @@
 #   torch_compile  (only when named) the same for GPT-2 small with torch.compile (its compilation takes a minute or
 #              more of device time): the baseline torchtitan-style trainers reach
 #   profile    Nsight Compute (ncu --clock-control none; it reads the counters on Firecracker machines, not on gVisor)
-#              over the tensor-core attention kernels of one kernels_bench pass at GPT-2 small's shape: per launch
-#              its duration, SM / memory / L1 throughput, occupancy, registers, shared memory and warp stall reasons
-#              (profile.csv in logs.tar.gz) — where the attention's time goes (docs/PERFORMANCE.md: half the step)
+#              over one launch of each of training's tensor-core attention rows of kernels_bench at both GPU
+#              configs' shapes without a window ($profile_rows: the default forward and stored-dS backward, the
+#              wide forward, the split dK/dV kernel, the run-time product bounds; --no-sanity, the kernels stage
+#              checks them): per launch its duration, SM / memory / L1 throughput, occupancy, registers, shared
+#              memory and warp states (profile.csv in logs.tar.gz), one line each in summary.txt
+#              (scripts/ncu_summary.py) — where the attention's time goes (docs/PERFORMANCE.md: half the step)
 #   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 # The machine (nvidia-smi) is printed first; after every stage $OUT/summary.txt (the table of stages, exit status and
 # seconds, and per training run its median step time, tokens/s and MFU) and $OUT/logs.tar.gz (the text files: logs,
@@ -54,6 +57,11 @@ budget=540
 build_it=1
 bundle_file=""
 stages="tests,kernels,train,torch,sanitizer"  # torch_compile and profile only when named
+# The profile stage's kernels_bench rows (its "kernel shape" labels; bench/check_roofline.py checks that this selects
+# the 6 rows of each GPU config) and the kernels Nsight Compute profiles: the row terms and every tensor-core
+# attention kernel, the layout probe left out. 6 forward and 18 backward launches.
+profile_rows='^Attention(Forward|Backward)Bf16 B=[0-9]+ T=[0-9]+ H=[0-9]+ D=[0-9]+ window=0 bf16 (qkv, out16, no bias( varD)?|qkv\+bias, out16 wide|in, dqkv16\+dbias, no bias, stored dS( split| varD)?)$'
+profile_kernels='regex:attention_(row_term|forward_tc|forward_wide_tc|dq_tc|dq_ds_tc|dkdv_tc|dkdv_split_tc)_kernel'
 usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]"
 declare -A cap=([tests]=290 [kernels]=150 [train]=90 [torch]=90 [torch_compile]=240 [sanitizer]=890 [profile]=120)
 while (($#)); do
@@ -152,6 +160,11 @@ PY
       echo "cuDNN's attention backward per graph form (cuda_backend_gpu; the default: deterministic 0, padding mask 1"
       echo "  at T % 128 != 0 on cuDNN <= 9.15, else 0):"
       grep -h -o "cuDNN backward form.*" "$work"/tests/*.log | sed 's/^/  /' || true
+    fi
+    if [[ -s $work/profile-summary.txt ]]; then
+      echo "Nsight Compute over training's attention rows (scripts/ncu_summary.py of profile.csv; GPT-2 small's"
+      echo "  launches, then the 1.3B model's; the kernels' template arguments as in docs/PERFORMANCE.md's ptxas table):"
+      sed 's/^/  /' "$work/profile-summary.txt"
     fi
     echo "logs: $work${OUT:+ (and $OUT/logs.tar.gz)}"
   } >"$work/summary.txt"
@@ -348,18 +361,20 @@ if want torch_compile; then
     --json "$work/torch-gpt2-small-compiled.json"
 fi
 if want profile; then
-  # The sanity checks' small launches come first (their grids are small: the CSV's "Grid Size" tells them apart),
-  # then one timed launch of each row at B 16, T 1024, H 12, D 64.
+  # One launch of each selected row (--iters 1, no warm-up, no sanity launches), GPT-2 small's shape first (B 16,
+  # T 1024, H 12, D 64), then the 1.3B model's (B 4, T 2048, H 16, D 128); the CSV's Grid Size tells them apart.
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
   if [[ -z $ncu_bin ]]; then
     summary+=("$(printf '%-24s %-8s %6s' profile "no ncu" "-")")
     echo "== profile: ncu (Nsight Compute) is not on this machine"
     failed=1
   else
-    stage profile "${cap[profile]}" bash -c '"$1" --clock-control none --kernel-name "regex:attention_(forward|dq|dq_ds|dkdv)_tc" \
-      --launch-count 96 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --csv --page details "$2" --preset gpt2-small-gpu --iters 1 --warmup 0 \
-      >"$3/profile.csv" && grep -c attention "$3/profile.csv"' _ "$ncu_bin" "$bin/kernels_bench" "$work"
+    stage profile "${cap[profile]}" bash -c '"$1" --clock-control none --kernel-name "$4" --launch-count 48 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --csv --page details "$2" --preset gpu-configs --rows "$5" --no-sanity \
+      --iters 1 --warmup 0 >"$3/profile.csv" && env -u LD_LIBRARY_PATH python3 "$6" "$3/profile.csv" >"$3/profile-summary.txt" &&
+      cat "$3/profile-summary.txt"' _ "$ncu_bin" "$bin/kernels_bench" "$work" "$profile_kernels" "$profile_rows" \
+      "$PWD/scripts/ncu_summary.py"
   fi
 fi
 if want sanitizer; then

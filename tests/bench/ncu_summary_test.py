@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""ctest ncu_summary: scripts/ncu_summary.py on profile.csv files in Nsight Compute's `--csv --page details` form
+(the profiled program's own output first, as gpu_check.sh's profile stage writes it; ncu's numbers with thousands
+separators and its units; with and without the rule columns of newer releases): one line per launch with the right
+values, the kernels' names shortened, the block limit named, the largest rule speedups; a file without ncu's header
+and a --kernels regex matching nothing fail with exit 2 and say why.
+
+Usage: ncu_summary_test.py SCRIPT WORKDIR
+"""
+import os
+import subprocess
+import sys
+
+script, work = sys.argv[1], sys.argv[2]
+os.makedirs(work, exist_ok=True)
+problems = []
+
+BASE = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size", "Grid Size",
+        "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+RULES = ["Rule Name", "Rule Type", "Rule Description", "Estimated Speedup Type", "Estimated Speedup"]
+DKDV = ("void ms::kernels::(anonymous namespace)::attention_dkdv_tc_kernel<64, __nv_bfloat16, true, true, true>"
+        "(float *, __nv_bfloat16 *, float *, const __nv_bfloat16 *, const __nv_bfloat16 *, const float *, const float "
+        "*, const float *, int, int, int, int, int, float, __nv_bfloat16 *, int)")
+SPLIT = ("void ms::kernels::(anonymous namespace)::attention_dkdv_split_tc_kernel<128>(float *, __nv_bfloat16 *, "
+         "float *, const __nv_bfloat16 *, const __nv_bfloat16 *, const float *, const float *, const float *, int, "
+         "int, int, int, int, float, __nv_bfloat16 *, int)")
+
+
+def q(v):
+    return '"' + str(v).replace('"', '""') + '"'
+
+
+def launch_rows(launch_id, kernel, block, grid, metrics, rules=()):
+    rows = []
+    for section, name, unit, value in metrics:
+        rows.append([launch_id, "4242", "kernels_bench", "127.0.0.1", kernel, "1", "13", block, grid, "0", "9.0",
+                     section, name, unit, value])
+    for name, speedup in rules:
+        rows.append([launch_id, "4242", "kernels_bench", "127.0.0.1", kernel, "1", "13", block, grid, "0", "9.0",
+                     "Occupancy", "", "", "", name, "OPT", "This kernel's theoretical occupancy ...", "global",
+                     speedup])
+    return rows
+
+
+dkdv = [("GPU Speed Of Light Throughput", "Duration", "usecond", "805.60"),
+        ("GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "29.71"),
+        ("GPU Speed Of Light Throughput", "Memory Throughput", "%", "41.02"),
+        ("Occupancy", "Theoretical Occupancy", "%", "12.50"),
+        ("Occupancy", "Achieved Occupancy", "%", "12.27"),
+        ("Occupancy", "Block Limit Registers", "block", "2"),
+        ("Occupancy", "Block Limit Shared Mem", "block", "4"),
+        ("Occupancy", "Block Limit Warps", "block", "16"),
+        ("Occupancy", "Block Limit SM", "block", "32"),
+        ("Launch Statistics", "Registers Per Thread", "register/thread", "218"),
+        ("Launch Statistics", "Dynamic Shared Memory Per Block", "Kbyte/block", "53.25"),
+        ("Launch Statistics", "Grid Size", "", "3,072"),
+        ("Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle", "6.20"),
+        ("Memory Workload Analysis", "L2 Hit Rate", "%", "72.50")]
+split = [("GPU Speed Of Light Throughput", "Duration", "msecond", "1.23"),
+         ("GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "n/a"),
+         ("Occupancy", "Theoretical Occupancy", "%", "12.50"),
+         ("Occupancy", "Achieved Occupancy", "%", "12.40"),
+         ("Occupancy", "Block Limit Registers", "block", "1"),
+         ("Occupancy", "Block Limit Shared Mem", "block", "1"),
+         ("Occupancy", "Block Limit Warps", "block", "8"),
+         ("Launch Statistics", "Registers Per Thread", "register/thread", "191"),
+         ("Launch Statistics", "Dynamic Shared Memory Per Block", "byte/block", "124,416"),
+         ("Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle", "7.01"),
+         ("Memory Workload Analysis", "L2 Hit Rate", "%", "80.10")]
+preface = ["machine: NVIDIA H200 (device 0), compute capability 9.0, 132 SMs, 139.8 GiB, L2 60 MiB",
+           "sanity: skipped (--no-sanity): the launchers below were not checked against the CPU reference",
+           "==PROF== Connected to process 4242 (/tmp/bundle/bin/kernels_bench)",
+           "AttentionBackwardBf16        B=16 T=1024 H=12 D=64 window=0 bf16 in, dqkv16+dbias, no bias, stored dS"]
+
+
+def write(name, header, rows):
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        f.write("\n".join(preface) + "\n")
+        f.write(",".join(q(h) for h in header) + "\n")
+        for r in rows:
+            f.write(",".join(q(v) for v in r[:len(header)]) + "\n")
+    return path
+
+
+def run(*args):
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=60)
+
+
+rules = [("AchievedOccupancy", "81.25"), ("IssueSlotUtilization", "34.10"), ("SOLBottleneck", "12")]
+with_rules = write("with-rules.csv", BASE + RULES,
+                   launch_rows("0", DKDV, "(128, 1, 1)", "(3072, 1, 1)", dkdv, rules) +
+                   launch_rows("1", SPLIT, "(256, 1, 1)", "(2048, 1, 1)", split))
+old = write("old.csv", BASE, launch_rows("0", DKDV, "(128, 1, 1)", "(3072, 1, 1)", dkdv) +
+            launch_rows("1", SPLIT, "(256, 1, 1)", "(2048, 1, 1)", split))
+
+for path, want_rules in ((with_rules, True), (old, False)):
+    r = run(path)
+    lines = r.stdout.splitlines()
+    if r.returncode != 0 or len(lines) != 3:
+        problems.append(f"{path}: exit {r.returncode}, {len(lines)} lines (want a header and 2): {r.stdout}{r.stderr}")
+        continue
+    a, b = lines[1].split(), lines[2].split()
+    # kernel, grid, us, SM %, occ %, theo %, limit, regs, smem KB, cyc/iss, L2 hit
+    want_a = ["attention_dkdv_tc_kernel<64,", "bf16,", "1,", "1,", "1>", "(3072,1,1)", "805.6", "29.71", "12.27",
+              "12.50", "regs", "218", "53.25", "6.20", "72.50"]
+    want_b = ["attention_dkdv_split_tc_kernel<128>", "(2048,1,1)", "1230.0", "-", "12.40", "12.50", "regs+smem", "191",
+              "124.42", "7.01", "80.10"]
+    if a[:len(want_a)] != want_a:
+        problems.append(f"{path}: first launch {a}, want {want_a}")
+    if b[:len(want_b)] != want_b:
+        problems.append(f"{path}: second launch {b}, want {want_b}")
+    got_rules = " ".join(a[len(want_a):])
+    if want_rules and got_rules != "AchievedOccupancy 81%, IssueSlotUtilization 34%":
+        problems.append(f"{path}: rules '{got_rules}', want the two largest estimated speedups")
+    if not want_rules and got_rules:
+        problems.append(f"{path}: rules '{got_rules}' from a CSV without rule columns")
+
+r = run(with_rules, "--kernels", "split")
+if r.returncode != 0 or len(r.stdout.splitlines()) != 2 or "split" not in r.stdout.splitlines()[1]:
+    problems.append(f"--kernels split: exit {r.returncode}: {r.stdout}{r.stderr}")
+r = run(with_rules, "--kernels", "^nothing")
+if r.returncode != 2 or "no launch matching --kernels" not in r.stderr:
+    problems.append(f"--kernels matching nothing: exit {r.returncode}, stderr {r.stderr!r}")
+bare = os.path.join(work, "no-header.csv")
+with open(bare, "w") as f:
+    f.write("\n".join(preface) + "\n==PROF== No kernels were profiled.\n")
+r = run(bare)
+if r.returncode != 2 or "no ncu CSV header" not in r.stderr:
+    problems.append(f"a file without ncu's header: exit {r.returncode}, stderr {r.stderr!r}")
+
+for p in problems:
+    print("FAIL", p)
+if problems:
+    sys.exit(1)
+print("ok: both CSV forms summarized, --kernels, and the two errors")
