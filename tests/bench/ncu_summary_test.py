@@ -42,31 +42,27 @@ def launch_rows(launch_id, kernel, block, grid, metrics, rules=()):
     return rows
 
 
-dkdv = [("GPU Speed Of Light Throughput", "Duration", "usecond", "805.60"),
-        ("GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "29.71"),
-        ("GPU Speed Of Light Throughput", "Memory Throughput", "%", "41.02"),
-        ("Occupancy", "Theoretical Occupancy", "%", "12.50"),
-        ("Occupancy", "Achieved Occupancy", "%", "12.27"),
-        ("Occupancy", "Block Limit Registers", "block", "2"),
-        ("Occupancy", "Block Limit Shared Mem", "block", "4"),
-        ("Occupancy", "Block Limit Warps", "block", "16"),
-        ("Occupancy", "Block Limit SM", "block", "32"),
-        ("Launch Statistics", "Registers Per Thread", "register/thread", "218"),
-        ("Launch Statistics", "Dynamic Shared Memory Per Block", "Kbyte/block", "53.25"),
-        ("Launch Statistics", "Grid Size", "", "3,072"),
-        ("Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle", "6.20"),
-        ("Memory Workload Analysis", "L2 Hit Rate", "%", "72.50")]
-split = [("GPU Speed Of Light Throughput", "Duration", "msecond", "1.23"),
-         ("GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "n/a"),
-         ("Occupancy", "Theoretical Occupancy", "%", "12.50"),
-         ("Occupancy", "Achieved Occupancy", "%", "12.40"),
-         ("Occupancy", "Block Limit Registers", "block", "1"),
-         ("Occupancy", "Block Limit Shared Mem", "block", "1"),
-         ("Occupancy", "Block Limit Warps", "block", "8"),
-         ("Launch Statistics", "Registers Per Thread", "register/thread", "191"),
-         ("Launch Statistics", "Dynamic Shared Memory Per Block", "byte/block", "124,416"),
-         ("Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle", "7.01"),
-         ("Memory Workload Analysis", "L2 Hit Rate", "%", "80.10")]
+def metrics(duration, sm, theo, occ, limits, regs, smem, cycles, l2, extra=()):
+    """A launch's rows of the five sections; duration and smem as (unit, value), limits as (regs, smem, warps, SM)."""
+    sol, occs, launch = "GPU Speed Of Light Throughput", "Occupancy", "Launch Statistics"
+    rows = [(sol, "Duration", *duration), (sol, "Compute (SM) Throughput", "%", sm),
+            (occs, "Theoretical Occupancy", "%", theo), (occs, "Achieved Occupancy", "%", occ)]
+    for name, value in zip(("Registers", "Shared Mem", "Warps", "SM"), limits):
+        if value is not None:
+            rows.append((occs, f"Block Limit {name}", "block", value))
+    rows += [(launch, "Registers Per Thread", "register/thread", regs),
+             (launch, "Dynamic Shared Memory Per Block", *smem),
+             ("Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle", cycles),
+             ("Memory Workload Analysis", "L2 Hit Rate", "%", l2)]
+    return rows + list(extra)
+
+
+dkdv = metrics(("usecond", "805.60"), "29.71", "12.50", "12.27", ("2", "4", "16", "32"), "218",
+               ("Kbyte/block", "53.25"), "6.20", "72.50",
+               extra=[("GPU Speed Of Light Throughput", "Memory Throughput", "%", "41.02"),
+                      ("Launch Statistics", "Grid Size", "", "3,072")])
+split = metrics(("msecond", "1.23"), "n/a", "12.50", "12.40", ("1", "1", "8", None), "191",
+                ("byte/block", "124,416"), "7.01", "80.10")
 preface = ["machine: NVIDIA H200 (device 0), compute capability 9.0, 132 SMs, 139.8 GiB, L2 60 MiB",
            "sanity: skipped (--no-sanity): the launchers below were not checked against the CPU reference",
            "==PROF== Connected to process 4242 (/tmp/bundle/bin/kernels_bench)",
