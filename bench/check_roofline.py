@@ -51,10 +51,10 @@ for config in ("gpt2-small-gpu", "gpt-1.3b"):
         if v < 0 or not re.search(rf"^    step +{NUM} ms -> {NUM} tokens/s, .*MFU {NUM}% of", section[v:],
                                   re.MULTILINE):
             problems.append(f"{config}: no '{variant}' prediction with a step time and an MFU")
-# scripts/gpu_check.sh's profile stage: its --rows regex must select training's six tensor-core attention rows of
-# each GPU config (the default forward and stored-dS backward, the wide forward, the split dK/dV kernel, the run-time
-# product bounds), no more — a row renamed here would otherwise leave Nsight Compute profiling nothing or the wrong
-# rows on the next GPU.
+# scripts/gpu_check.sh's profile stage: its --rows regex must select training's tensor-core attention rows of each
+# GPU config (the default forward and stored-dS backward, the wide forward, the split dK/dV kernel, the run-time
+# product bounds; at D = 128 also the register-softmax backward: 6 + 7 rows), no more. A row renamed here would
+# otherwise leave Nsight Compute profiling nothing, or the wrong rows, on the next GPU.
 script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "gpu_check.sh")
 m = re.search(r"^profile_rows='(.*)'$", open(script).read(), re.MULTILINE)
 if m is None:
@@ -71,14 +71,16 @@ else:
                              ("AttentionBackwardBf16", "bf16 in, dqkv16+dbias, no bias, stored dS varD"),
                              ("AttentionBackwardBf16", "bf16 in, dqkv16+dbias, no bias, stored dS split")):
             want.append(f"{kernel} {shape} {what}")
+        if "D=128" in shape:  # above D = 64 the register-softmax backward too (kAuto's is the shared-memory one)
+            want.append(f"AttentionBackwardBf16 {shape} bf16 in, dqkv16+dbias, no bias, stored dS regs")
     listed = [" ".join(line.split()[:1]) + " " + line[29:].split("  ")[0].strip()
               for line in sel.stdout.splitlines() if line.startswith("Attention")]
     if sel.returncode != 0:
         problems.append(f"--rows of the profile stage: exit {sel.returncode}: {sel.stderr.strip()}")
     elif sorted(listed) != sorted(want):
-        problems.append(f"the profile stage's --rows selects {listed}, not training's 12 rows {want}")
-    elif not re.search(r"^rows: 12 of \d+ run", sel.stdout, re.MULTILINE):
-        problems.append("no 'rows: 12 of N run' line for the profile stage's --rows")
+        problems.append(f"the profile stage's --rows selects {listed}, not training's 13 rows {want}")
+    elif not re.search(r"^rows: 13 of \d+ run", sel.stdout, re.MULTILINE):
+        problems.append("no 'rows: 13 of N run' line for the profile stage's --rows")
     # A regex that selects nothing is an error that names the problem, not an empty run.
     none = subprocess.run([sys.argv[1], "--roofline-only", "--preset", "gpt2-small", "--rows", "^NoSuchRow"],
                           capture_output=True, text=True, timeout=120)
@@ -89,4 +91,4 @@ for p in problems:
 if problems:
     print(out[-3000:])
     sys.exit(1)
-print("ok: rows and the five predictions of both GPU configs; the profile stage's 12 rows")
+print("ok: rows and the five predictions of both GPU configs; the profile stage's 13 rows")

@@ -1572,6 +1572,43 @@ void BenchAttention(Bench& b, const Shape& s) {
       r->ref_what = f.ref_what;
       b.Emit(*r);
     }
+    // Above D = 64 kAuto runs the backward's softmax through shared memory, so there the default rows and their
+    // `... smem` rows run the same kernels: the 4-warp backward with the register softmax (k::SetAttentionTcSoftmax(
+    // kRegisters)), beside `... dqkv16+dbias` and training's `... stored dS`, is what decides whether kAuto should
+    // run it in registers again (and with it whether the split dK/dV kernel gives the default's bits there). Where
+    // the fragment layout probe does not hold, kRegisters cannot run: a line says so.
+    if (D > 64) {
+      const std::string rb_shape = shape + " bf16 in, dqkv16+dbias regs",
+                        rs_shape = shape + " bf16 in, dqkv16+dbias, no bias, stored dS regs";
+      k::SetAttentionTcSoftmax(k::AttentionTcSoftmax::kRegisters);
+      auto regs_backward = [&](const float* bias, bf16* tiles) {
+        return k::AttentionBackwardBf16(nullptr, keep_scratch.get(), dout16.get(), qkv16.get(), nullptr, out16.get(),
+                                        lse.get(), B, T, H, D, window, b.stream(), dqkv16.get(), bias, dbias.get(),
+                                        tiles);
+      };
+      cudaError_t holds = cudaSuccess;
+      if (!g_dry &&
+          (Bench::Wanted("AttentionBackwardBf16", rb_shape) || Bench::Wanted("AttentionBackwardBf16", rs_shape))) {
+        holds = regs_backward(nullptr, nullptr);  // untimed: does the register softmax run on this GPU?
+        if (holds != cudaErrorNotSupported) CheckLaunch("AttentionBackwardBf16 " + rb_shape, holds);
+      }
+      if (holds == cudaErrorNotSupported) {
+        fmt::print("AttentionBackwardBf16 {} rows: not run: the fragment layout probe does not hold on this GPU\n",
+                   shape + " ... regs");
+      } else {
+        Row rb = b.Measure("AttentionBackwardBf16", rb_shape, q16_bwd_bytes, bwd_flops,
+                           [&] { return regs_backward(qkv_bias.get(), nullptr); });
+        Row rs = b.Measure("AttentionBackwardBf16", rs_shape, q16_bwd_bytes + 2 * ds_bytes, bwd_flops * 5.0 / 7.0,
+                           [&] { return regs_backward(nullptr, ds_tiles.get()); });
+        for (Row* r : {&rb, &rs}) {
+          r->ref = ref;
+          r->ref_flops = ref_flops;
+          r->ref_what = f.ref_what;
+          b.Emit(*r);
+        }
+      }
+      k::SetAttentionTcSoftmax(k::AttentionTcSoftmax::kAuto);
+    }
 #if defined(MS_BENCH_HAVE_CUDNN)
     // runtime.attention_kernels: cudnn, beside training's rows above (`... no bias` forward, `... stored dS`
     // backward): cuDNN's fused forward (out16 and lse) and backward (dqkv16; its row terms and dQ's fp32

@@ -30,8 +30,8 @@
 #   profile    Nsight Compute (ncu --clock-control none; it reads the counters on Firecracker machines, not on gVisor)
 #              over one launch of each of training's tensor-core attention rows of kernels_bench at both GPU
 #              configs' shapes without a window ($profile_rows: the default forward and stored-dS backward, the
-#              wide forward, the split dK/dV kernel, the run-time product bounds; --no-sanity, the kernels stage
-#              checks them): per launch its duration, SM / memory / L1 throughput, occupancy, registers, shared
+#              wide forward, the split dK/dV kernel, the run-time product bounds, at D = 128 the register-softmax
+#              backward; --no-sanity, the kernels stage checks them): per launch its duration, SM / memory / L1 throughput, occupancy, registers, shared
 #              memory and warp states (profile.csv in logs.tar.gz), one line each in summary.txt
 #              (scripts/ncu_summary.py) — where the attention's time goes (docs/PERFORMANCE.md: half the step)
 #   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
@@ -57,10 +57,11 @@ budget=540
 build_it=1
 bundle_file=""
 stages="tests,kernels,train,torch,sanitizer"  # torch_compile and profile only when named
-# The profile stage's kernels_bench rows (its "kernel shape" labels; bench/check_roofline.py checks that this selects
-# the 6 rows of each GPU config) and the kernels Nsight Compute profiles: the row terms and every tensor-core
-# attention kernel, the layout probe left out. 6 forward and 18 backward launches.
-profile_rows='^Attention(Forward|Backward)Bf16 B=[0-9]+ T=[0-9]+ H=[0-9]+ D=[0-9]+ window=0 bf16 (qkv, out16, no bias( varD)?|qkv\+bias, out16 wide|in, dqkv16\+dbias, no bias, stored dS( split| varD)?)$'
+# The profile stage's kernels_bench rows (their "kernel shape" labels; bench/check_roofline.py checks that this selects
+# the 6 rows of GPT-2 small's shape and the 7 of the 1.3B's) and the kernels Nsight Compute profiles: the row terms
+# and every tensor-core attention kernel, the layout probe left out. 6 forward and 24 backward launches (3 a backward
+# row: row terms, dK/dV, dQ; and the untimed call that checks the register softmax runs at D = 128).
+profile_rows='^Attention(Forward|Backward)Bf16 B=[0-9]+ T=[0-9]+ H=[0-9]+ D=[0-9]+ window=0 bf16 (qkv, out16, no bias( varD)?|qkv\+bias, out16 wide|in, dqkv16\+dbias, no bias, stored dS( split| varD| regs)?)$'
 profile_kernels='regex:attention_(row_term|forward_tc|forward_wide_tc|dq_tc|dq_ds_tc|dkdv_tc|dkdv_split_tc)_kernel'
 usage="usage: scripts/gpu_check.sh [--bundle FILE] [--stages LIST] [--budget SECONDS] [--limits LIST] [--no-build]"
 declare -A cap=([tests]=290 [kernels]=150 [train]=90 [torch]=90 [torch_compile]=240 [sanitizer]=890 [profile]=120)
