@@ -31,9 +31,10 @@
 #              over one launch of each of training's tensor-core attention rows of kernels_bench at both GPU
 #              configs' shapes without a window ($profile_rows: the default forward and stored-dS backward, the
 #              wide forward, the split dK/dV kernel, the run-time product bounds, at D = 128 the register-softmax
-#              backward; --no-sanity, the kernels stage checks them): per launch its duration, SM / memory / L1 throughput, occupancy, registers, shared
-#              memory and warp states (profile.csv in logs.tar.gz), one line each in summary.txt
-#              (scripts/ncu_summary.py) — where the attention's time goes (docs/PERFORMANCE.md: half the step)
+#              backward; --no-sanity, the kernels stage checks them): per launch its duration, SM / memory / L1
+#              throughput, occupancy, registers, shared memory and warp states (profile.csv in logs.tar.gz), one
+#              line each in summary.txt (scripts/ncu_summary.py) — where the attention's time goes
+#              (docs/PERFORMANCE.md: half the step)
 #   sanitizer  the tests labelled sanitizer (compute-sanitizer memcheck, racecheck, synccheck)
 # The machine (nvidia-smi) is printed first; after every stage $OUT/summary.txt (the table of stages, exit status and
 # seconds, and per training run its median step time, tokens/s and MFU) and $OUT/logs.tar.gz (the text files: logs,
@@ -373,9 +374,9 @@ if want profile; then
     stage profile "${cap[profile]}" bash -c '"$1" --clock-control none --kernel-name "$4" --launch-count 48 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --csv --page details "$2" --preset gpu-configs --rows "$5" --no-sanity \
-      --iters 1 --warmup 0 >"$3/profile.csv" && env -u LD_LIBRARY_PATH python3 "$6" "$3/profile.csv" >"$3/profile-summary.txt" &&
-      cat "$3/profile-summary.txt"' _ "$ncu_bin" "$bin/kernels_bench" "$work" "$profile_kernels" "$profile_rows" \
-      "$PWD/scripts/ncu_summary.py"
+      --iters 1 --warmup 0 >"$3/profile.csv" &&
+      env -u LD_LIBRARY_PATH python3 "$6" "$3/profile.csv" >"$3/profile-summary.txt" && cat "$3/profile-summary.txt"' \
+      _ "$ncu_bin" "$bin/kernels_bench" "$work" "$profile_kernels" "$profile_rows" "$PWD/scripts/ncu_summary.py"
   fi
 fi
 if want sanitizer; then
