@@ -371,12 +371,29 @@ if want profile; then
     echo "== profile: ncu (Nsight Compute) is not on this machine"
     failed=1
   else
+    # Besides the sections: the tensor pipe's busy share and the warps stalled per issue by reason — those of them
+    # this ncu knows on this GPU (--query-metrics; an unknown metric would stop the whole profile).
+    known=$(timeout 60 "$ncu_bin" --query-metrics --csv 2>/dev/null | awk -F, 'NR > 1 {gsub(/"/, "", $1); print $1}')
+    metrics=()
+    for mt in sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active; do
+      if grep -qx "${mt%%.*}" <<<"$known"; then metrics+=("$mt"); break; fi
+    done
+    for r in long_scoreboard short_scoreboard barrier mio_throttle math_pipe_throttle wait not_selected lg_throttle \
+      membar dispatch_stall no_instruction branch_resolving; do
+      mt=smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+      grep -qx "${mt%%.*}" <<<"$known" && metrics+=("$mt")
+    done
+    echo "== profile: ${#metrics[@]} metrics besides the sections: ${metrics[*]:-none}"
+    metric_args=()
+    ((${#metrics[@]})) && metric_args=(--metrics "$(IFS=,; echo "${metrics[*]}")")
     stage profile "${cap[profile]}" bash -c '"$1" --clock-control none --kernel-name "$4" --launch-count 48 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --csv --page details "$2" --preset gpu-configs --rows "$5" --no-sanity \
-      --iters 1 --warmup 0 >"$3/profile.csv" &&
+      --section MemoryWorkloadAnalysis "${@:7}" --csv --page details "$2" --preset gpu-configs --rows "$5" \
+      --no-sanity --iters 1 --warmup 0 >"$3/profile.csv" &&
       env -u LD_LIBRARY_PATH python3 "$6" "$3/profile.csv" >"$3/profile-summary.txt" && cat "$3/profile-summary.txt"' \
-      _ "$ncu_bin" "$bin/kernels_bench" "$work" "$profile_kernels" "$profile_rows" "$PWD/scripts/ncu_summary.py"
+      _ "$ncu_bin" "$bin/kernels_bench" "$work" "$profile_kernels" "$profile_rows" "$PWD/scripts/ncu_summary.py" \
+      "${metric_args[@]}"
   fi
 fi
 if want sanitizer; then

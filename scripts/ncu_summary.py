@@ -4,8 +4,9 @@ profile stage writes it into profile.csv): the kernel (namespaces and parameter 
 kept, true/false as 1/0, __nv_bfloat16 as bf16), the grid, the duration, the SM throughput, achieved and theoretical
 occupancy with what limits it (the smallest of the block limits: registers, shared memory, warps, the SM's block
 count; ties joined by +), registers per thread, dynamic shared memory per block (KB: 1000 bytes, as ncu counts),
-warp cycles per issued instruction, the L2 hit rate and, where the CSV carries ncu's rule results, its two largest
-estimated speedups. The lines the profiled program printed before the CSV are skipped.
+warp cycles per issued instruction, the L2 hit rate, the tensor pipe's share of active cycles and the three largest
+stall reasons (warps stalled per issued instruction) where the CSV has those metrics (gpu_check.sh asks for them),
+and where it carries ncu's rule results, its two largest estimated speedups. The lines the profiled program printed before the CSV are skipped.
 
 Usage: ncu_summary.py PROFILE_CSV [--kernels REGEX]
 Exit status 0; 2 when the file has no ncu CSV header or no launch (the message says which).
@@ -30,6 +31,13 @@ CYCLES = "Warp Cycles Per Issued Instruction"
 L2HIT = "L2 Hit Rate"
 LIMITS = {"Block Limit Registers": "regs", "Block Limit Shared Mem": "smem", "Block Limit Warps": "warps",
           "Block Limit SM": "SM"}
+
+# --metrics of gpu_check.sh's profile stage (its "Command line profiler metrics" section): the tensor pipe's busy
+# cycles and the warps stalled per issued instruction, by reason.
+TENSOR = re.compile(r"sm__pipe_tensor\w*cycles_active\.avg\.pct_of_peak_sustained_active")
+STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
+STALL_SHORT = {"long_scoreboard": "long_sb", "short_scoreboard": "short_sb", "mio_throttle": "mio",
+               "math_pipe_throttle": "math", "not_selected": "not_sel", "lg_throttle": "lg"}
 
 SCALE = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "K": 1e3, "M": 1e6, "G": 1e9}
 
@@ -114,7 +122,8 @@ def fmt(value, spec, missing="-"):
 
 def summarize(launches, kernels=None):
     out = [f"{'kernel':<58} {'grid':>12} {'us':>9} {'SM %':>6} {'occ %':>6} {'theo %':>6} {'limit':>9} "
-           f"{'regs':>5} {'smem KB':>8} {'cyc/iss':>7} {'L2 hit':>6}  ncu's largest estimated speedups"]
+           f"{'regs':>5} {'smem KB':>8} {'cyc/iss':>7} {'L2 hit':>6} {'TC %':>6}  largest stalls (warps per issue) | "
+           "ncu's largest estimated speedups"]
     shown = 0
     for launch in launches.values():
         name = short_name(launch["kernel"])
@@ -133,10 +142,15 @@ def summarize(launches, kernels=None):
         low = min(v for v, _ in limits) if limits else None
         limit = "+".join(what for v, what in limits if v == low) if limits else "-"
         rules = sorted(launch["rules"], key=lambda r: -r[1])[:2]
+        tensor = next((v for k, (v, _) in m.items() if TENSOR.fullmatch(k) and v is not None), None)
+        stalls = sorted(((v, STALL_SHORT.get(g.group(1), g.group(1))) for k, (v, _) in m.items()
+                         if (g := STALL.fullmatch(k)) and v is not None), key=lambda x: -x[0])[:3]
         out.append(f"{name[:58]:<58} {launch['grid'][:12]:>12} {fmt(us, '9.1f'):>9} {fmt(val(SM), '6.2f'):>6} "
                    f"{fmt(val(ACHIEVED), '6.2f'):>6} {fmt(val(THEORETICAL), '6.2f'):>6} {limit:>9} "
                    f"{fmt(val(REGS), '5.0f'):>5} {fmt(smem, '8.2f'):>8} {fmt(val(CYCLES), '7.2f'):>7} "
-                   f"{fmt(val(L2HIT), '6.2f'):>6}  " + ", ".join(f"{r} {s:.0f}%" for r, s in rules))
+                   f"{fmt(val(L2HIT), '6.2f'):>6} {fmt(tensor, '6.2f'):>6}  " +
+                   ", ".join(f"{what} {v:.2f}" for v, what in stalls) + " | " +
+                   ", ".join(f"{r} {sp:.0f}%" for r, sp in rules))
     return out, shown
 
 

@@ -2,7 +2,8 @@
 """ctest ncu_summary: scripts/ncu_summary.py on profile.csv files in Nsight Compute's `--csv --page details` form
 (the profiled program's own output first, as gpu_check.sh's profile stage writes it; ncu's numbers with thousands
 separators and its units; with and without the rule columns of newer releases): one line per launch with the right
-values, the kernels' names shortened, the block limit named, the largest rule speedups; a file without ncu's header
+values, the kernels' names shortened, the block limit named, the tensor pipe's share and the three largest stall
+reasons where the CSV has those metrics, the largest rule speedups; a file without ncu's header
 and a --kernels regex matching nothing fail with exit 2 and say why.
 
 Usage: ncu_summary_test.py SCRIPT WORKDIR
@@ -61,6 +62,12 @@ dkdv = metrics(("usecond", "805.60"), "29.71", "12.50", "12.27", ("2", "4", "16"
                ("Kbyte/block", "53.25"), "6.20", "72.50",
                extra=[("GPU Speed Of Light Throughput", "Memory Throughput", "%", "41.02"),
                       ("Launch Statistics", "Grid Size", "", "3,072")])
+# What gpu_check.sh's --metrics add (ncu's "Command line profiler metrics" section; unit "" for the ratios).
+CLI = "Command line profiler metrics"
+stalls = [(CLI, f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio", "", v)
+          for r, v in (("long_scoreboard", "2.10"), ("barrier", "1.50"), ("short_scoreboard", "0.90"),
+                       ("mio_throttle", "0.30"), ("wait", "0.50"), ("math_pipe_throttle", "0.05"))]
+tensor = [(CLI, "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "%", "41.30")]
 split = metrics(("msecond", "1.23"), "n/a", "12.50", "12.40", ("1", "1", "8", None), "191",
                 ("byte/block", "124,416"), "7.01", "80.10")
 preface = ["machine: NVIDIA H200 (device 0), compute capability 9.0, 132 SMs, 139.8 GiB, L2 60 MiB",
@@ -85,7 +92,7 @@ def run(*args):
 
 rules = [("AchievedOccupancy", "81.25"), ("IssueSlotUtilization", "34.10"), ("SOLBottleneck", "12")]
 with_rules = write("with-rules.csv", BASE + RULES,
-                   launch_rows("0", DKDV, "(128, 1, 1)", "(3072, 1, 1)", dkdv, rules) +
+                   launch_rows("0", DKDV, "(128, 1, 1)", "(3072, 1, 1)", dkdv + stalls + tensor, rules) +
                    launch_rows("1", SPLIT, "(256, 1, 1)", "(2048, 1, 1)", split))
 old = write("old.csv", BASE, launch_rows("0", DKDV, "(128, 1, 1)", "(3072, 1, 1)", dkdv) +
             launch_rows("1", SPLIT, "(256, 1, 1)", "(2048, 1, 1)", split))
@@ -96,21 +103,21 @@ for path, want_rules in ((with_rules, True), (old, False)):
     if r.returncode != 0 or len(lines) != 3:
         problems.append(f"{path}: exit {r.returncode}, {len(lines)} lines (want a header and 2): {r.stdout}{r.stderr}")
         continue
-    a, b = lines[1].split(), lines[2].split()
-    # kernel, grid, us, SM %, occ %, theo %, limit, regs, smem KB, cyc/iss, L2 hit
+    (a, a_tail), (b, b_tail) = [(line.split(" | ")[0].split(), line.split(" | ")[1]) for line in lines[1:]]
+    # kernel, grid, us, SM %, occ %, theo %, limit, regs, smem KB, cyc/iss, L2 hit, TC %, then the stalls
     want_a = ["attention_dkdv_tc_kernel<64,", "bf16,", "1,", "1,", "1>", "(3072,1,1)", "805.6", "29.71", "12.27",
               "12.50", "regs", "218", "53.25", "6.20", "72.50"]
-    want_b = ["attention_dkdv_split_tc_kernel<128>", "(2048,1,1)", "1230.0", "-", "12.40", "12.50", "regs+smem", "191",
-              "124.42", "7.01", "80.10"]
-    if a[:len(want_a)] != want_a:
+    want_a += ["41.30", "long_sb", "2.10,", "barrier", "1.50,", "short_sb", "0.90"] if want_rules else ["-"]
+    want_b = ["attention_dkdv_split_tc_kernel<128>", "(2048,1,1)", "1230.0", "-", "12.40", "12.50", "regs+smem",
+              "191", "124.42", "7.01", "80.10", "-"]
+    if a != want_a:
         problems.append(f"{path}: first launch {a}, want {want_a}")
-    if b[:len(want_b)] != want_b:
+    if b != want_b:
         problems.append(f"{path}: second launch {b}, want {want_b}")
-    got_rules = " ".join(a[len(want_a):])
-    if want_rules and got_rules != "AchievedOccupancy 81%, IssueSlotUtilization 34%":
-        problems.append(f"{path}: rules '{got_rules}', want the two largest estimated speedups")
-    if not want_rules and got_rules:
-        problems.append(f"{path}: rules '{got_rules}' from a CSV without rule columns")
+    want_tail = "AchievedOccupancy 81%, IssueSlotUtilization 34%" if want_rules else ""
+    if a_tail != want_tail or b_tail != "":
+        problems.append(f"{path}: rules '{a_tail}' / '{b_tail}', want '{want_tail}' (the two largest estimated "
+                        "speedups, none without rule columns or rules)")
 
 r = run(with_rules, "--kernels", "split")
 if r.returncode != 0 or len(r.stdout.splitlines()) != 2 or "split" not in r.stdout.splitlines()[1]:
