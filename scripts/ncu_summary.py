@@ -116,6 +116,24 @@ def read_launches(path):
     return launches
 
 
+def converted(metrics, key, convert, factor):
+    """metrics[key] in the unit `convert` gives times factor; None where missing, or (said once on stderr) in a unit
+    this script does not know: one odd cell, not a lost table."""
+    value, unit = metrics.get(key, (None, ""))
+    if value is None:
+        return None
+    try:
+        return convert(value, unit) * factor
+    except ValueError as e:
+        if (key, unit) not in WARNED:
+            WARNED.add((key, unit))
+            print(f"ncu_summary: {key}: {e}; shown as -", file=sys.stderr)
+        return None
+
+
+WARNED = set()
+
+
 def fmt(value, spec, missing="-"):
     return missing if value is None else format(value, spec)
 
@@ -132,12 +150,8 @@ def summarize(launches, kernels=None):
         shown += 1
         m = launch["metrics"]
         val = lambda key: m.get(key, (None, ""))[0]
-        us = None
-        if DURATION in m and m[DURATION][0] is not None:
-            us = seconds(*m[DURATION]) * 1e6
-        smem = None
-        if SMEM in m and m[SMEM][0] is not None:
-            smem = byte_count(*m[SMEM]) / 1e3
+        us = converted(m, DURATION, seconds, 1e6)
+        smem = converted(m, SMEM, byte_count, 1e-3)
         limits = [(val(k), what) for k, what in LIMITS.items() if val(k) is not None]
         low = min(v for v, _ in limits) if limits else None
         limit = "+".join(what for v, what in limits if v == low) if limits else "-"
@@ -173,6 +187,6 @@ if __name__ == "__main__":
         main()
     except SystemExit:
         raise
-    except (OSError, ValueError) as e:
+    except OSError as e:
         print(f"ncu_summary: {e}", file=sys.stderr)
         sys.exit(2)

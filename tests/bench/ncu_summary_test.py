@@ -4,7 +4,7 @@
 separators and its units; with and without the rule columns of newer releases): one line per launch with the right
 values, the kernels' names shortened, the block limit named, the tensor pipe's share and the three largest stall
 reasons where the CSV has those metrics, the largest rule speedups; a file without ncu's header
-and a --kernels regex matching nothing fail with exit 2 and say why.
+and a --kernels regex matching nothing fail with exit 2 and say why; a unit it does not know empties that cell alone.
 
 Usage: ncu_summary_test.py SCRIPT WORKDIR
 """
@@ -125,6 +125,14 @@ if r.returncode != 0 or len(r.stdout.splitlines()) != 2 or "split" not in r.stdo
 r = run(with_rules, "--kernels", "^nothing")
 if r.returncode != 2 or "no launch matching --kernels" not in r.stderr:
     problems.append(f"--kernels matching nothing: exit {r.returncode}, stderr {r.stderr!r}")
+# A unit the script does not know costs that cell, said on stderr, not the table.
+odd = os.path.join(work, "odd-unit.csv")
+with open(old) as f, open(odd, "w") as g:
+    g.write(f.read().replace('"usecond"', '"fortnight"'))
+r = run(odd)
+cells = r.stdout.splitlines()[1].split() if r.returncode == 0 and len(r.stdout.splitlines()) == 3 else []
+if cells[6:8] != ["-", "29.71"] or "unknown duration unit 'fortnight'" not in r.stderr:
+    problems.append(f"an unknown unit: exit {r.returncode}, {cells}, stderr {r.stderr!r}")
 bare = os.path.join(work, "no-header.csv")
 with open(bare, "w") as f:
     f.write("\n".join(preface) + "\n==PROF== No kernels were profiled.\n")
