@@ -2280,7 +2280,7 @@ std::string JsonNumber(double v) {
 }
 
 void WriteJson(const std::string& path, const Machine& m, const std::vector<Shape>& shapes, int warmup, int iters,
-               const std::vector<Row>& rows) {
+               const std::vector<Row>& rows, const std::string& rows_regex, bool sanity) {
   std::string j = "{\n  \"machine\": {";
   j += fmt::format(
       "\"gpu\": {}, \"device\": {}, \"compute_capability\": \"{}.{}\", \"sms\": {}, \"memory_bytes\": {}, "
@@ -2292,6 +2292,10 @@ void WriteJson(const std::string& path, const Machine& m, const std::vector<Shap
       JsonNumber(m.peak_bw / 1e9), JsonString(m.peak_how), JsonNumber(m.copy_bw / 1e9));
   j += fmt::format("  \"timing\": {{\"warmup\": {}, \"iters\": {}, \"statistic\": \"median of cudaEvent pairs\"}},\n",
                    warmup, iters);
+  // What was run: every row, or those --rows selected; whether the sanity checks ran first (--no-sanity).
+  j += fmt::format(
+      "  \"selection\": {{\"rows\": {}, \"rows_run\": {}, \"rows_offered\": {}, \"sanity_checked\": {}}},\n",
+      rows_regex.empty() ? "null" : JsonString(rows_regex), g_rows_run, g_rows_offered, sanity ? "true" : "false");
   j += "  \"formulas\": {\"gemm_flops\": \"2*M*N*K\", \"attention_forward_flops\": \"4*B*H*D*sum_t keys(t), keys(t) = "
        "min(t+1, window) or t+1 without a window\", \"attention_backward_flops\": \"2.5 x forward\", "
        "\"attention_cublas_reference\": \"cublasGemmStridedBatchedEx of S = Q K^T and O = P V, batch B*H, "
@@ -2563,7 +2567,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) BenchShape(bench, s, roof, micro_batches);
   report_rows();
   if (!json.empty()) {
-    WriteJson(json, m, shapes, warmup, iters, bench.rows());
+    WriteJson(json, m, shapes, warmup, iters, bench.rows(), rows, !no_sanity);
     fmt::print("\nwrote {}\n", json);
   }
   BENCH_CUBLAS(cublasDestroy(blas));
