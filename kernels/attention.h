@@ -73,6 +73,12 @@ cudaError_t AttentionForwardBf16(float* out, float* lse, const float* qkv, int64
 // force one (tests, kernels_bench); kRegisters where the layout differs: cudaErrorNotSupported. Process-wide.
 enum class AttentionTcSoftmax { kAuto, kRegisters, kShared };
 void SetAttentionTcSoftmax(AttentionTcSoftmax mode);
+// kAuto's rule for the backward: the shared-memory softmax at this head size (the one place it is decided; the
+// autotune, lib/cuda/attention_tune.cpp, follows it: the register-softmax split dK/dV kernel gives the default's bits
+// only where this is false). kernels_bench's `... regs` rows time the other choice at D > 64.
+constexpr bool AttentionTcBackwardSharedByDefault(int64_t D) {
+  return D > 64;
+}
 //
 // With bf16 operands (qkv, and dout in the backward) whose rows are 16-byte aligned, the tensor-core kernels copy the
 // tiles of their loop (K and V in the forward and dQ kernels, Q, dout, lse and drow in the dK/dV kernel) with

@@ -1984,10 +1984,11 @@ cudaError_t FragLoadsHold(cudaStream_t stream) {
   return loads ? cudaSuccess : cudaErrorNotSupported;
 }
 
-// *regs: run the kRegs kernels (SetAttentionTcSoftmax; kAuto: where the layout holds, but not for the backward at
-// D > 64, where the shared-memory kernels measured faster on an H200: 5.11 vs 5.50 ms at B 4, T 2048, H 16, D 128 —
-// the register dK/dV kernel then formed S and dP 32 queries at a time beside its 128 accumulator registers; measured
-// before P and dS went into matrix_a fragments in registers, and it now forms them 16 at a time there).
+// *regs: run the kRegs kernels (SetAttentionTcSoftmax; kAuto: where the layout holds, but not for the backward where
+// AttentionTcBackwardSharedByDefault (backward_wide: D > 64), where the shared-memory kernels measured faster on an
+// H200: 5.11 vs 5.50 ms at B 4, T 2048, H 16, D 128 — the register dK/dV kernel then formed S and dP 32 queries at a
+// time beside its 128 accumulator registers; measured before P and dS went into matrix_a fragments in registers, and it
+// now forms them 16 at a time there).
 cudaError_t UseRegisters(cudaStream_t stream, bool backward_wide, bool* regs) {
   const auto mode = static_cast<AttentionTcSoftmax>(g_softmax.load());
   *regs = false;
@@ -2280,7 +2281,7 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
   }
   if (err != cudaSuccess) return err;
   bool regs = false;
-  if ((err = UseRegisters(stream, /*backward_wide=*/s.D > 64, &regs)) != cudaSuccess) return err;
+  if ((err = UseRegisters(stream, AttentionTcBackwardSharedByDefault(s.D), &regs)) != cudaSuccess) return err;
   const bool async = UseAsync<S>(qkv, dout);
   // The split dK/dV kernel (SetAttentionTcSplitDkDv) is a register-softmax kernel at every D: it runs where the
   // layout holds and the softmax is not forced through shared memory (kAuto's D > 64 choice is the 4-warp kernel's).

@@ -86,8 +86,8 @@ Result<AttentionVariant> AttentionTuner::Choose(const std::string& key, bool bac
       v.fixed = fixed;
       if (other) {
         if (backward) {
-          if (D > 64) continue;     // the default's softmax runs through shared memory there: other bits
-          if (def.split) continue;  // forced by runtime.attention_split_dkdv
+          if (kernels::AttentionTcBackwardSharedByDefault(D)) continue;  // the default's softmax: other bits
+          if (def.split) continue;                                       // forced by runtime.attention_split_dkdv
           v.split = true;
         } else {
           v.wide = true;

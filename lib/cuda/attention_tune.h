@@ -47,7 +47,8 @@ class AttentionTuner {
   // synchronized; a launch error is returned). `run` launches the call's kernels on `stream` under the switches the
   // tuner set, writing `outputs` and nothing the caller keeps otherwise (what it accumulates goes to a scratch that
   // `reset`, run before each compared run, zeroes). `backward`, `D`: which candidates apply (the split dK/dV
-  // kernel at D <= 64 only: above, the default backward's softmax runs through shared memory and gives other bits;
+  // kernel where kernels::AttentionTcBackwardSharedByDefault(D) is false (D <= 64): above, the default backward's
+  // softmax runs through shared memory and gives other bits;
   // the wide forward at every D, as the default forward's softmax stays in registers). `def`: the default (its split
   // forced by runtime.attention_split_dkdv). Off, or capturing: `def`.
   Result<AttentionVariant> Choose(const std::string& key, bool backward, int64_t D, const AttentionVariant& def,
