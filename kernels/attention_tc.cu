@@ -1984,15 +1984,16 @@ cudaError_t FragLoadsHold(cudaStream_t stream) {
   return loads ? cudaSuccess : cudaErrorNotSupported;
 }
 
-// *regs: run the kRegs kernels (SetAttentionTcSoftmax; kAuto: where the layout holds, but not for the backward where
-// AttentionTcBackwardSharedByDefault (backward_wide: D > 64), where the shared-memory kernels measured faster on an
-// H200: 5.11 vs 5.50 ms at B 4, T 2048, H 16, D 128 — the register dK/dV kernel then formed S and dP 32 queries at a
-// time beside its 128 accumulator registers; measured before P and dS went into matrix_a fragments in registers, and it
-// now forms them 16 at a time there).
-cudaError_t UseRegisters(cudaStream_t stream, bool backward_wide, bool* regs) {
+// *regs: run the kRegs kernels (SetAttentionTcSoftmax; kAuto: where the layout holds, unless shared_by_default —
+// the backward where AttentionTcBackwardSharedByDefault(D), D > 64, where the shared-memory kernels measured faster on
+// an H200: 5.11 vs 5.50 ms at B 4, T 2048, H 16, D 128; the register dK/dV kernel then formed S and dP 32 queries at a
+// time beside its 128 accumulator registers; measured before P and dS went into matrix_a fragments in registers, and
+// it now forms them 16 at a time there).
+cudaError_t UseRegisters(cudaStream_t stream, bool shared_by_default, bool* regs) {
   const auto mode = static_cast<AttentionTcSoftmax>(g_softmax.load());
   *regs = false;
-  if (mode == AttentionTcSoftmax::kShared || (mode == AttentionTcSoftmax::kAuto && backward_wide)) return cudaSuccess;
+  if (mode == AttentionTcSoftmax::kShared || (mode == AttentionTcSoftmax::kAuto && shared_by_default))
+    return cudaSuccess;
   bool holds = false;
   const cudaError_t err = FragLayoutsHold(stream, &holds);
   if (err != cudaSuccess) return err;
@@ -2210,7 +2211,7 @@ cudaError_t ForwardTc(float* out, float* lse, const S* qkv, int64_t B, int64_t T
   if (err != cudaSuccess || empty) return err;
   if ((err = FragLoadsHold(stream)) != cudaSuccess) return err;
   bool regs = false;
-  if ((err = UseRegisters(stream, /*backward_wide=*/false, &regs)) != cudaSuccess) return err;
+  if ((err = UseRegisters(stream, /*shared_by_default=*/false, &regs)) != cudaSuccess) return err;
   const bool async = UseAsync<S>(qkv, qkv);
   if constexpr (std::is_same_v<S, __nv_bfloat16>) {
     if (g_wide_forward.load() && regs && async) {
@@ -2287,7 +2288,7 @@ cudaError_t BackwardTc(float* dqkv, float* scratch, const S* dout, const S* qkv,
   // layout holds and the softmax is not forced through shared memory (kAuto's D > 64 choice is the 4-warp kernel's).
   bool split = false;
   if (g_split_dkdv.load() && async && s.D % (2 * kF) == 0) {
-    if ((err = UseRegisters(stream, /*backward_wide=*/false, &split)) != cudaSuccess) return err;
+    if ((err = UseRegisters(stream, /*shared_by_default=*/false, &split)) != cudaSuccess) return err;
   }
   err = Dispatch<S>(s.D, regs, async, [&](auto inst) {
     using I = decltype(inst);
