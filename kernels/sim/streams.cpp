@@ -193,10 +193,16 @@ void WorkerLoop(StreamState* s) {
 }
 
 // Waits (host) until `s` has run everything up to `seq`; its sticky error, if any.
+// The lock is released while waiting, so another thread may retire s meanwhile (RetireLocked, which waits for s's work
+// first and deletes it under the lock): s is read only while it is still live.
 cudaError_t WaitLocked(Engine& e, std::unique_lock<std::mutex>& lock, StreamState* s, uint64_t seq) {
   DemandLocked(e, s, seq);
-  e.cv.wait(lock, [&] { return s->done >= seq; });
-  return s->sticky;
+  bool live = true;
+  e.cv.wait(lock, [&] {
+    live = e.streams.count(s) > 0;
+    return !live || s->done >= seq;
+  });
+  return live ? s->sticky : cudaSuccess;
 }
 
 // The legacy stream's implicit barrier: work on it waits for all blocking streams, and work on a blocking
@@ -239,8 +245,8 @@ void RetireLocked(Engine& e, std::unique_lock<std::mutex>& lock, StreamState* s)
   std::thread worker = std::move(s->worker);
   lock.unlock();
   if (worker.joinable()) worker.join();
-  delete s;
   lock.lock();
+  delete s;  // under the lock: a waiter on s (WaitLocked) sees it gone from e.streams, never freed memory
 }
 
 void InvalidateLocked(GraphState* g, const std::string& why) {
@@ -335,7 +341,7 @@ cudaError_t SynchronizeStream(cudaStream_t stream) {
   }
   if (s->legacy) {  // the legacy stream also waits for every blocking stream
     for (StreamState* o : std::vector<StreamState*>(e.streams.begin(), e.streams.end())) {
-      if (o->blocking) {
+      if (e.streams.count(o) && o->blocking) {  // (one retired while an earlier wait released the lock: gone)
         if (cudaError_t r = WaitLocked(e, lock, o, o->enqueued); r != cudaSuccess) return r;
       }
     }
@@ -368,6 +374,7 @@ cudaError_t SynchronizeDevice() {
   }
   cudaError_t first = cudaSuccess;
   for (StreamState* o : std::vector<StreamState*>(e.streams.begin(), e.streams.end())) {
+    if (e.streams.count(o) == 0) continue;  // retired while an earlier wait released the lock
     const cudaError_t r = WaitLocked(e, lock, o, o->enqueued);
     if (first == cudaSuccess) first = r;
   }
