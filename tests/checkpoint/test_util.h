@@ -16,31 +16,13 @@
 #include "checkpoint/checkpoint.h"
 #include "core/core.h"
 #include "model/model.h"
+#include "support/temp_dir.h"
 
 namespace ms::checkpoint::testing {
 
 using model::ShardKind;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fmt::format("/tmp/ms-ckpt-test-{}-{}", ::getpid(), counter.fetch_add(1));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using ms::testing::TempDir;
 
 // Sends every log line to a file while alive; Text() closes it and returns what was logged.
 class LogCapture {

@@ -1,48 +1,15 @@
-// Helpers shared by the data tests: a temp directory under /tmp named with the pid, removed at
-// the end, and small file utilities.
+// Helpers shared by the data tests: the shared temp directory (support/temp_dir.h) and small file utilities.
 #pragma once
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <filesystem>
 #include <string>
-#include <vector>
 
 #include "core/core.h"
+#include "support/temp_dir.h"
 
 namespace ms::data::testing {
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fmt::format("/tmp/ms-data-test-{}-{}", ::getpid(), counter.fetch_add(1));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  // Sorted names of the entries in the directory.
-  std::vector<std::string> List() const {
-    std::vector<std::string> names;
-    for (const auto& e : std::filesystem::directory_iterator(path_)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
- private:
-  std::string path_;
-};
+using ms::testing::TempDir;
 
 // Reads a whole file; empty string if it cannot.
 inline std::string Slurp(const std::string& path) {
