@@ -3,7 +3,8 @@
 training run whose loss must fall.
 
 Usage: cli_test.py MEGASCALE_BINARY SOURCE_DIR WORK_DIR
-Prints one line per case and a closing "N passed, M failed"; exit 1 on any failure.
+Prints one line per case and a closing "N passed, M failed"; exit 1 on any failure (MS_TEST_CASES=a,b runs only
+those cases).
 """
 import glob
 import json
@@ -12,24 +13,16 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+
 BIN, SRC, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
-results = []
+case = harness.Cases()
 
 
 def run(*args, cwd=None):
     p = subprocess.run([BIN, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
     return p.returncode, p.stdout, p.stderr
-
-
-def case(fn):
-    try:
-        fn()
-        results.append((fn.__name__, None))
-        print(f"ok   {fn.__name__}")
-    except AssertionError as e:
-        results.append((fn.__name__, str(e)))
-        print(f"FAIL {fn.__name__}: {e}")
-    return fn
 
 
 def expect_error(args, needle, code=1):
@@ -184,6 +177,4 @@ def two_ranks_with_a_relative_run_directory():
     assert "started redis-server" in err, "no embedded redis-server"
 
 
-failed = [n for n, e in results if e]
-print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
-sys.exit(1 if failed else 0)
+case.exit()

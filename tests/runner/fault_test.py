@@ -24,7 +24,6 @@ undisturbed.
 Prints a table of detection and recovery times per fault kind. Usage: fault_test.py MEGASCALE WORK_DIR
 (MS_TEST_CASES=a,b runs only those cases).
 """
-import json
 import os
 import shutil
 import signal
@@ -32,24 +31,13 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+
 BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
-results, timings = [], []
+case = harness.Cases(always={"undisturbed"})  # every case compares with its final loss
+timings = []
 STEPS = 50
-
-
-def case(fn):
-    if ONLY and fn.__name__ not in ONLY and fn.__name__ != "undisturbed":
-        return fn
-    t0 = time.time()
-    try:
-        fn()
-        results.append(True)
-        print(f"ok   {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
-    except (AssertionError, subprocess.TimeoutExpired, OSError, ValueError, KeyError, IndexError) as e:
-        results.append(False)
-        print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
-    return fn
 
 
 def spec(name, fault="", steps=STEPS):
@@ -71,14 +59,11 @@ fault: {{heartbeat_s: 0.25, heartbeat_timeout_s: 2, hang_timeout_s: 3, restart_b
 
 
 def start(path, *args, env=None):
-    return subprocess.Popen([BIN, "train", path, "--no-progress", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=env)
+    return harness.start_train(BIN, path, *args, env=env)
 
 
 def rows(name, fname="metrics.jsonl"):
-    # Polled while the job appends: a last line still being written (no newline yet) is not read.
-    path = os.path.join(WORK, name, fname)
-    return [json.loads(l) for l in open(path) if l.endswith("\n")] if os.path.exists(path) else []
+    return harness.jsonl(os.path.join(WORK, name, fname))
 
 
 def final_loss(name):
@@ -87,28 +72,11 @@ def final_loss(name):
 
 
 def wait_step(name, step, p, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline and p.poll() is None:
-        if any(r["phase"] == "train" and r["step"] >= step for r in rows(name)):
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{name} did not reach step {step}")
+    harness.wait_step(os.path.join(WORK, name, "metrics.jsonl"), step, p, timeout)
 
 
 def ranks(p):
-    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
-    out = {}
-    for k in kids:
-        try:
-            if open(f"/proc/{k}/comm").read().strip() == "redis-server":
-                out["redis"] = int(k)
-                continue
-            env = open(f"/proc/{k}/environ", "rb").read().split(b"\0")
-            rank = next(int(e.split(b"=")[1]) for e in env if e.startswith(b"MEGASCALE_RANK="))
-            out[rank] = int(k)
-        except (OSError, StopIteration):
-            pass
-    return out
+    return harness.job_children(p)
 
 
 def finish(p, timeout=180):
@@ -279,6 +247,4 @@ def straggler():
 print(f"{'fault':16s} {'detected after':>15s} {'restarted in':>13s} {'steps recomputed':>17s}")
 for kind, detect, restart, steps in timings:
     print(f"{kind:16s} {detect:14.2f}s {restart:12.2f}s {steps:17d}")
-failed = results.count(False)
-print(f"{len(results) - failed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+case.exit()

@@ -31,27 +31,15 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+
 BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
-results = []
+case = harness.Cases()
 GB, STEPS = 8, 30
 LAYOUTS = {"1.1.1": [], "1.1.2": ["parallel.dp=2"], "1.1.4": ["parallel.dp=4"],
            "1.2.2": ["parallel.pp=2", "parallel.dp=2"],
            "2.1.2": ["parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true"]}
-
-
-def case(fn):
-    if ONLY and fn.__name__ not in ONLY:
-        return fn
-    t0 = time.time()
-    try:
-        fn()
-        results.append(True)
-        print(f"ok   {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
-    except (AssertionError, subprocess.TimeoutExpired, OSError, ValueError, KeyError, IndexError) as e:
-        results.append(False)
-        print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
-    return fn
 
 
 def fnv1a(s):
@@ -90,14 +78,11 @@ def run(args, env=ENV, timeout=300):
 
 
 def start(path, *args, env=ENV):
-    return subprocess.Popen([BIN, "train", path, "--no-progress", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    return harness.start_train(BIN, path, *args, env=env)
 
 
 def rows(name, fname="metrics.jsonl"):
-    path = os.path.join(WORK, name, fname)
-    # Polled while the job appends: a last line still being written (no newline yet) is not read.
-    return [json.loads(l) for l in open(path) if l.strip() and l.endswith("\n")] if os.path.exists(path) else []
+    return harness.jsonl(os.path.join(WORK, name, fname))
 
 
 def losses(name):
@@ -131,23 +116,11 @@ def num_train(name):
 
 
 def wait_step(name, step, p, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline and p.poll() is None:
-        if any(r["phase"] == "train" and r["step"] >= step for r in rows(name)):
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{name} did not reach step {step}")
+    harness.wait_step(os.path.join(WORK, name, "metrics.jsonl"), step, p, timeout)
 
 
 def ranks(p):
-    out = {}
-    for k in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split():
-        try:
-            env = open(f"/proc/{k}/environ", "rb").read().split(b"\0")
-            out[next(int(e.split(b"=")[1]) for e in env if e.startswith(b"MEGASCALE_RANK="))] = int(k)
-        except (OSError, StopIteration):
-            pass
-    return out
+    return harness.job_children(p)
 
 
 shutil.rmtree(WORK, ignore_errors=True)
@@ -330,5 +303,4 @@ def subword_dataset():
     assert len(losses("subword")) == 3
 
 
-print(f"{sum(results)} of {len(results)} loader cases passed")
-sys.exit(0 if results and all(results) else 1)
+case.exit()

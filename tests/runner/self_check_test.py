@@ -16,25 +16,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
 
 BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
-results = []
-
-
-def case(fn):
-    if ONLY and fn.__name__ not in ONLY:
-        return fn
-    t0 = time.time()
-    try:
-        fn()
-        results.append(True)
-        print(f"ok   {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
-    except (AssertionError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as e:
-        results.append(False)
-        print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
-    return fn
+case = harness.Cases()
 
 
 # Tolerance 1.0: flag results more than 2x worse than the median. The injections slow 4x; a 2-core
@@ -128,6 +115,4 @@ def before_training():
     assert not os.path.exists(os.path.join(WORK, "before_training_slow", "metrics.jsonl")), "it trained"
 
 
-failed = results.count(False)
-print(f"{len(results) - failed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+case.exit()

@@ -50,39 +50,18 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+
 BIN, SRC, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
 CLUSTER = os.path.join(SRC, "tests", "slurm", "testcluster.sh")
 # The cluster's state directory: short (its Unix socket paths must fit in 108 bytes) and free of spaces.
 STATE = tempfile.mkdtemp(prefix="ms-slurm-", dir="/tmp")
-ONLY = [c for c in os.environ.get("MS_TEST_CASES", "").split(",") if c]
 QUICK = "--quick" in sys.argv[4:]
 QUICK_SKIPS = {"scancel", "nan_then_lost_rank", "store_lost", "driver_killed"}
-results = []
 # SIGTERM (a CI runner stopping the run, `kill`) unwinds like Ctrl-C, through the teardown in the finally below.
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 SLURM_ENV = dict(os.environ, SLURM_CONF=os.path.join(STATE, "slurm.conf"))
-
-
-def case(fn):
-    if ONLY and fn.__name__ not in ONLY:
-        return fn
-    if QUICK and fn.__name__ in QUICK_SKIPS:
-        print(f"skip {fn.__name__} (--quick)", flush=True)
-        return fn
-    t0 = time.time()
-    try:
-        fn()
-        results.append(True)
-        print(f"ok   {fn.__name__} ({time.time() - t0:.1f} s)", flush=True)
-    except (AssertionError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as e:
-        results.append(False)
-        print(f"FAIL {fn.__name__}: {type(e).__name__}: {e}", flush=True)
-    finally:
-        leftovers = stray()
-        if leftovers:
-            print(f"     (cleaning up after {fn.__name__}: {leftovers})", flush=True)
-            cleanup()
-    return fn
 
 
 def login(*args, timeout=180, env=None):
@@ -151,6 +130,17 @@ def cleanup():
         except OSError:
             pass
     time.sleep(1)
+
+
+def after_case(name):
+    """A case leaves nothing behind for the next: what it did leave is named, then cancelled and killed."""
+    leftovers = stray()
+    if leftovers:
+        print(f"     (cleaning up after {name}: {leftovers})", flush=True)
+        cleanup()
+
+
+case = harness.Cases(skip=QUICK_SKIPS if QUICK else (), skip_reason="--quick", after=after_case)
 
 
 def spec(name, run_dir, extra="", steps=6, layout="tp: 2, pp: 2, dp: 2"):
@@ -557,14 +547,10 @@ sleep 60
 finally:
     down = subprocess.run(["bash", CLUSTER, "down", STATE], capture_output=True, text=True)
     if down.returncode != 0:
-        print(f"FAIL: tearing the cluster down: {down.stderr}")
-        results.append(False)
+        case.fail(f"tearing the cluster down: {down.stderr}")
     # `down` itself checks that its namespaces, links and daemons are gone; nothing may still name the state.
     left = subprocess.run(["pgrep", "-af", "slurmctld|slurmd|munged"], capture_output=True, text=True).stdout
     if STATE in left or os.path.exists(STATE):
-        print(f"FAIL: left behind after down: {left} {os.path.exists(STATE)}")
-        results.append(False)
+        case.fail(f"left behind after down: {left} {os.path.exists(STATE)}")
 
-failed = results.count(False)
-print(f"{len(results) - failed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+case.exit()
