@@ -749,13 +749,21 @@ size_t DqTcSharedBytes(int D) {
 __host__ __device__ constexpr bool DkDvOperandsShared(int max_d) {
   return max_d > 64;
 }
+// The dK/dV kernel's fp32 area: S^T and dP^T in the loop (the shared-memory softmax), the dK and dV rows stored after
+// it. With the register softmax and kAsync the second Q, dout, lse and drow always lie there, the area grown to hold
+// them where they are larger (D > 64): at D = 128 1.5 KiB more makes the block's shared memory 104 KiB where a
+// second buffer of its own made it 137, so that two blocks share an SM of 228 KiB (H100, H200) as their registers
+// (ptxas: 192 on sm_80, 230 on sm_90) allow, where one did.
+__host__ __device__ constexpr size_t DkDvFBytes(bool regs, bool async, int D) {
+  return regs && async && DkDvSecondBytes(D) > kSdPBytes ? DkDvSecondBytes(D) : kSdPBytes;
+}
 // dK/dV: Q dout [P] [dS] lse drow [fp32 area] (K V where DkDvOperandsShared), then with kAsync the second Q, dout,
-// lse and drow (unless in the fp32 area) and the q bias.
+// lse and drow (the shared-memory softmax: the register one keeps them in the fp32 area) and the q bias.
 template <int kMaxD, bool kRegs, bool kAsync>
 size_t DkDvTcSharedBytes(int D) {
-  const bool second = kAsync && !SecondInSdP(kRegs, DkDvSecondBytes(D));
+  const bool second = kAsync && !kRegs;
   return sizeof(__nv_bfloat16) * ((DkDvOperandsShared(kMaxD) ? 4 : 2) * kRows * LdH(D) + 2 * PAreaElems(kRegs)) +
-         sizeof(float) * (2 * kRows + kWarps * kWarpRows * kLdSdP) + (second ? DkDvSecondBytes(D) : 0) +
+         sizeof(float) * 2 * kRows + DkDvFBytes(kRegs, kAsync, D) + (second ? DkDvSecondBytes(D) : 0) +
          kBiasStageBytes<kMaxD, kAsync>;
 }
 }  // namespace
@@ -1343,8 +1351,8 @@ __host__ __device__ constexpr int DkDvMinBlocks() {
 // kRegs: S^T and dP^T stay in accumulator fragments (32 queries at a time at D <= 64, else 16), each lane forms P and
 // dS of its elements, rounded into the matrix_a fragments of P^T dout and dS^T Q.
 // kAsync (bf16 qkv and dout, 16-byte aligned): the query tiles (Q, dout, lse, drow) double-buffered with asynchronous
-// copies, as ForKeyTiles does for the key tiles; the second buffers lie in the fp32 area where they fit (kRegs,
-// D <= 64: SecondInSdP), and the key and value rows are staged in them while the first query tile's copies fly.
+// copies, as ForKeyTiles does for the key tiles; with kRegs the second buffers lie in the fp32 area (grown to hold
+// them at D > 64: DkDvFBytes), and the key and value rows are staged in them while the first query tile's copies fly.
 // kFullD (the launcher's choice for the training path's instance at D == kMaxD <= 64, as the forward's): the
 // products' loops over D's fragments with compile-time bounds — on sm_90 (and the emulator) only: sm_90's SASS then
 // has no branch between the k-steps of S^T, dP^T, P^T dout and dS^T Q, where the run-time bounds made every 4 HMMA
@@ -1373,9 +1381,11 @@ __global__ void __launch_bounds__(kThreads, DkDvMinBlocks<kMaxD, kRegs, kAsync>(
   float* const Rs = Ls + kRows;
   float* const Fs = Rs + kRows;
   // kOperandsShared: the K and V tiles stay here (else they are staged through Q, dout and kept in registers).
-  __nv_bfloat16* const KVs = reinterpret_cast<__nv_bfloat16*>(Fs + kWarps * kWarpRows * kLdSdP);
-  // kAsync: the second Q, dout, lse and drow (in the fp32 area, or after KVs) and the q bias.
-  const bool second_in_f = SecondInSdP(kRegs, DkDvSecondBytes(D));
+  __nv_bfloat16* const KVs =
+      reinterpret_cast<__nv_bfloat16*>(Fs + DkDvFBytes(kRegs, kAsync, D) / sizeof(float));
+  // kAsync: the second Q, dout, lse and drow (in the fp32 area with the register softmax, DkDvFBytes, else after
+  // KVs) and the q bias.
+  constexpr bool second_in_f = kRegs;
   __nv_bfloat16* const Q1 =
       second_in_f ? reinterpret_cast<__nv_bfloat16*>(Fs) : KVs + (kOperandsShared ? 2 * kRows * ld : 0);
   float* const L1 = reinterpret_cast<float*>(Q1 + 2 * kRows * ld);
