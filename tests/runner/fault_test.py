@@ -161,9 +161,14 @@ def hang():
 
 @case
 def store_lost():
-    p = start(spec("store_lost"))
-    wait_step("store_lost", 22, p)
-    os.kill(ranks(p)["redis"], signal.SIGKILL)
+    # Both ranks slowed alike (no straggler) so that the kill lands mid-run: undisturbed, steps 12-50 take ~0.5 s,
+    # which a loaded CI machine once let pass before the store was found (the run had ended, its redis stopped).
+    env = dict(os.environ, MEGASCALE_FAULT="slow:rank=0:factor=8;slow:rank=1:factor=8")
+    p = start(spec("store_lost"), env=env)
+    wait_step("store_lost", 12, p)
+    kids = ranks(p)
+    assert "redis" in kids, f"no embedded redis-server among the driver's children {kids} (exit {p.poll()})"
+    os.kill(kids["redis"], signal.SIGKILL)
     check_recovered("store_lost", "store_lost", *finish(p))
 
 
