@@ -79,6 +79,22 @@ def ranks(p):
     return harness.job_children(p)
 
 
+def start_slowed(name):
+    """The job with both ranks' first attempt slowed alike (8x, so no straggler), for the cases that stop a process
+    of it from outside: undisturbed, steps 12-50 take ~0.5 s, which a loaded CI machine once let pass before the
+    test looked (the run had ended); slowed, ~2 s remain. The restarted attempt runs at full speed."""
+    env = dict(os.environ, MEGASCALE_FAULT="slow:rank=0:factor=8;slow:rank=1:factor=8")
+    return start(spec(name), env=env)
+
+
+def child_mid_run(name, p, key, step=12):
+    """The pid of the driver's child `key` (a rank, or "redis") once the job has trained `step` steps."""
+    wait_step(name, step, p)
+    kids = ranks(p)
+    assert key in kids and p.poll() is None, f"{name}: no {key} among the driver's children {kids} (exit {p.poll()})"
+    return kids[key]
+
+
 def finish(p, timeout=180):
     out, err = p.communicate(timeout=timeout)
     return p.returncode, err
@@ -129,18 +145,16 @@ def undisturbed():
 
 @case
 def crash():
-    p = start(spec("crash"))
-    wait_step("crash", 22, p)
-    os.kill(ranks(p)[1], signal.SIGKILL)
+    p = start_slowed("crash")
+    os.kill(child_mid_run("crash", p, 1), signal.SIGKILL)
     f = check_recovered("crash", "crash", *finish(p))
     assert f["rank"] == 1 and "signal 9" in f["detail"], f
 
 
 @case
 def lost_heartbeat():
-    p = start(spec("lost_heartbeat"))
-    wait_step("lost_heartbeat", 22, p)
-    os.kill(ranks(p)[1], signal.SIGSTOP)
+    p = start_slowed("lost_heartbeat")
+    os.kill(child_mid_run("lost_heartbeat", p, 1), signal.SIGSTOP)
     f = check_recovered("lost_heartbeat", "lost_heartbeat", *finish(p))
     assert f["rank"] == 1 and 2 <= f["detect_latency_s"] < 6, f
 
@@ -161,14 +175,8 @@ def hang():
 
 @case
 def store_lost():
-    # Both ranks slowed alike (no straggler) so that the kill lands mid-run: undisturbed, steps 12-50 take ~0.5 s,
-    # which a loaded CI machine once let pass before the store was found (the run had ended, its redis stopped).
-    env = dict(os.environ, MEGASCALE_FAULT="slow:rank=0:factor=8;slow:rank=1:factor=8")
-    p = start(spec("store_lost"), env=env)
-    wait_step("store_lost", 12, p)
-    kids = ranks(p)
-    assert "redis" in kids, f"no embedded redis-server among the driver's children {kids} (exit {p.poll()})"
-    os.kill(kids["redis"], signal.SIGKILL)
+    p = start_slowed("store_lost")
+    os.kill(child_mid_run("store_lost", p, "redis"), signal.SIGKILL)
     check_recovered("store_lost", "store_lost", *finish(p))
 
 
