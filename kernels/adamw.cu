@@ -5,6 +5,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "multi_tensor.cuh"
 
 namespace ms::kernels {
 
@@ -13,12 +14,7 @@ constexpr int kAdamWBlock = 256;      // threads per block
 constexpr int kAdamWPerThread = 4;    // elements per thread per block chunk
 constexpr int64_t kAdamWChunk = kAdamWBlock * kAdamWPerThread;
 
-// The tensors of one launch, by value: block b works on tensor k where first_block[k] <= b < first_block[k+1].
-struct AdamWBatch {
-  AdamWTensor t[kAdamWMaxTensors];
-  int64_t first_block[kAdamWMaxTensors + 1];
-  int count;
-};
+using AdamWBatch = TensorBatch<AdamWTensor, kAdamWMaxTensors>;
 
 // Scalars computed once on the host in double and rounded to float, as torch does.
 struct AdamWScalars {
@@ -33,20 +29,15 @@ struct AdamWScalars {
 
 // ---- kernels ----
 
-__device__ __forceinline__ float Lerp(float start, float end, float weight) {  // torch.lerp for floats
-  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
-}
-
 __global__ void __launch_bounds__(kAdamWBlock) adamw_kernel(AdamWBatch batch, AdamWScalars s) {
-  int k = 0;
-  while (k + 1 < batch.count && static_cast<int64_t>(blockIdx.x) >= batch.first_block[k + 1]) ++k;
+  const int k = BatchTensorOf(batch, blockIdx.x);
   const AdamWTensor& t = batch.t[k];
   const int64_t begin = (static_cast<int64_t>(blockIdx.x) - batch.first_block[k]) * kAdamWChunk;
   const int64_t end = begin + kAdamWChunk < t.n ? begin + kAdamWChunk : t.n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = t.g[i];
     const float p = t.p[i] * s.decay;                     // param.mul_(1 - lr * wd)
-    const float m = Lerp(t.m[i], g, s.w1);                // exp_avg.lerp_(grad, 1 - beta1)
+    const float m = TorchLerp(t.m[i], g, s.w1);           // exp_avg.lerp_(grad, 1 - beta1)
     const float v = t.v[i] * s.beta2 + s.w2 * g * g;      // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
     const float denom = sqrtf(v) / s.bc2_sqrt + s.eps;    // (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)
     const float p_new = p + s.neg_step_size * m / denom;  // param.addcdiv_(exp_avg, denom, value=-step_size)
@@ -72,29 +63,11 @@ cudaError_t AdamWMultiTensor(const AdamWTensor* tensors, int count, const AdamWH
   s.neg_step_size = static_cast<float>(-(hp.lr / bc1));
   s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   s.eps = hp.eps;
-  int i = 0;
-  while (i < count) {
-    AdamWBatch batch{};
-    int64_t blocks = 0;
-    // Fill a batch with up to kAdamWMaxTensors non-empty tensors and at most 2^31-1 blocks.
-    while (i < count && batch.count < kAdamWMaxTensors) {
-      const int64_t nb = (tensors[i].n + kAdamWChunk - 1) / kAdamWChunk;
-      if (tensors[i].n <= 0) {
-        ++i;
-        continue;
-      }
-      if (batch.count > 0 && blocks + nb > 2147483647) break;
-      batch.first_block[batch.count] = blocks;
-      batch.t[batch.count++] = tensors[i++];
-      blocks += nb;
-    }
-    if (batch.count == 0) break;
-    batch.first_block[batch.count] = blocks;
-    MS_LAUNCH(adamw_kernel, static_cast<unsigned>(blocks), kAdamWBlock, 0, stream, batch, s);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return LaunchTensorBatches<kAdamWMaxTensors>(
+      tensors, count, kAdamWChunk, [&](const AdamWBatch& batch, int64_t blocks) {
+        MS_LAUNCH(adamw_kernel, static_cast<unsigned>(blocks), kAdamWBlock, 0, stream, batch, s);
+        return cudaGetLastError();
+      });
 }
 
 }  // namespace ms::kernels

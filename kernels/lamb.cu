@@ -6,6 +6,7 @@
 
 #include "common.cuh"
 #include "kernels.h"
+#include "multi_tensor.cuh"
 
 namespace ms::kernels {
 
@@ -14,12 +15,7 @@ constexpr int kLambBlock = 256;      // threads per block
 constexpr int kLambPerThread = 4;    // elements per thread per block chunk
 constexpr int64_t kLambChunk = kLambBlock * kLambPerThread;
 
-// The tensors of one launch, by value: block b works on tensor k where first_block[k] <= b < first_block[k+1].
-struct LambBatch {
-  LambTensor t[kLambMaxTensors];
-  int64_t first_block[kLambMaxTensors + 1];
-  int count;
-};
+using LambBatch = TensorBatch<LambTensor, kLambMaxTensors>;
 
 // Scalars computed once on the host in double and rounded to float, as ms::ops::LambDirection does.
 struct LambScalars {
@@ -32,23 +28,16 @@ struct LambScalars {
   float weight_decay;
 };
 
-namespace {
-__device__ __forceinline__ float LambLerp(float start, float end, float weight) {  // torch.lerp for floats
-  return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
-}
-}  // namespace
-
 // ---- kernels ----
 
 __global__ void __launch_bounds__(kLambBlock) lamb_direction_kernel(LambBatch batch, LambScalars s) {
-  int k = 0;
-  while (k + 1 < batch.count && static_cast<int64_t>(blockIdx.x) >= batch.first_block[k + 1]) ++k;
+  const int k = BatchTensorOf(batch, blockIdx.x);
   const LambTensor& t = batch.t[k];
   const int64_t begin = (static_cast<int64_t>(blockIdx.x) - batch.first_block[k]) * kLambChunk;
   const int64_t end = begin + kLambChunk < t.n ? begin + kLambChunk : t.n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = t.g[i];
-    const float m = LambLerp(t.m[i], g, s.w1);        // m = lerp(m, g, 1 - beta1)
+    const float m = TorchLerp(t.m[i], g, s.w1);       // m = lerp(m, g, 1 - beta1)
     const float v = t.v[i] * s.beta2 + s.w2 * g * g;  // v = v * beta2 + (1 - beta2) * g * g
     t.u[i] = (m * s.inv_bc1) / (sqrtf(v * s.inv_bc2) + s.eps) + s.weight_decay * t.p[i];
     t.m[i] = m;
@@ -81,29 +70,10 @@ cudaError_t LambDirectionMultiTensor(const LambTensor* tensors, int count, const
   s.inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(b2, static_cast<double>(step))));
   s.eps = hp.eps;
   s.weight_decay = hp.weight_decay;
-  int i = 0;
-  while (i < count) {
-    LambBatch batch{};
-    int64_t blocks = 0;
-    // Fill a batch with up to kLambMaxTensors non-empty tensors and at most 2^31-1 blocks.
-    while (i < count && batch.count < kLambMaxTensors) {
-      if (tensors[i].n <= 0) {
-        ++i;
-        continue;
-      }
-      const int64_t nb = (tensors[i].n + kLambChunk - 1) / kLambChunk;
-      if (batch.count > 0 && blocks + nb > 2147483647) break;
-      batch.first_block[batch.count] = blocks;
-      batch.t[batch.count++] = tensors[i++];
-      blocks += nb;
-    }
-    if (batch.count == 0) break;
-    batch.first_block[batch.count] = blocks;
+  return LaunchTensorBatches<kLambMaxTensors>(tensors, count, kLambChunk, [&](const LambBatch& batch, int64_t blocks) {
     MS_LAUNCH(lamb_direction_kernel, static_cast<unsigned>(blocks), kLambBlock, 0, stream, batch, s);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t LambApply(float* p, const float* u, int64_t n, float lr, float trust_ratio, cudaStream_t stream,
