@@ -10,29 +10,22 @@ Usage: bench_test.py MEGASCALE WORK_DIR
 import csv
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 
-BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-fails = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
 
-
-def check(name, ok, detail=""):
-    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + str(detail)[:2000] if detail and not ok else ''}", flush=True)
-    if not ok:
-        fails.append(name)
+BIN, WORK = os.path.abspath(sys.argv[1]), harness.fresh_dir(sys.argv[2])
+check = harness.Checks()
 
 
 text = "\n%\n".join(f"fortune {i}: the quick brown fox {i * 7 % 13} jumps over the lazy dog" for i in range(400))
 open(os.path.join(WORK, "corpus.txt"), "w").write(text)
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", os.path.join(WORK, "data"),
-                os.path.join(WORK, "corpus.txt")], check=True, capture_output=True)
+harness.prepare_data(BIN, os.path.join(WORK, "data"), [os.path.join(WORK, "corpus.txt")])
 spec = os.path.join(WORK, "sweep.yaml")
 open(spec, "w").write(f"""name: bench test
 model: {{layers: 2, hidden: 48, heads: 4, ffn_hidden: 96, seq_len: 32, vocab: 256}}
@@ -146,5 +139,4 @@ rows = list(csv.DictReader(open(os.path.join(stop_dir, "bench.csv")))) if os.pat
 check("SIGINT: the CSV holds the stopped point, and no later point ran",
       [r["status"] for r in rows] == ["interrupted"] and not os.path.exists(os.path.join(stop_dir, "points", "001")),
       rows)
-print(f"{'all passed' if not fails else f'{len(fails)} failed: ' + ', '.join(fails)}")
-sys.exit(1 if fails else 0)
+check.exit()

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -24,23 +23,17 @@ except ImportError as e:
     print(f"SKIP: {e} (scripts/setup.sh --with-torch)")
     sys.exit(77)
 
-BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+
+BIN, WORK = os.path.abspath(sys.argv[1]), harness.fresh_dir(sys.argv[2])
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "torch_gpt_bench.py")
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-fails = []
-
-
-def check(name, ok, detail=""):
-    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + str(detail)[:2000] if detail and not ok else ''}", flush=True)
-    if not ok:
-        fails.append(name)
+check = harness.Checks()
 
 
 text = "\n%\n".join(f"fortune {i}: the quick brown fox {i * 7 % 13} jumps over the lazy dog" for i in range(300))
 open(os.path.join(WORK, "corpus.txt"), "w").write(text)
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", os.path.join(WORK, "data"),
-                os.path.join(WORK, "corpus.txt")], check=True, capture_output=True)
+harness.prepare_data(BIN, os.path.join(WORK, "data"), [os.path.join(WORK, "corpus.txt")])
 
 CASES = {
     "parallel-window": "block: parallel, attention: {window: 8}",
@@ -102,5 +95,4 @@ for name, (body, key) in bad.items():
                        capture_output=True, text=True, timeout=120)
     check(f"refused: {name}", r.returncode == 1 and key in r.stderr, f"exit {r.returncode}: {r.stdout + r.stderr}")
 
-print(f"{len(fails)} failure(s)" if fails else "all passed")
-sys.exit(1 if fails else 0)
+check.exit()

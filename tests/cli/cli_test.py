@@ -44,9 +44,8 @@ runtime: {{threads: 2}}
 {extra}""")
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*") if os.path.isfile(f) and not f.endswith((".dat", ".u8")))
+harness.fresh_dir(WORK)
+corpus = harness.fortunes(required=False)  # a case asserts they are there
 DATA = os.path.join(WORK, "fortunes")
 
 

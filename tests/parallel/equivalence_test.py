@@ -22,23 +22,12 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+
 BIN, WORK = sys.argv[1], sys.argv[2]
 QUICK = "--quick" in sys.argv
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
-
-
-def prepare_data():
-    corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
-                    if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:4]
-    prefix = os.path.join(WORK, "data")
-    subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", prefix, *corpus], check=True,
-                   capture_output=True)
-    return prefix
+check = harness.Checks(limit=None, detail_on_pass=True)
 
 
 def spec_text(data, block, optimizer, batch="global_batch: 8, micro_batch: 1"):
@@ -235,9 +224,8 @@ def bf16_sums(data):
 
 
 def main():
-    shutil.rmtree(WORK, ignore_errors=True)
-    os.makedirs(WORK)
-    data = prepare_data()
+    harness.fresh_dir(WORK)
+    data = harness.prepare_data(BIN, os.path.join(WORK, "data"), harness.fortunes(4))
     default_batch = "global_batch: 8, micro_batch: 1"
     cases = []
     for block in ("parallel", "sequential"):
@@ -455,10 +443,8 @@ def main():
             check("killed rank fails the job", False, "job hung for 60 s after a rank was killed")
         leftovers = subprocess.run(["pgrep", "-f", f"worker {run_dir}/job.yaml"], capture_output=True, text=True).stdout
         check("no worker left behind", not leftovers.strip(), leftovers.strip())
-    failed = results.count(False)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    check.exit()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

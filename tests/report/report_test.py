@@ -17,16 +17,11 @@ import sys
 import xml.etree.ElementTree as ET
 import zlib
 
-BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-fails = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
 
-
-def check(name, ok, detail=""):
-    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + str(detail)[:1500] if detail and not ok else ''}", flush=True)
-    if not ok:
-        fails.append(name)
+BIN, WORK = os.path.abspath(sys.argv[1]), harness.fresh_dir(sys.argv[2])
+check = harness.Checks(limit=1500)
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -37,7 +32,7 @@ if not CHROMIUM:
 corpus = os.path.join(WORK, "corpus.txt")
 open(corpus, "w").write("\n%\n".join(f"line {i}: all work and no play makes jack a dull boy {i % 11}" for i in range(800)))
 data = os.path.join(WORK, "data")
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", data, corpus], check=True, capture_output=True)
+harness.prepare_data(BIN, data, [corpus])
 run_dir = os.path.join(WORK, "run")
 spec = os.path.join(WORK, "job.yaml")
 open(spec, "w").write(f"""name: report test
@@ -136,5 +131,4 @@ again = open(os.path.join(WORK, "again", "index.html")).read()
 check("truncated last line: the page still has every complete step", again.count('class="pt-loss"') == 12)
 r = subprocess.run([BIN, "report", WORK], capture_output=True, text=True)
 check("not a run directory: a clear error", r.returncode == 1 and "metrics.jsonl does not exist" in r.stderr, r.stderr)
-print(f"{'all passed' if not fails else f'{len(fails)} failed: ' + ', '.join(fails)}")
-sys.exit(1 if fails else 0)
+check.exit()

@@ -25,7 +25,6 @@ Prints a table of detection and recovery times per fault kind. Usage: fault_test
 (MS_TEST_CASES=a,b runs only those cases).
 """
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -121,13 +120,8 @@ def check_recovered(name, kind, rc, err):
     return faults[0]
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-corpus = sorted(f for f in os.listdir("/usr/share/games/fortunes")
-                if os.path.isfile(os.path.join("/usr/share/games/fortunes", f)) and not f.endswith((".dat", ".u8")))[:3]
-DATA = os.path.join(WORK, "data")
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA,
-                *[os.path.join("/usr/share/games/fortunes", f) for f in corpus]], check=True, capture_output=True)
+harness.fresh_dir(WORK)
+DATA = harness.prepare_data(BIN, os.path.join(WORK, "data"), harness.fortunes(3))
 REFERENCE = None
 
 

@@ -9,20 +9,14 @@ Usage: generate_test.py MEGASCALE WORK_DIR
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-fails = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
 
-
-def check(name, ok, detail=""):
-    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + str(detail)[:1500] if detail and not ok else ''}", flush=True)
-    if not ok:
-        fails.append(name)
+BIN, WORK = os.path.abspath(sys.argv[1]), harness.fresh_dir(sys.argv[2])
+check = harness.Checks(limit=1500)
 
 
 def run(*args):
@@ -37,7 +31,7 @@ def generate(run_dir, *args):
 corpus = os.path.join(WORK, "corpus.txt")
 open(corpus, "w").write("\n%\n".join(f"Q: what is {i} plus {i % 7}?\nA: it is {i + i % 7}." for i in range(600)))
 data = os.path.join(WORK, "data")
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", data, corpus], check=True, capture_output=True)
+harness.prepare_data(BIN, data, [corpus])
 spec = os.path.join(WORK, "gen.yaml")
 open(spec, "w").write(f"""name: gen
 model: {{layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, seq_len: 48, vocab: 256, block: sequential,
@@ -97,5 +91,4 @@ check("train on a SentencePiece dataset", r.returncode == 0, r.stderr[-1500:])
 g3 = generate(c, "--prompt", "Q: what is", "--tokens", "12", "--seed", "1")
 check("generate with SentencePiece", isinstance(g3, dict) and len(g3["ids"]) == 12 and
       all(0 <= t < 320 for t in g3["ids"]) and g3["text"] != "", g3 if isinstance(g3, dict) else g3.stderr)
-print(f"{'all passed' if not fails else f'{len(fails)} failed: ' + ', '.join(fails)}")
-sys.exit(1 if fails else 0)
+check.exit()

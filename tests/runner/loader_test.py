@@ -24,7 +24,6 @@ import glob
 import json
 import os
 import random
-import shutil
 import signal
 import stat
 import subprocess
@@ -123,8 +122,7 @@ def ranks(p):
     return harness.job_children(p)
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
+harness.fresh_dir(WORK)
 # ~1,700 bytes of text made here: about 100 training samples of 16 tokens, so 30 steps of 8 are 2.4 epochs.
 rng = random.Random(11)
 text = "\n%\n".join(" ".join("".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7)))

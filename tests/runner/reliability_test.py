@@ -29,12 +29,14 @@ import glob
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
 
 BIN, WORK = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 results = []
@@ -179,13 +181,8 @@ def free_port():
     return port
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
-                if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:3]
-DATA = os.path.join(WORK, "data")
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA, *corpus], check=True,
-               capture_output=True)
+harness.fresh_dir(WORK)
+DATA = harness.prepare_data(BIN, os.path.join(WORK, "data"), harness.fortunes(3))
 
 
 @case

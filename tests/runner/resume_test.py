@@ -19,13 +19,11 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import harness  # noqa: E402
+
 BIN, WORK = sys.argv[1], sys.argv[2]
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+check = harness.Checks(limit=None, detail_on_pass=True)
 
 
 def spec(data, optimizer):
@@ -78,12 +76,8 @@ def kill_after(args, run_dir, step_dir):
 
 
 def main():
-    shutil.rmtree(WORK, ignore_errors=True)
-    os.makedirs(WORK)
-    corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
-                    if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:3]
-    data = os.path.join(WORK, "data")
-    run(["prepare-data", "--doc-separator", "%", "--output", data, *corpus], check=True)
+    harness.fresh_dir(WORK)
+    data = harness.prepare_data(BIN, os.path.join(WORK, "data"), harness.fortunes(3))
 
     for optimizer in ("adamw", "lamb"):
         job = spec(data, optimizer)
@@ -203,10 +197,8 @@ def main():
         detail = f"{len(header) - ('__metadata__' in header)} tensors, embed.wte {wte.get('shape')}"
     check("export writes safetensors with the model's names and shapes", ok, detail)
 
-    failed = results.count(False)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    check.exit()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -13,7 +13,6 @@ Usage: self_check_test.py MEGASCALE WORK_DIR (MS_TEST_CASES=a,b runs only those 
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -51,13 +50,8 @@ def flagged(out):
     return [l.strip() for l in out.split("self-check FAILED", 1)[-1].splitlines()[1:] if l.startswith("  ")]
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-corpus = sorted(f for f in os.listdir("/usr/share/games/fortunes")
-                if os.path.isfile(os.path.join("/usr/share/games/fortunes", f)) and not f.endswith((".dat", ".u8")))[:2]
-DATA = os.path.join(WORK, "data")
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA,
-                *[os.path.join("/usr/share/games/fortunes", f) for f in corpus]], check=True, capture_output=True)
+harness.fresh_dir(WORK)
+DATA = harness.prepare_data(BIN, os.path.join(WORK, "data"), harness.fortunes(2))
 
 
 @case

@@ -229,15 +229,10 @@ def workers():
     return out
 
 
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
+harness.fresh_dir(WORK)
 # The data first: nothing between the cluster's start and the try below may fail (a prepare-data that died here once
 # left the cluster's daemons and namespaces behind: the teardown is in that try's finally).
-corpus = sorted(f for f in glob.glob("/usr/share/games/fortunes/*")
-                if os.path.isfile(f) and not f.endswith((".dat", ".u8")))[:3]
-DATA = os.path.join(WORK, "data")
-subprocess.run([BIN, "prepare-data", "--doc-separator", "%", "--output", DATA, *corpus], check=True,
-               capture_output=True)
+DATA = harness.prepare_data(BIN, os.path.join(WORK, "data"), harness.fortunes(3))
 subprocess.run(["bash", CLUSTER, "down", STATE], capture_output=True)
 up = subprocess.run(["bash", CLUSTER, "up", STATE, "--nodes", "4", "--cpus", "8"], capture_output=True, text=True)
 if up.returncode != 0:

@@ -1,5 +1,6 @@
-"""What the end-to-end Python tests share: running cases, reading a run's JSON-lines files, waiting for a step,
-finding a job's rank processes.
+"""What the end-to-end Python tests share: running cases (or a script's named checks), a fresh work folder, the
+Debian fortunes corpus as a dataset, reading a run's JSON-lines files, waiting for a step, finding a job's rank
+processes.
 
 A test script imports it after putting this folder on its path:
 
@@ -14,8 +15,10 @@ A test script imports it after putting this folder on its path:
 
     case.exit()
 """
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -69,6 +72,61 @@ class Cases:
         if not self.results:
             print("no case ran (MS_TEST_CASES names none of this test's cases?)", flush=True)
         sys.exit(1 if failed or not self.results else 0)
+
+
+class Checks:
+    """The named checks of a script that runs straight through: check(name, ok, detail) prints `ok   NAME` or
+    `FAIL NAME: DETAIL` (the detail cut to `limit` characters unless None; shown on a pass too with
+    detail_on_pass, for figures worth reading either way) and returns ok; exit() prints "N passed, M failed" with
+    the failures' names and exits 1 when one failed or none ran."""
+
+    def __init__(self, limit=2000, detail_on_pass=False):
+        self.limit, self.detail_on_pass, self.passed, self.failed = limit, detail_on_pass, 0, []
+
+    def __call__(self, name, ok, detail=""):
+        text = str(detail) if self.limit is None else str(detail)[:self.limit]
+        shown = f": {text}" if detail and (not ok or self.detail_on_pass) else ""
+        print(f"{'ok  ' if ok else 'FAIL'} {name}{shown}", flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append(name)
+        return ok
+
+    def exit(self):
+        print(f"{self.passed} passed, {len(self.failed)} failed" +
+              (f": {', '.join(self.failed)}" if self.failed else ""), flush=True)
+        if not self.passed and not self.failed:
+            print("no check ran", flush=True)
+        sys.exit(1 if self.failed or not self.passed else 0)
+
+
+def fresh_dir(path):
+    """`path` made absolute, emptied (what an earlier run left) and created."""
+    path = os.path.abspath(path)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def fortunes(count=None, required=True):
+    """The text files of Debian's fortunes packages (scripts/setup.sh installs them) in name order, the first
+    `count` of them unless None; when there are none an AssertionError, or [] if not `required`."""
+    files = sorted(f for f in glob.glob(os.path.join(FORTUNES, "*"))
+                   if os.path.isfile(f) and not f.endswith((".dat", ".u8")))
+    assert files or not required, f"no fortunes files in {FORTUNES}: run scripts/setup.sh"
+    return files[:count]
+
+
+def prepare_data(binary, output, files):
+    """`megascale prepare-data` of text `files` whose documents are separated by `%` lines (as fortunes files are)
+    into the dataset `output` (output.bin, output.idx); returns `output`. A failure raises CalledProcessError."""
+    subprocess.run([binary, "prepare-data", "--doc-separator", "%", "--output", output, *files], check=True,
+                   capture_output=True)
+    return output
 
 
 def jsonl(path):
