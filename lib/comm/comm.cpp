@@ -1,4 +1,4 @@
-// defines: ReduceOpName, the default Communicator::AllReduce overloads for double and int64, GroupP2p.
+// defines: CompletedWork, ReduceOpName, the default Communicator::AllReduce overloads for double and int64, GroupP2p.
 #include "comm/comm.h"
 
 namespace ms::comm {
@@ -31,6 +31,10 @@ class AllWork : public Work {
 
 }  // namespace
 
+std::unique_ptr<Work> CompletedWork(Status s) {
+  return std::make_unique<DoneWork>(std::move(s));
+}
+
 std::unique_ptr<Work> Communicator::GroupP2p(const std::vector<P2pOp>& ops) {
   std::vector<std::unique_ptr<Work>> works;
   for (const P2pOp& o : ops) {
@@ -52,11 +56,11 @@ std::string_view ReduceOpName(ReduceOp op) {
 }
 
 std::unique_ptr<Work> Communicator::AllReduce(double*, int64_t, ReduceOp) {
-  return std::make_unique<DoneWork>(Unimplemented("{}: all-reduce on doubles is not implemented", name()));
+  return CompletedWork(Unimplemented("{}: all-reduce on doubles is not implemented", name()));
 }
 
 std::unique_ptr<Work> Communicator::AllReduce(int64_t*, int64_t, ReduceOp) {
-  return std::make_unique<DoneWork>(Unimplemented("{}: all-reduce on int64 is not implemented", name()));
+  return CompletedWork(Unimplemented("{}: all-reduce on int64 is not implemented", name()));
 }
 
 }  // namespace ms::comm

@@ -115,6 +115,10 @@ class Work {
   virtual Status WaitOnDevice() { return Wait(); }
 };
 
+// A Work that is complete already: its Wait returns `s` (an operation with nothing to move, or one refused before
+// it started).
+std::unique_ptr<Work> CompletedWork(Status s = Status::Ok());
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

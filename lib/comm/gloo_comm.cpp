@@ -52,15 +52,6 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-class DoneWork : public Work {
- public:
-  explicit DoneWork(Status s = Status::Ok()) : status_(std::move(s)) {}
-  Status Wait() override { return status_; }
-
- private:
-  Status status_;
-};
-
 // State shared by the communicator, its thread and its Works (which may outlive it).
 struct Shared {
   std::shared_ptr<gloo::Context> context;
@@ -364,7 +355,7 @@ class GlooCommunicator final : public Communicator {
     std::shared_ptr<OpState> state;
   };
 
-  static std::unique_ptr<Work> Done(Status s) { return std::make_unique<DoneWork>(std::move(s)); }
+  static std::unique_ptr<Work> Done(Status s) { return CompletedWork(std::move(s)); }
 
   Status CheckBuffer(const void* data, int64_t count, std::string_view what) const {
     if (count < 0) return InvalidArgument("{}: {}: negative count {}", shared_->Where(), what, count);

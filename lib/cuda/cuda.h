@@ -27,7 +27,17 @@ namespace ms::cuda {
 
 enum class Flavor { kNone, kGpu, kEmulated };
 Flavor LinkedFlavor();
-const char* FlavorName(Flavor f);  // "none", "gpu", "emulated"
+// "none", "gpu", "emulated".
+inline const char* FlavorName(Flavor f) {
+  switch (f) {
+    case Flavor::kGpu:
+      return "gpu";
+    case Flavor::kEmulated:
+      return "emulated";
+    default:
+      return "none";
+  }
+}
 
 // Caching allocator statistics of a CUDA device.
 struct AllocatorStats {

@@ -38,17 +38,6 @@ Flavor LinkedFlavor() {
 #endif
 }
 
-const char* FlavorName(Flavor f) {
-  switch (f) {
-    case Flavor::kGpu:
-      return "gpu";
-    case Flavor::kEmulated:
-      return "emulated";
-    default:
-      return "none";
-  }
-}
-
 namespace {
 
 Status CudaStatus(cudaError_t e, std::string_view what) {

@@ -6,16 +6,6 @@ namespace ms::cuda {
 Flavor LinkedFlavor() {
   return Flavor::kNone;
 }
-const char* FlavorName(Flavor f) {
-  switch (f) {
-    case Flavor::kGpu:
-      return "gpu";
-    case Flavor::kEmulated:
-      return "emulated";
-    default:
-      return "none";
-  }
-}
 Result<std::unique_ptr<device::Device>> MakeCudaDevice(int) {
   return Unavailable(
       "this megascale was built without nvcc, so it has no CUDA backend: install the CUDA toolkit and rebuild, or "
