@@ -1381,8 +1381,7 @@ __global__ void __launch_bounds__(kThreads, DkDvMinBlocks<kMaxD, kRegs, kAsync>(
   float* const Rs = Ls + kRows;
   float* const Fs = Rs + kRows;
   // kOperandsShared: the K and V tiles stay here (else they are staged through Q, dout and kept in registers).
-  __nv_bfloat16* const KVs =
-      reinterpret_cast<__nv_bfloat16*>(Fs + DkDvFBytes(kRegs, kAsync, D) / sizeof(float));
+  __nv_bfloat16* const KVs = reinterpret_cast<__nv_bfloat16*>(Fs + DkDvFBytes(kRegs, kAsync, D) / sizeof(float));
   // kAsync: the second Q, dout, lse and drow (in the fp32 area with the register softmax, DkDvFBytes, else after
   // KVs) and the q bias.
   constexpr bool second_in_f = kRegs;

@@ -6,6 +6,7 @@ set -euo pipefail
 
 pkgs=(
   cmake ninja-build g++ pkg-config         # build
+  clang-format                             # ctest format: scripts/check_format.sh against .clang-format
   libcli11-dev libyaml-cpp-dev libfmt-dev   # CLI, job spec, formatting
   libhiredis-dev redis-server               # bootstrap store
   libgloo-dev libfabric-dev libfabric-bin   # CPU collectives, fabric (fi_pingpong: scripts/bench_fault.sh)
